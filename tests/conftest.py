@@ -1,0 +1,78 @@
+"""Shared fixtures: real MuJoCo envs, real worker processes, and leak checks."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import tempfile
+import time
+
+import pytest
+import torch
+from tensordict.nn import TensorDictModule
+
+
+def child_pids() -> set[int]:
+    """PIDs of live (non-zombie) processes whose parent is this process."""
+    me, out = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            out.add(int(entry))
+    return out
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def tmp_entries() -> set[str]:
+    return {e for e in os.listdir(tempfile.gettempdir()) if e.startswith("torchrl_unilab")}
+
+
+def wait_until(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def linear_policy(obs_dim: int, action_dim: int, seed: int = 0) -> TensorDictModule:
+    """A deterministic tanh-linear policy: actions are a pure function of the weights."""
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(obs_dim, action_dim), torch.nn.Tanh())
+    return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
+
+
+@pytest.fixture
+def no_leaks():
+    """Asserts the test leaves no child process, /dev/shm entry or temp dir behind."""
+    mp.active_children()  # reap finished children from earlier tests
+    before_children = child_pids()
+    before_shm, before_tmp = shm_entries(), tmp_entries()
+    yield
+    gc.collect()  # multiprocessing unlinks a lock's /dev/shm semaphore when the lock is collected
+    mp.active_children()
+    assert wait_until(lambda: child_pids() - before_children <= _resource_tracker_pids()), (
+        f"leftover child processes: {child_pids() - before_children}"
+    )
+    assert shm_entries() - before_shm == set(), f"leftover /dev/shm entries: {shm_entries() - before_shm}"
+    assert tmp_entries() - before_tmp == set(), f"leftover temp dirs: {tmp_entries() - before_tmp}"
+
+
+def _resource_tracker_pids() -> set[int]:
+    # multiprocessing's resource tracker is a long-lived helper started on first
+    # use of shared memory; it is not one of ours.
+    from multiprocessing import resource_tracker
+
+    pid = getattr(resource_tracker._resource_tracker, "_pid", None)  # noqa: SLF001
+    return {pid} if pid else set()

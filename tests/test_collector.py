@@ -1,0 +1,247 @@
+"""OffPolicyCollector end to end: real MuJoCo envs, real worker processes, real shared buffer."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+from conftest import child_pids, linear_policy, wait_until
+from tensordict import TensorDictBase
+from torchrl.collectors import MultiAsyncCollector
+
+from torchrl_unilab import BatchedGymEnv, OffPolicyCollector, WorkerError, make_replay_buffer
+
+HOPPER_OBS, HOPPER_ACT = 11, 3
+
+
+def by_trajectory(rows: TensorDictBase) -> dict[int, TensorDictBase]:
+    """Rows grouped by trajectory id, each group sorted by step count."""
+    ids = rows["collector", "traj_ids"]
+    out = {}
+    for traj in ids.unique().tolist():
+        traj_rows = rows[ids == traj]
+        order = traj_rows["step_count"].reshape(-1).argsort()
+        out[traj] = traj_rows[order]
+    return out
+
+
+def check_integrity(rows: TensorDictBase, time_limit: int) -> dict[str, int]:
+    """Asserts transition-level invariants; returns counts of the end kinds seen."""
+    done, term, trunc = (rows["next", k].reshape(-1) for k in ("done", "terminated", "truncated"))
+    assert torch.equal(done, term | trunc)
+    assert not (term & trunc).any(), "a row is both terminated and truncated"
+    assert torch.equal(rows["next", "step_count"], rows["step_count"] + 1)
+    # Time-limit ends are truncations (the first episodes may be cut earlier by staggering).
+    at_limit = rows["next", "step_count"].reshape(-1) >= time_limit
+    assert trunc[at_limit].all() and not term[at_limit & ~trunc].any()
+    assert (rows["next", "step_count"].reshape(-1)[trunc] <= time_limit).all()
+    for traj, t in by_trajectory(rows).items():
+        steps = t["step_count"].reshape(-1)
+        assert torch.equal(steps, torch.arange(steps[0], steps[0] + len(steps))), f"gap in trajectory {traj}"
+        assert torch.equal(t["next", "observation"][:-1], t["observation"][1:]), f"broken chain in trajectory {traj}"
+        assert not t["next", "done"][:-1].any(), f"trajectory {traj} continues after done"
+    return {"terminated": int(term.sum()), "truncated": int(trunc.sum())}
+
+
+def hopper_collector(rb, **kwargs) -> OffPolicyCollector:
+    defaults = dict(num_workers=2, num_envs=8, frames_per_batch=512, replay_buffer=rb, seed=0,
+                    env_kwargs={"max_episode_steps": 60})
+    defaults.update(kwargs)
+    return OffPolicyCollector("Hopper-v5", linear_policy(HOPPER_OBS, HOPPER_ACT), **defaults)
+
+
+def test_is_a_torchrl_multi_async_collector(no_leaks):
+    with hopper_collector(make_replay_buffer(1024), num_workers=1, total_frames=512) as collector:
+        assert isinstance(collector, MultiAsyncCollector)
+        assert sum(1 for _ in collector) == 1
+
+
+def test_integrity_and_ring_wraparound(no_leaks):
+    capacity = 24_576
+    rb = make_replay_buffer(capacity)
+    with hopper_collector(rb, total_frames=-1) as collector:
+        collector.allow_frames(20_480)
+        assert collector.wait_for_frames(20_480, timeout=120)
+        time.sleep(0.2)  # nothing beyond the allowance may be written
+        metrics = collector.metrics()
+        assert len(rb) == metrics["frames"] == collector.frames_written == rb.write_count == 20_480
+        rows = rb[:]
+        counts = check_integrity(rows, time_limit=60)
+        assert counts["terminated"] > 0 and counts["truncated"] > 0
+        assert counts["terminated"] + counts["truncated"] == metrics["episodes"]
+        # trajectory ids are unique across the two workers
+        ids = rows["collector", "traj_ids"]
+        assert set((ids % 2).unique().tolist()) == {0, 1}
+
+        collector.allow_frames(40_960)  # wraps the ring buffer
+        assert collector.wait_for_frames(40_960, timeout=120)
+        assert len(rb) == capacity and rb.write_count == 40_960
+        check_integrity(rb[:], time_limit=60)
+
+
+def test_episode_end_keeps_final_observation():
+    env = BatchedGymEnv("Hopper-v5", num_envs=2, seed=3, env_kwargs={"max_episode_steps": 5}, stagger_resets=False)
+    td = env.reset()
+    initial = td["observation"].clone()
+    for _ in range(4):
+        td["action"] = env.action_spec.zero()
+        transition, td = env.step_and_maybe_reset(td)
+    assert not transition["next", "done"].any()
+    before = td["observation"].clone()
+    td["action"] = env.action_spec.zero()
+    transition, td = env.step_and_maybe_reset(td)
+    assert transition["next", "truncated"].all() and not transition["next", "terminated"].any()
+    # the stored next observation is the true final one, the new root observation is the reset one
+    assert not torch.allclose(transition["next", "observation"], td["observation"])
+    assert torch.equal(transition["observation"], before)
+    # reset noise is 5e-3 per coordinate, far below what 5 steps move the hopper
+    assert (td["observation"] - initial).abs().max() < 0.02
+    assert (transition["next", "observation"] - initial).abs().max() > 0.05
+    env.close()
+
+
+def test_init_random_frames_exact_and_seeded(no_leaks):
+    def random_rows(seed):
+        rb = make_replay_buffer(8192)
+        with hopper_collector(rb, init_random_frames=1001, total_frames=4096, seed=seed) as collector:
+            for _ in collector:
+                pass
+        rows = rb[:]
+        random = rows[rows["policy_version"] == -1]
+        return rows, random
+
+    rows_a, random_a = random_rows(seed=7)
+    assert len(random_a) == 1001, "init_random_frames must be exact across workers"
+    assert (rows_a["policy_version"] != -1).sum() == 4096 - 1001
+    _, random_b = random_rows(seed=7)
+    key = lambda td: (td["collector", "traj_ids"] * 100_000 + td["step_count"].reshape(-1)).argsort()  # noqa: E731
+    a, b = random_a[key(random_a)], random_b[key(random_b)]
+    assert torch.equal(a["action"], b["action"]) and torch.equal(a["next", "observation"], b["next", "observation"])
+    # every env (2 workers x 8 envs) starts from its own seed
+    first = rows_a[rows_a["step_count"].reshape(-1) == 0]
+    starts = first[first["collector", "traj_ids"] < 16]["observation"]
+    assert len(starts) == 16 and len(torch.unique(starts, dim=0)) == 16
+    _, random_c = random_rows(seed=8)
+    assert not torch.equal(random_c[key(random_c)]["action"], a["action"])
+
+
+def test_weight_sync_changes_worker_actions(no_leaks):
+    rb = make_replay_buffer(65_536)
+    policy = linear_policy(HOPPER_OBS, HOPPER_ACT)
+    with OffPolicyCollector("Hopper-v5", policy, num_workers=2, num_envs=8, frames_per_batch=256,
+                            replay_buffer=rb, seed=0) as collector:
+        collector.start()
+        assert collector.wait_for_frames(2048, timeout=60)
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.zero_()
+        collector.update_policy_weights_()
+        assert collector.policy_version == 2
+        start = collector.frames_written
+        assert collector.wait_for_frames(start + 4096, timeout=60)
+        assert wait_until(lambda: collector.metrics()["policy_version"] == 2)
+        rows = rb[: collector.frames_written]
+    old, new = rows[rows["policy_version"] == 1], rows[rows["policy_version"] == 2]
+    assert len(old) > 0 and len(new) >= 4096 - 2 * 256
+    assert (old["action"].abs() > 0).any(dim=-1).all()
+    assert torch.equal(new["action"], torch.zeros_like(new["action"])), "workers must act with the zeroed weights"
+
+
+class ExplodingEnv(BatchedGymEnv):
+    """Hopper that raises on its N-th batched step."""
+
+    def __init__(self, fail_at: int, **kwargs):
+        super().__init__("Hopper-v5", 4, **kwargs)
+        self.fail_at, self.calls = fail_at, 0
+
+    def step_and_maybe_reset(self, tensordict):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError(f"simulator exploded at step {self.calls}")
+        return super().step_and_maybe_reset(tensordict)
+
+
+def make_exploding_env():
+    return ExplodingEnv(fail_at=200 if os.environ.get("TUL_FAIL_WORKER", "1") else 10**9)
+
+
+def test_worker_error_surfaces_quickly_and_keeps_data(no_leaks):
+    rb = make_replay_buffer(65_536, batch_size=32)
+    fns = [lambda: ExplodingEnv(fail_at=10**9), lambda: ExplodingEnv(fail_at=300)]
+    collector = OffPolicyCollector(fns, linear_policy(HOPPER_OBS, HOPPER_ACT), num_workers=2,
+                                   frames_per_batch=64, replay_buffer=rb, seed=0)
+    try:
+        collector.start()
+        failed_at = None
+        with pytest.raises(WorkerError) as info:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                written_before = collector.frames_written
+                if failed_at is None and collector._pool.stop_event.is_set():  # noqa: SLF001
+                    failed_at = time.monotonic()
+                collector.metrics()
+                time.sleep(0.01)
+        raised_at = time.monotonic()
+        err = info.value
+        assert err.worker_idx == 1
+        assert "simulator exploded at step 300" in str(err) and "step_and_maybe_reset" in err.worker_traceback
+        assert failed_at is None or raised_at - failed_at < 5
+        assert wait_until(lambda: collector._pool.alive() == 0, timeout=5), "other workers must be stopped"  # noqa: SLF001
+        # rows already written stay intact and can still be sampled
+        assert len(rb) >= written_before > 0
+        check_integrity(rb[: len(rb)], time_limit=1000)
+        assert rb.sample().batch_size == torch.Size([32])
+    finally:
+        collector.shutdown(raise_on_error=False)
+    assert child_pids() <= child_pids()  # no hang above; leaks are checked by the fixture
+
+
+def test_shutdown_is_fast_and_clean(no_leaks):
+    collector = hopper_collector(None, buffer_capacity=4096, total_frames=-1)
+    own_dir = collector._owned_dir  # noqa: SLF001
+    assert own_dir and os.path.isdir(own_dir)
+    collector.start()
+    assert collector.wait_for_frames(1024, timeout=60)
+    started = time.monotonic()
+    collector.shutdown()
+    assert time.monotonic() - started < 5
+    assert not os.path.exists(own_dir)
+    assert all(not p.is_alive() for p in collector.procs)
+
+
+def test_user_scratch_dir_is_kept(tmp_path, no_leaks):
+    rb = make_replay_buffer(2048, scratch_dir=tmp_path / "rb")
+    with hopper_collector(rb, num_workers=1, total_frames=512) as collector:
+        for _ in collector:
+            pass
+    assert (tmp_path / "rb").is_dir() and len(rb) == 512
+    with pytest.raises(FileExistsError, match="scratch_dir"):
+        make_replay_buffer(2048, scratch_dir=tmp_path / "rb")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(create_env_fn="NoSuchEnv-v0"), ValueError, "unknown gymnasium id 'NoSuchEnv-v0'"),
+        (dict(create_env_fn="Hoper-v5"), ValueError, "Hopper-v5"),
+        (dict(num_envs=0), ValueError, "num_envs must be an int >= 1, got 0"),
+        (dict(frames_per_batch=100), ValueError, "frames_per_batch must be a multiple of num_envs=8, got 100"),
+        (dict(init_random_frames=-1), ValueError, "init_random_frames must be an int >= 0, got -1"),
+        (dict(replay_buffer="capacity-too-small"), ValueError, "capacity 256 is below one batch"),
+        (dict(policy=linear_policy(HOPPER_OBS, 2)), ValueError, r"action shape \(8, 2\) differs .* \(8, 3\)"),
+        (dict(num_workers=0), ValueError, "num_workers must be an int >= 1, got 0"),
+        (dict(create_env_fn=42), TypeError, "create_env_fn must be a gymnasium id"),
+        (dict(no_such_option=True), TypeError, "unexpected keyword argument 'no_such_option'"),
+        (dict(split_trajs=True), ValueError, "'split_trajs' only at its default"),
+    ],
+)
+def test_bad_arguments(kwargs, error, match, no_leaks):
+    args = dict(create_env_fn="Hopper-v5", policy=linear_policy(HOPPER_OBS, HOPPER_ACT), num_envs=8,
+                frames_per_batch=512, replay_buffer=None, buffer_capacity=4096)
+    if kwargs.get("replay_buffer") == "capacity-too-small":
+        kwargs = {"replay_buffer": make_replay_buffer(256)}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        OffPolicyCollector(args.pop("create_env_fn"), args.pop("policy"), **args)

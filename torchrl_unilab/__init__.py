@@ -1,0 +1,27 @@
+"""torchrl_unilab: simulator-speed off-policy data collection for TorchRL.
+
+A TorchRL plugin: :class:`OffPolicyCollector` runs worker processes that each
+step a batch of MuJoCo environments and write transitions straight into a
+shared replay buffer, while the learner trains at the same time.
+"""
+
+from torchrl_unilab._processes import WorkerError
+from torchrl_unilab.batched_env import BatchedGymEnv, make_gym_env
+from torchrl_unilab.collector import OffPolicyCollector
+from torchrl_unilab.metrics import CollectorMetrics
+from torchrl_unilab.replay_buffer import init_storage, make_replay_buffer
+from torchrl_unilab.weight_sync import SharedWeights, layout_of
+
+__all__ = [
+    "BatchedGymEnv",
+    "CollectorMetrics",
+    "OffPolicyCollector",
+    "SharedWeights",
+    "WorkerError",
+    "init_storage",
+    "layout_of",
+    "make_gym_env",
+    "make_replay_buffer",
+]
+
+__version__ = "0.1.0"

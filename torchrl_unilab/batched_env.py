@@ -1,0 +1,283 @@
+"""A lean batched environment over gymnasium MuJoCo tasks.
+
+gymnasium's ``SyncVectorEnv`` and TorchRL's ``GymEnv(num_envs=...)`` each cost
+about as much per step as the simulator itself on a small CPU. This env steps
+the *unwrapped* gymnasium environments in a plain loop, writes into
+preallocated arrays, applies the time limit itself and resets finished envs in
+place, so nearly all of the time goes to MuJoCo.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import Bounded, Categorical, Composite, Unbounded
+from torchrl.envs import EnvBase
+
+__all__ = ["BatchedGymEnv", "make_gym_env"]
+
+
+def make_gym_env(env_id: str, **env_kwargs: Any) -> gym.Env:
+    """Creates one gymnasium environment, turning an unknown id into a clear error.
+
+    Args:
+        env_id: a registered gymnasium id such as ``"HalfCheetah-v5"``.
+        **env_kwargs: keyword arguments for the environment's constructor.
+
+    Examples:
+        >>> env = make_gym_env("Pendulum-v1")
+        >>> env.observation_space.shape
+        (3,)
+    """
+    if not isinstance(env_id, str):
+        raise TypeError(f"env must be a gymnasium id (str) or a callable returning an EnvBase, got {type(env_id).__name__}")
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+        hint = f" Did you mean one of {close}?" if close else " See gymnasium.registry.keys() for the accepted ids."
+        raise ValueError(f"unknown gymnasium id {env_id!r}.{hint}")
+    return gym.make(env_id, **env_kwargs)
+
+
+class BatchedGymEnv(EnvBase):
+    """``num_envs`` gymnasium environments stepped as one TorchRL batch.
+
+    The env keeps TorchRL's conventions (``"observation"``, ``("next", "reward")``,
+    ``("next", "terminated")``, ``("next", "truncated")``, ``("next", "done")``,
+    partial resets through ``"_reset"``) and adds a fast
+    :meth:`step_and_maybe_reset` that resets finished envs in place: the returned
+    transition holds the true final observation under ``("next", "observation")``
+    and the next root TensorDict holds the reset observation.
+
+    The time limit is applied here (the unwrapped envs carry no ``TimeLimit``),
+    and a time-limit end is ``truncated``, never ``terminated``.
+
+    With ``stagger_resets=True`` the first episode of env ``i`` is cut (truncated)
+    after ``ceil(max_episode_steps * (i + 1) / num_envs)`` steps, so that the envs
+    of a batch do not all reset on the same step afterwards; later episodes run
+    to the full limit.
+
+    Args:
+        env_id: a gymnasium id, e.g. ``"HalfCheetah-v5"``.
+        num_envs: how many environments are stepped together (``>= 1``).
+
+    Keyword Args:
+        seed: env ``i`` is seeded with ``seed + i``; ``None`` leaves them unseeded.
+        env_kwargs: keyword arguments for ``gymnasium.make``.
+        max_episode_steps: time limit; defaults to the id's registered limit.
+        stagger_resets: stagger the first episodes (see above). Default ``True``.
+        info_keys: entries of gymnasium's ``info`` dict to copy into the
+            TensorDict as float32 vectors under ``("next", key)``; each must be
+            present in every ``info``.
+        device: TorchRL device, ``"cpu"`` by default.
+
+    Examples:
+        >>> env = BatchedGymEnv("Pendulum-v1", num_envs=4, seed=0)
+        >>> td = env.reset()
+        >>> td["observation"].shape
+        torch.Size([4, 3])
+        >>> td["action"] = env.action_spec.rand()
+        >>> transition, td = env.step_and_maybe_reset(td)
+        >>> transition["next", "reward"].shape
+        torch.Size([4, 1])
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        *,
+        seed: int | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        max_episode_steps: int | None = None,
+        stagger_resets: bool = True,
+        info_keys: tuple[str, ...] = (),
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        self.env_id = env_id
+        self.num_envs = num_envs
+        self.env_kwargs = dict(env_kwargs or {})
+        envs = [make_gym_env(env_id, **self.env_kwargs) for _ in range(num_envs)]
+        limit = max_episode_steps or (envs[0].spec.max_episode_steps if envs[0].spec else None)
+        self.max_episode_steps = int(limit) if limit else None
+        self._envs = [e.unwrapped for e in envs]
+        self._wrapped = envs
+        super().__init__(batch_size=torch.Size([num_envs]), device=device)
+        self.info_keys = tuple(info_keys)
+        obs_space, act_space = envs[0].observation_space, envs[0].action_space
+        if not isinstance(act_space, gym.spaces.Box):
+            raise TypeError(f"BatchedGymEnv supports continuous (Box) action spaces, got {act_space} for {env_id!r}")
+        self.obs_dim = int(np.prod(obs_space.shape))
+        self.action_dim = int(np.prod(act_space.shape))
+        self._action_low = act_space.low.astype(np.float32)
+        self._action_high = act_space.high.astype(np.float32)
+        batch = (num_envs,)
+        self.observation_spec = Composite(
+            observation=Unbounded(shape=(*batch, self.obs_dim), dtype=torch.float32, device=self.device),
+            shape=batch,
+        )
+        self.action_spec = Bounded(
+            low=torch.as_tensor(self._action_low).expand(*batch, self.action_dim),
+            high=torch.as_tensor(self._action_high).expand(*batch, self.action_dim),
+            shape=(*batch, self.action_dim),
+            dtype=torch.float32,
+            device=self.device,
+        )
+        self.reward_spec = Unbounded(shape=(*batch, 1), dtype=torch.float32, device=self.device)
+        self.done_spec = Composite(
+            done=Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=self.device),
+            terminated=Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=self.device),
+            truncated=Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=self.device),
+            shape=batch,
+        )
+        self._info_dims: dict[str, int] = {}
+        self._steps = np.zeros(num_envs, dtype=np.int64)
+        self._limits = np.full(num_envs, self.max_episode_steps or np.iinfo(np.int64).max, dtype=np.int64)
+        if stagger_resets and self.max_episode_steps:
+            self._limits[:] = [max(1, math.ceil(self.max_episode_steps * (i + 1) / num_envs)) for i in range(num_envs)]
+        self._obs = np.zeros((num_envs, self.obs_dim), dtype=np.float32)
+        self._seed = seed
+        self._needs_seed = seed is not None
+        self._last_infos: list[dict] = [{} for _ in range(num_envs)]
+        self._declare_info_keys()
+
+    # ------------------------------------------------------------------ specs
+    def _declare_info_keys(self) -> None:
+        if not self.info_keys:
+            return
+        # One throw-away reset+step per key tells us its size, so the spec (and
+        # hence the replay buffer layout) is complete before any worker writes.
+        probe = self._wrapped[0]
+        probe.reset(seed=0 if self._seed is None else self._seed)
+        _, _, _, _, info = probe.step(probe.action_space.sample() * 0)
+        for key in self.info_keys:
+            if key not in info:
+                raise ValueError(f"info_keys entry {key!r} is not in the env's info dict; available: {sorted(info)}")
+            dim = int(np.asarray(info[key]).size)
+            self._info_dims[key] = dim
+            self.observation_spec[key] = Unbounded(shape=(self.num_envs, dim), dtype=torch.float32, device=self.device)
+
+    @property
+    def unwrapped_envs(self) -> list[gym.Env]:
+        """The unwrapped gymnasium environments, e.g. to read ``env.data.qpos``."""
+        return self._envs
+
+    @property
+    def last_infos(self) -> list[dict]:
+        """The ``info`` dict each env returned on its latest step (before any reset)."""
+        return self._last_infos
+
+    # --------------------------------------------------------------- stepping
+    def _reset_one(self, i: int) -> np.ndarray:
+        if self._needs_seed:
+            obs, _ = self._envs[i].reset(seed=self._seed + i)
+        else:
+            obs, _ = self._envs[i].reset()
+        self._steps[i] = 0
+        return obs
+
+    def _info_td(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        return {
+            key: torch.as_tensor(
+                np.stack([np.asarray(info.get(key, np.zeros(dim)), dtype=np.float32).reshape(dim) for info in rows])
+            )
+            for key, dim in self._info_dims.items()
+        }
+
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
+        mask = None
+        if tensordict is not None and "_reset" in tensordict.keys():
+            mask = tensordict.get("_reset").reshape(self.num_envs).cpu().numpy()
+        for i in range(self.num_envs):
+            if mask is None or mask[i]:
+                self._obs[i] = self._reset_one(i)
+                self._last_infos[i] = {}
+        self._needs_seed = False
+        out = {"observation": torch.from_numpy(self._obs.copy())}
+        out.update(self._info_td(self._last_infos))
+        return TensorDict(out, batch_size=self.batch_size, device=self.device)
+
+    def _step_all(self, action: torch.Tensor):
+        actions = np.clip(action.detach().cpu().numpy(), self._action_low, self._action_high)
+        n = self.num_envs
+        next_obs = np.empty((n, self.obs_dim), dtype=np.float32)
+        reward = np.empty((n, 1), dtype=np.float32)
+        terminated = np.empty((n, 1), dtype=bool)
+        truncated = np.empty((n, 1), dtype=bool)
+        steps, limits, infos = self._steps, self._limits, self._last_infos
+        for i, env in enumerate(self._envs):
+            obs, r, term, trunc, info = env.step(actions[i])
+            steps[i] += 1
+            next_obs[i] = obs
+            reward[i, 0] = r
+            terminated[i, 0] = term
+            truncated[i, 0] = (trunc or steps[i] >= limits[i]) and not term
+            infos[i] = info
+        return next_obs, reward, terminated, truncated
+
+    def _next_td(self, next_obs, reward, terminated, truncated) -> dict[str, torch.Tensor]:
+        out = {
+            "observation": torch.from_numpy(next_obs),
+            "reward": torch.from_numpy(reward),
+            "terminated": torch.from_numpy(terminated),
+            "truncated": torch.from_numpy(truncated),
+            "done": torch.from_numpy(terminated | truncated),
+        }
+        out.update(self._info_td(self._last_infos))
+        return out
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        next_obs, reward, terminated, truncated = self._step_all(tensordict.get("action"))
+        self._obs[:] = next_obs
+        return TensorDict(self._next_td(next_obs, reward, terminated, truncated), batch_size=self.batch_size, device=self.device)
+
+    def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        """Steps every env, then resets the finished ones in place.
+
+        Returns ``(transition, next_root)`` as :meth:`EnvBase.step_and_maybe_reset`
+        does, with ``("next", "observation")`` the true final observation of a
+        finished episode and ``next_root["observation"]`` its reset observation.
+        """
+        next_obs, reward, terminated, truncated = self._step_all(tensordict.get("action"))
+        nxt = self._next_td(next_obs, reward, terminated, truncated)
+        root_obs = next_obs.copy()
+        for i in np.flatnonzero(terminated[:, 0] | truncated[:, 0]):
+            root_obs[i] = self._reset_one(int(i))
+        self._obs[:] = root_obs
+        transition = tensordict.empty()
+        for key in ("observation", "action", *self._info_dims):
+            if key in tensordict.keys():
+                transition.set(key, tensordict.get(key))
+        transition.set("next", TensorDict(nxt, batch_size=self.batch_size, device=self.device))
+        root = {"observation": torch.from_numpy(root_obs)}
+        if self._info_dims:
+            done = (terminated | truncated)[:, 0]
+            for key, value in self._info_td(self._last_infos).items():
+                value[torch.from_numpy(done)] = 0.0
+                root[key] = value
+        return transition, TensorDict(root, batch_size=self.batch_size, device=self.device)
+
+    def _set_seed(self, seed: int | None) -> None:
+        self._seed = seed
+        self._needs_seed = seed is not None
+
+    def close(self, *, raise_if_closed: bool = True) -> None:  # noqa: D102
+        for env in self._wrapped:
+            env.close()
+        self._wrapped = []
+        self._envs = []
+        try:
+            super().close(raise_if_closed=raise_if_closed)
+        except TypeError:
+            super().close()
+
+
+CreateEnvFn = Callable[[], EnvBase]

@@ -1,0 +1,131 @@
+"""A TorchRL replay buffer over a process-shared ``LazyMemmapStorage``.
+
+Worker processes of :class:`~torchrl_unilab.OffPolicyCollector` write into the
+buffer and the learner samples from it. The buffer is ``shared=True``, so its
+write cursor and write count live in shared memory and one process-wide lock
+serialises each ``extend`` against the others and against ``sample``: a
+sampled row is never half written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+from tensordict import TensorDictBase
+from torchrl.data import LazyMemmapStorage, ReplayBuffer
+from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
+
+__all__ = ["make_replay_buffer", "init_storage", "storage_keys", "owned_scratch_dir"]
+
+_OWNED_DIR_ATTR = "_torchrl_unilab_owned_dir"
+
+
+def make_replay_buffer(
+    capacity: int,
+    *,
+    scratch_dir: str | os.PathLike | None = None,
+    batch_size: int | None = None,
+    sampler: Sampler | None = None,
+) -> ReplayBuffer:
+    """Builds a ``ReplayBuffer`` over a shared ``LazyMemmapStorage``.
+
+    Args:
+        capacity: number of transitions (rows) the ring buffer holds, ``>= 1``.
+
+    Keyword Args:
+        scratch_dir: where the memory-mapped files go. It must be empty or not
+            exist yet (a stale storage is never overwritten). ``None`` creates a
+            temporary directory that is removed when the buffer is garbage
+            collected or the interpreter exits.
+        batch_size: default ``sample()`` size.
+        sampler: a TorchRL sampler; uniform ``RandomSampler`` by default.
+
+    Examples:
+        >>> rb = make_replay_buffer(capacity=1000, batch_size=32)
+        >>> rb.storage.max_size
+        1000
+    """
+    if not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+    owned = None
+    if scratch_dir is None:
+        owned = tempfile.mkdtemp(prefix="torchrl_unilab_rb_")
+        path = Path(owned)
+    else:
+        path = Path(scratch_dir)
+        if path.exists() and any(path.iterdir()):
+            raise FileExistsError(
+                f"scratch_dir {str(path)!r} is not empty; LazyMemmapStorage would collide with the files there. "
+                "Pass a new or empty directory, or scratch_dir=None for a temporary one."
+            )
+    storage = LazyMemmapStorage(capacity, scratch_dir=str(path))
+    rb = ReplayBuffer(storage=storage, sampler=sampler or RandomSampler(), batch_size=batch_size, shared=True)
+    if owned is not None:
+        setattr(rb, _OWNED_DIR_ATTR, owned)
+        weakref.finalize(rb, shutil.rmtree, owned, True)
+    return rb
+
+
+def owned_scratch_dir(replay_buffer: ReplayBuffer) -> str | None:
+    """The temporary directory :func:`make_replay_buffer` created for ``replay_buffer``, if any.
+
+    Examples:
+        >>> owned_scratch_dir(make_replay_buffer(10)) is not None
+        True
+    """
+    return getattr(replay_buffer, _OWNED_DIR_ATTR, None)
+
+
+def storage_keys(replay_buffer: ReplayBuffer) -> list | None:
+    """The leaf keys of an initialised storage, or ``None`` before initialisation.
+
+    Examples:
+        >>> storage_keys(make_replay_buffer(10)) is None
+        True
+    """
+    storage = replay_buffer.storage
+    if not getattr(storage, "initialized", False):
+        return None
+    return sorted(storage._storage.keys(include_nested=True, leaves_only=True), key=str)
+
+
+def init_storage(replay_buffer: ReplayBuffer, row: TensorDictBase) -> None:
+    """Lays out ``replay_buffer``'s storage from one flat transition ``row``.
+
+    TorchRL's multi-process collectors crash on the first ``extend`` into a
+    lazy storage that no process has laid out, and a worker's keys that the
+    layout lacks are dropped without a word. Laying the storage out in the
+    parent, from a row with every key the workers will write, avoids both. A
+    storage that is already laid out must hold exactly those keys.
+
+    Args:
+        replay_buffer: a buffer over a ``LazyMemmapStorage``.
+        row: a TensorDict with empty batch size holding one transition.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> rb = make_replay_buffer(10)
+        >>> init_storage(rb, TensorDict({"observation": torch.zeros(3)}, []))
+        >>> storage_keys(rb)
+        ['observation']
+    """
+    if row.batch_dims != 0:
+        raise ValueError(f"row must be a single transition (batch_size []), got batch_size {tuple(row.batch_size)}")
+    storage = replay_buffer.storage
+    want = sorted(row.keys(include_nested=True, leaves_only=True), key=str)
+    have = storage_keys(replay_buffer)
+    if have is None:
+        storage._init(row)
+        return
+    if have != want:
+        missing = sorted(set(map(str, want)) - set(map(str, have)))
+        extra = sorted(set(map(str, have)) - set(map(str, want)))
+        raise ValueError(
+            "replay_buffer's storage is already laid out with other keys than the collector writes "
+            f"(missing: {missing}, unexpected: {extra}); pass a fresh buffer from make_replay_buffer()"
+        )

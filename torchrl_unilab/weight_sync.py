@@ -1,0 +1,253 @@
+"""Learner-to-worker weight sync through named shared memory.
+
+One block of shared memory holds a module's ``state_dict`` (parameters and
+persistent buffers) behind a small header: a sequence counter and a version.
+The writer bumps the sequence to an odd value, copies the tensors, bumps the
+version and makes the sequence even again (a seqlock). A reader copies the
+tensors and keeps the copy only if the sequence was even and unchanged around
+the copy, so a reader never loads a half-written set of weights and the
+writer never waits for readers.
+
+Non-persistent buffers (such as the per-env noise scales of
+:class:`~torchrl_unilab.exploration.PerEnvMixedNoise`) are not part of the
+``state_dict`` and therefore never travel: worker-side state survives every sync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["SharedWeights", "WeightLayout", "layout_of"]
+
+_HEADER_BYTES = 64  # seq (int64), version (int64), padding to keep tensors aligned
+_ALIGN = 64
+
+#: ``(name, shape, dtype)`` for each tensor of a ``state_dict``, in order.
+WeightLayout = list[tuple[str, tuple[int, ...], torch.dtype]]
+
+
+def layout_of(state: nn.Module | Mapping[str, torch.Tensor]) -> WeightLayout:
+    """Returns the ``(name, shape, dtype)`` layout of a module's ``state_dict``.
+
+    Examples:
+        >>> layout_of(torch.nn.Linear(3, 2))
+        [('weight', (2, 3), torch.float32), ('bias', (2,), torch.float32)]
+    """
+    sd = state.state_dict() if isinstance(state, nn.Module) else state
+    return [(k, tuple(v.shape), v.dtype) for k, v in sd.items()]
+
+
+def _normalise_layout(layout: WeightLayout | Sequence[Sequence[int]]) -> WeightLayout:
+    # The seed API passes bare shapes (float32 parameters, state_dict order).
+    out: WeightLayout = []
+    for i, entry in enumerate(layout):
+        if len(entry) == 3 and isinstance(entry[0], str):
+            out.append((entry[0], tuple(int(s) for s in entry[1]), entry[2]))
+        else:
+            out.append((f"param_{i}", tuple(int(s) for s in entry), torch.float32))
+    return out
+
+
+def _offsets(layout: WeightLayout) -> tuple[list[int], int]:
+    offsets, pos = [], _HEADER_BYTES
+    for _, shape, dtype in layout:
+        offsets.append(pos)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        pos += -(-nbytes // _ALIGN) * _ALIGN
+    return offsets, max(pos, _HEADER_BYTES + _ALIGN)
+
+
+class SharedWeights:
+    """A module's weights and a version counter in named shared memory.
+
+    The learner creates the block with :meth:`create` and calls :meth:`publish`
+    after updates; each worker :meth:`attach`-es by name and calls
+    :meth:`load_into` between steps, which copies the weights only when the
+    version has advanced. The creator owns the block and removes it with
+    :meth:`unlink` (also done by :meth:`close` on the owner).
+
+    Args:
+        shm: the shared-memory block.
+        layout: ``(name, shape, dtype)`` for each tensor, in ``state_dict`` order.
+        owner: whether this handle unlinks the block on :meth:`close`.
+        lock: optional lock (e.g. ``multiprocessing.Lock``) that :meth:`publish`
+            holds while writing; readers never need it.
+
+    Examples:
+        >>> actor = torch.nn.Linear(3, 2)
+        >>> weights = SharedWeights.create(actor)
+        >>> worker_copy = torch.nn.Linear(3, 2)
+        >>> reader = SharedWeights.attach(weights.name, layout_of(actor))
+        >>> reader.load_into(worker_copy)  # first load: version 1
+        1
+        >>> torch.equal(worker_copy.weight, actor.weight)
+        True
+        >>> reader.load_into(worker_copy) is None  # nothing new
+        True
+        >>> reader.close(); weights.close()
+    """
+
+    def __init__(
+        self,
+        shm: shared_memory.SharedMemory,
+        layout: WeightLayout,
+        *,
+        owner: bool,
+        lock: Any | None = None,
+    ) -> None:
+        self._shm = shm
+        self.layout = layout
+        self.owner = owner
+        self.lock = lock
+        offsets, size = _offsets(layout)
+        if shm.size < size:
+            raise ValueError(
+                f"shared memory {shm.name!r} holds {shm.size} bytes but the layout needs {size}; "
+                "weight_param_shapes must match the learner's actor"
+            )
+        self._header = np.ndarray((2,), dtype=np.int64, buffer=shm.buf)
+        self._views = [
+            torch.frombuffer(shm.buf, dtype=dtype, count=int(np.prod(shape, dtype=np.int64)), offset=off).view(shape)
+            for (_, shape, dtype), off in zip(layout, offsets)
+        ]
+
+    # ----------------------------------------------------------- construction
+    @classmethod
+    def create(
+        cls,
+        module: nn.Module | Mapping[str, torch.Tensor],
+        *,
+        name: str | None = None,
+        lock: Any | None = None,
+    ) -> SharedWeights:
+        """Allocates the block for ``module`` and publishes its current weights as version 1."""
+        layout = layout_of(module)
+        _, size = _offsets(layout)
+        name = name or f"tul_w_{uuid.uuid4().hex[:12]}"
+        shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+        self = cls(shm, layout, owner=True, lock=lock)
+        self._header[:] = 0
+        self.publish(module)
+        return self
+
+    @classmethod
+    def attach(
+        cls,
+        name: str,
+        layout: WeightLayout | Sequence[Sequence[int]],
+        *,
+        lock: Any | None = None,
+    ) -> SharedWeights:
+        """Opens an existing block by name; ``layout`` may be bare shapes (float32)."""
+        try:
+            shm = shared_memory.SharedMemory(name=name, create=False)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"weight_sync_name {name!r} names no shared memory block; create it with SharedWeights.create(actor)"
+            ) from None
+        return cls(shm, _normalise_layout(layout), owner=False, lock=lock)
+
+    @property
+    def name(self) -> str:
+        """The shared-memory name to hand to workers."""
+        return self._shm.name
+
+    @property
+    def version(self) -> int:
+        """The latest published version (0 before the first publish)."""
+        return int(self._header[1])
+
+    # --------------------------------------------------------------- transfer
+    def _tensors(self, source: nn.Module | Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if isinstance(source, nn.Module):
+            source = source.state_dict()
+        if isinstance(source, Mapping):
+            values = list(source.values())
+        else:
+            values = list(source)
+        if len(values) != len(self.layout):
+            raise ValueError(f"expected {len(self.layout)} tensors (the published layout), got {len(values)}")
+        return values
+
+    def publish(self, source: nn.Module | Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) -> int:
+        """Copies ``source``'s weights into the block and returns the new version."""
+        values = self._tensors(source)
+        with self.lock if self.lock is not None else contextlib.nullcontext():
+            self._header[0] += 1  # odd: write in progress
+            with torch.no_grad():
+                for view, value, (key, shape, _) in zip(self._views, values, self.layout):
+                    if tuple(value.shape) != shape:
+                        self._header[0] += 1
+                        raise ValueError(f"weight {key!r} has shape {tuple(value.shape)}, the layout says {shape}")
+                    view.copy_(value.detach())
+            self._header[1] += 1
+            self._header[0] += 1  # even: consistent again
+            return int(self._header[1])
+
+    def read(self, *, since_version: int = 0, timeout: float = 5.0) -> tuple[int, list[torch.Tensor]] | None:
+        """Returns ``(version, tensors)`` if a version newer than ``since_version`` exists, else ``None``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seq = int(self._header[0])
+            version = int(self._header[1])
+            if version <= since_version:
+                return None
+            if seq % 2 == 0:
+                copies = [v.clone() for v in self._views]
+                if int(self._header[0]) == seq:
+                    return version, copies
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read a consistent set of weights from {self.name!r} within {timeout}s")
+            time.sleep(0)
+
+    def load_into(self, module: nn.Module, *, since_version: int = 0) -> int | None:
+        """Loads a newer version into ``module``; returns it, or ``None`` if nothing is newer."""
+        got = self.read(since_version=since_version)
+        if got is None:
+            return None
+        version, tensors = got
+        keys = list(module.state_dict().keys())
+        if len(keys) != len(tensors):
+            raise ValueError(
+                f"module has {len(keys)} state_dict entries but the shared weights hold {len(tensors)}; "
+                "build the worker's actor with the same builder and dims as the learner's"
+            )
+        module.load_state_dict(dict(zip(keys, tensors)), strict=True)
+        return version
+
+    # --------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Releases this handle; the owner also removes the block."""
+        if self._shm is None:
+            return
+        self._views = []
+        self._header = None
+        shm, self._shm = self._shm, None
+        with contextlib.suppress(BufferError):
+            shm.close()
+        if self.owner:
+            self.unlink(shm)
+
+    @staticmethod
+    def unlink(shm: shared_memory.SharedMemory) -> None:
+        """Removes the block from ``/dev/shm``."""
+        with contextlib.suppress(FileNotFoundError):
+            shm.unlink()
+
+    def __getstate__(self) -> dict:
+        # Hand workers a name to attach to, never a second owner.
+        return {"name": self.name, "layout": self.layout, "lock": self.lock}
+
+    def __setstate__(self, state: dict) -> None:
+        other = SharedWeights.attach(state["name"], state["layout"], lock=state["lock"])
+        self.__dict__.update(other.__dict__)
+        other._shm = None
