@@ -22,6 +22,7 @@ from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from torchrl_unilab._control import FrameControl
+from torchrl_unilab._fast_policy import tensor_policy
 from torchrl_unilab.metrics import CollectorMetrics
 from torchrl_unilab.weight_sync import SharedWeights
 
@@ -75,6 +76,7 @@ class _WorkerLoop:
         self.stop_event = stop_event
         self.env: EnvBase = cloudpickle.loads(cfg.env_fn_bytes)()
         self.policy = cloudpickle.loads(cfg.policy_bytes)
+        self.fast_policy = tensor_policy(self.policy) if cfg.exploration_type == ExplorationType.RANDOM else None
         self.version = 0
         self.random_left = cfg.random_frames[worker_idx]
         n = cfg.num_envs
@@ -95,9 +97,16 @@ class _WorkerLoop:
         n = self.cfg.num_envs
         n_random = min(self.random_left, n)
         if n_random < n:
-            td.set("is_init", self.step_count == 0)
+            # A shallow copy: modules such as an observation normaliser may
+            # overwrite keys, and the buffer must keep the env's raw values.
+            is_init = self.step_count == 0
             with torch.no_grad(), set_exploration_type(self.cfg.exploration_type):
-                action = self.policy(td).get("action")
+                if self.fast_policy is not None:
+                    action = self.fast_policy({**td.to_dict(), "is_init": is_init})
+                else:
+                    policy_td = td.copy()
+                    policy_td.set("is_init", is_init)
+                    action = self.policy(policy_td).get("action")
             if tuple(action.shape) != tuple(self.env.action_spec.shape):
                 raise ValueError(
                     f"policy returned an action of shape {tuple(action.shape)}, the env's action_spec is "

@@ -72,9 +72,6 @@ class BatchedGymEnv(EnvBase):
         env_kwargs: keyword arguments for ``gymnasium.make``.
         max_episode_steps: time limit; defaults to the id's registered limit.
         stagger_resets: stagger the first episodes (see above). Default ``True``.
-        info_keys: entries of gymnasium's ``info`` dict to copy into the
-            TensorDict as float32 vectors under ``("next", key)``; each must be
-            present in every ``info``.
         device: TorchRL device, ``"cpu"`` by default.
 
     Examples:
@@ -97,7 +94,6 @@ class BatchedGymEnv(EnvBase):
         env_kwargs: Mapping[str, Any] | None = None,
         max_episode_steps: int | None = None,
         stagger_resets: bool = True,
-        info_keys: tuple[str, ...] = (),
         device: torch.device | str = "cpu",
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
@@ -111,7 +107,6 @@ class BatchedGymEnv(EnvBase):
         self._envs = [e.unwrapped for e in envs]
         self._wrapped = envs
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
-        self.info_keys = tuple(info_keys)
         obs_space, act_space = envs[0].observation_space, envs[0].action_space
         if not isinstance(act_space, gym.spaces.Box):
             raise TypeError(f"BatchedGymEnv supports continuous (Box) action spaces, got {act_space} for {env_id!r}")
@@ -138,7 +133,6 @@ class BatchedGymEnv(EnvBase):
             truncated=Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=self.device),
             shape=batch,
         )
-        self._info_dims: dict[str, int] = {}
         self._steps = np.zeros(num_envs, dtype=np.int64)
         self._limits = np.full(num_envs, self.max_episode_steps or np.iinfo(np.int64).max, dtype=np.int64)
         if stagger_resets and self.max_episode_steps:
@@ -147,23 +141,6 @@ class BatchedGymEnv(EnvBase):
         self._seed = seed
         self._needs_seed = seed is not None
         self._last_infos: list[dict] = [{} for _ in range(num_envs)]
-        self._declare_info_keys()
-
-    # ------------------------------------------------------------------ specs
-    def _declare_info_keys(self) -> None:
-        if not self.info_keys:
-            return
-        # One throw-away reset+step per key tells us its size, so the spec (and
-        # hence the replay buffer layout) is complete before any worker writes.
-        probe = self._wrapped[0]
-        probe.reset(seed=0 if self._seed is None else self._seed)
-        _, _, _, _, info = probe.step(probe.action_space.sample() * 0)
-        for key in self.info_keys:
-            if key not in info:
-                raise ValueError(f"info_keys entry {key!r} is not in the env's info dict; available: {sorted(info)}")
-            dim = int(np.asarray(info[key]).size)
-            self._info_dims[key] = dim
-            self.observation_spec[key] = Unbounded(shape=(self.num_envs, dim), dtype=torch.float32, device=self.device)
 
     @property
     def unwrapped_envs(self) -> list[gym.Env]:
@@ -184,14 +161,6 @@ class BatchedGymEnv(EnvBase):
         self._steps[i] = 0
         return obs
 
-    def _info_td(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        return {
-            key: torch.as_tensor(
-                np.stack([np.asarray(info.get(key, np.zeros(dim)), dtype=np.float32).reshape(dim) for info in rows])
-            )
-            for key, dim in self._info_dims.items()
-        }
-
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
         mask = None
         if tensordict is not None and "_reset" in tensordict.keys():
@@ -201,9 +170,8 @@ class BatchedGymEnv(EnvBase):
                 self._obs[i] = self._reset_one(i)
                 self._last_infos[i] = {}
         self._needs_seed = False
-        out = {"observation": torch.from_numpy(self._obs.copy())}
-        out.update(self._info_td(self._last_infos))
-        return TensorDict(out, batch_size=self.batch_size, device=self.device)
+        return TensorDict({"observation": torch.from_numpy(self._obs.copy())}, batch_size=self.batch_size,
+                          device=self.device)
 
     def _step_all(self, action: torch.Tensor):
         actions = np.clip(action.detach().cpu().numpy(), self._action_low, self._action_high)
@@ -224,20 +192,19 @@ class BatchedGymEnv(EnvBase):
         return next_obs, reward, terminated, truncated
 
     def _next_td(self, next_obs, reward, terminated, truncated) -> dict[str, torch.Tensor]:
-        out = {
+        return {
             "observation": torch.from_numpy(next_obs),
             "reward": torch.from_numpy(reward),
             "terminated": torch.from_numpy(terminated),
             "truncated": torch.from_numpy(truncated),
             "done": torch.from_numpy(terminated | truncated),
         }
-        out.update(self._info_td(self._last_infos))
-        return out
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         next_obs, reward, terminated, truncated = self._step_all(tensordict.get("action"))
         self._obs[:] = next_obs
-        return TensorDict(self._next_td(next_obs, reward, terminated, truncated), batch_size=self.batch_size, device=self.device)
+        return TensorDict(self._next_td(next_obs, reward, terminated, truncated), batch_size=self.batch_size,
+                          device=self.device)
 
     def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
         """Steps every env, then resets the finished ones in place.
@@ -245,25 +212,27 @@ class BatchedGymEnv(EnvBase):
         Returns ``(transition, next_root)`` as :meth:`EnvBase.step_and_maybe_reset`
         does, with ``("next", "observation")`` the true final observation of a
         finished episode and ``next_root["observation"]`` its reset observation.
+        The transition carries ``"observation"``, ``"action"`` and ``"next"``.
         """
         next_obs, reward, terminated, truncated = self._step_all(tensordict.get("action"))
-        nxt = self._next_td(next_obs, reward, terminated, truncated)
         root_obs = next_obs.copy()
         for i in np.flatnonzero(terminated[:, 0] | truncated[:, 0]):
             root_obs[i] = self._reset_one(int(i))
         self._obs[:] = root_obs
-        transition = tensordict.empty()
-        for key in ("observation", "action", *self._info_dims):
-            if key in tensordict.keys():
-                transition.set(key, tensordict.get(key))
-        transition.set("next", TensorDict(nxt, batch_size=self.batch_size, device=self.device))
-        root = {"observation": torch.from_numpy(root_obs)}
-        if self._info_dims:
-            done = (terminated | truncated)[:, 0]
-            for key, value in self._info_td(self._last_infos).items():
-                value[torch.from_numpy(done)] = 0.0
-                root[key] = value
-        return transition, TensorDict(root, batch_size=self.batch_size, device=self.device)
+        # Built without per-key validation: every entry comes from this env's
+        # own preallocated arrays, with the batch size the specs declare.
+        transition = TensorDict._new_unsafe(
+            {
+                "observation": tensordict.get("observation"),
+                "action": tensordict.get("action"),
+                "next": TensorDict._new_unsafe(
+                    self._next_td(next_obs, reward, terminated, truncated), batch_size=self.batch_size
+                ),
+            },
+            batch_size=self.batch_size,
+        )
+        root = TensorDict._new_unsafe({"observation": torch.from_numpy(root_obs)}, batch_size=self.batch_size)
+        return transition, root
 
     def _set_seed(self, seed: int | None) -> None:
         self._seed = seed

@@ -1,0 +1,52 @@
+"""The worker's tensor-level policy path computes exactly what the TensorDict path computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+from torchrl.data import Bounded
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from torchrl_unilab._fast_policy import tensor_policy
+from torchrl_unilab.exploration import make_exploration_policy
+from torchrl_unilab.models import make_actor
+from torchrl_unilab.normalization import ObservationNormalizer
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("normalise", [False, True])
+def test_fast_path_matches_tensordict_path(algo, normalise):
+    spec = Bounded(-2.0, 2.0, shape=(8, 3))
+    actor = make_exploration_policy(make_actor(algo, 5, 3, hidden_dim=32, action_low=-2.0, action_high=2.0),
+                                    algo, spec)
+    if normalise:
+        norm = ObservationNormalizer(5)
+        norm.update(torch.randn(100, 5) * 3 + 1)
+        from tensordict.nn import TensorDictSequential
+
+        actor = TensorDictSequential(norm, actor)
+    fast = tensor_policy(actor)
+    assert fast is not None
+    obs = torch.randn(8, 5)
+    for step in range(3):
+        is_init = torch.zeros(8, 1, dtype=torch.bool) if step else torch.ones(8, 1, dtype=torch.bool)
+        with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+            torch.manual_seed(step)
+            expected = actor(TensorDict({"observation": obs, "is_init": is_init}, [8]))["action"]
+            torch.manual_seed(step)
+            got = fast({"observation": obs, "is_init": is_init})
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+        assert (got.abs() <= 2.0).all()
+
+
+def test_unknown_module_falls_back():
+    class Custom(TensorDictModule):
+        def forward(self, td):  # a user module with its own logic
+            return super().forward(td)
+
+    policy = Custom(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+    assert tensor_policy(policy) is None
+    plain = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+    assert tensor_policy(plain) is not None
