@@ -9,13 +9,17 @@ from torchrl_unilab._processes import WorkerError
 from torchrl_unilab.batched_env import BatchedGymEnv, make_gym_env
 from torchrl_unilab.collector import OffPolicyCollector
 from torchrl_unilab.metrics import CollectorMetrics
+from torchrl_unilab.normalization import ObservationNormalizer
+from torchrl_unilab.privileged import PrivilegedInfoTransform
 from torchrl_unilab.replay_buffer import init_storage, make_replay_buffer
 from torchrl_unilab.weight_sync import SharedWeights, layout_of
 
 __all__ = [
     "BatchedGymEnv",
     "CollectorMetrics",
+    "ObservationNormalizer",
     "OffPolicyCollector",
+    "PrivilegedInfoTransform",
     "SharedWeights",
     "WorkerError",
     "init_storage",

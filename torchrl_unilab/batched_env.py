@@ -148,6 +148,11 @@ class BatchedGymEnv(EnvBase):
         return self._envs
 
     @property
+    def step_counts(self) -> np.ndarray:
+        """Steps taken in each env's current episode (0 right after a reset)."""
+        return self._steps
+
+    @property
     def last_infos(self) -> list[dict]:
         """The ``info`` dict each env returned on its latest step (before any reset)."""
         return self._last_infos

@@ -13,18 +13,21 @@ from typing import Any
 import cloudpickle
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModuleBase
+from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.data import ReplayBuffer
-from torchrl.envs import EnvBase
+from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.envs.utils import ExplorationType
 
 from torchrl_unilab._control import FrameControl
 from torchrl_unilab._processes import WorkerError, WorkerPool
 from torchrl_unilab._worker import WorkerConfig, probe_row, worker_main
 from torchrl_unilab.batched_env import BatchedGymEnv
+from torchrl_unilab.exploration import make_exploration_policy
 from torchrl_unilab.metrics import CollectorMetrics
+from torchrl_unilab.normalization import ObservationNormalizer
+from torchrl_unilab.privileged import PrivilegedInfoTransform
 from torchrl_unilab.replay_buffer import init_storage, make_replay_buffer, owned_scratch_dir
 from torchrl_unilab.weight_sync import SharedWeights
 
@@ -78,6 +81,21 @@ class OffPolicyCollector(MultiAsyncCollector):
         stagger_resets: stagger the first episode ends of a batch (gymnasium ids
             only; see :class:`~torchrl_unilab.BatchedGymEnv`). Default ``True``.
         metrics_window: finished episodes kept per worker for :meth:`metrics`.
+        algo: ``"sac"`` or ``"td3"`` to wrap ``policy`` (then the bare actor from
+            :func:`~torchrl_unilab.models.make_actor`) with its exploration module
+            (:func:`~torchrl_unilab.exploration.make_exploration_policy`); ``None``
+            uses ``policy`` as given.
+        td3_noise, td3_std_min, td3_std_max, td3_std: TD3 exploration options
+            (``"mixed"`` per-env stds in ``[td3_std_min, td3_std_max]``, or
+            ``"constant"`` ``td3_std``), used when ``algo="td3"``.
+        privileged: a :class:`~torchrl_unilab.PrivilegedInfoTransform` (or a dict
+            of its arguments) appended to every worker's env; its ``out_key`` is
+            stored in the buffer.
+        obs_norm: ``True`` or an :class:`~torchrl_unilab.normalization.ObservationNormalizer`
+            put in front of the policy, so workers normalise the actor's input
+            while the buffer keeps raw observations. The learner is the single
+            writer of its statistics (available as :attr:`obs_norm`); they reach
+            the workers with :meth:`update_policy_weights_`.
         **torchrl_kwargs: other ``MultiAsyncCollector`` parameters are accepted
             at their default values only.
 
@@ -116,6 +134,13 @@ class OffPolicyCollector(MultiAsyncCollector):
         env_kwargs: Mapping[str, Any] | None = None,
         stagger_resets: bool = True,
         metrics_window: int = 100,
+        algo: str | None = None,
+        td3_noise: str = "mixed",
+        td3_std_min: float = 0.001,
+        td3_std_max: float = 0.4,
+        td3_std: float = 0.1,
+        privileged: PrivilegedInfoTransform | Mapping[str, Any] | None = None,
+        obs_norm: bool | ObservationNormalizer | None = None,
         **torchrl_kwargs: Any,
     ) -> None:
         # MultiCollector.__init__ starts TorchRL's own worker loop; this class
@@ -130,7 +155,14 @@ class OffPolicyCollector(MultiAsyncCollector):
             raise TypeError("policy must be a TensorDictModule reading 'observation' and writing 'action', got None")
         self.num_workers = _check_int("num_workers", 1 if num_workers is None else num_workers, 1)
         init_random_frames = _check_int("init_random_frames", 0 if init_random_frames is None else init_random_frames, 0)
-        env_fns = self._env_factories(create_env_fn, num_envs, seed, env_kwargs, stagger_resets)
+        if isinstance(privileged, Mapping):
+            privileged = PrivilegedInfoTransform(**privileged)
+        if privileged is not None and not isinstance(privileged, PrivilegedInfoTransform):
+            raise TypeError(
+                "privileged must be a PrivilegedInfoTransform or a dict of its keyword arguments, "
+                f"got {type(privileged).__name__}"
+            )
+        env_fns = self._env_factories(create_env_fn, num_envs, env_kwargs, stagger_resets, privileged)
         probe = env_fns[0]()
         try:
             if probe.batch_dims != 1:
@@ -143,6 +175,10 @@ class OffPolicyCollector(MultiAsyncCollector):
                 raise ValueError(
                     f"frames_per_batch must be a multiple of num_envs={self.num_envs}, got {frames_per_batch}"
                 )
+            policy, self.obs_norm = _assemble_policy(
+                policy, probe, algo, obs_norm,
+                dict(td3_noise=td3_noise, td3_std_min=td3_std_min, td3_std_max=td3_std_max, td3_std=td3_std),
+            )
             row = probe_row(probe, policy, exploration_type)
         finally:
             probe.close()
@@ -190,25 +226,29 @@ class OffPolicyCollector(MultiAsyncCollector):
         self.closed = False
 
     # ------------------------------------------------------------ set-up bits
-    def _env_factories(self, create_env_fn, num_envs, seed, env_kwargs, stagger_resets) -> list[Callable[[], EnvBase]]:
+    def _env_factories(self, create_env_fn, num_envs, env_kwargs, stagger_resets,
+                       privileged) -> list[Callable[[], EnvBase]]:
         if isinstance(create_env_fn, str):
             _check_int("num_envs", num_envs, 1)
-            return [
-                functools.partial(BatchedGymEnv, create_env_fn, num_envs, env_kwargs=env_kwargs,
-                                  stagger_resets=stagger_resets)
-            ] * self.num_workers
-        if isinstance(create_env_fn, Sequence):
+            fn = functools.partial(BatchedGymEnv, create_env_fn, num_envs, env_kwargs=env_kwargs,
+                                   stagger_resets=stagger_resets)
+            fns = [fn] * self.num_workers
+        elif isinstance(create_env_fn, Sequence):
             if len(create_env_fn) != self.num_workers or not all(callable(f) for f in create_env_fn):
                 raise ValueError(
                     f"create_env_fn as a list must hold num_workers={self.num_workers} callables, got {len(create_env_fn)}"
                 )
-            return list(create_env_fn)
-        if callable(create_env_fn):
-            return [create_env_fn] * self.num_workers
-        raise TypeError(
+            fns = list(create_env_fn)
+        elif callable(create_env_fn):
+            fns = [create_env_fn] * self.num_workers
+        else:
+            raise TypeError(
             "create_env_fn must be a gymnasium id (str), a callable returning a batched EnvBase, or a list of "
-            f"such callables, got {type(create_env_fn).__name__}"
-        )
+                f"such callables, got {type(create_env_fn).__name__}"
+            )
+        if privileged is None:
+            return fns
+        return [functools.partial(_with_transform, fn, privileged) for fn in fns]
 
     def _buffer(self, replay_buffer: ReplayBuffer | None, buffer_capacity: int) -> ReplayBuffer:
         if replay_buffer is None:
@@ -401,6 +441,26 @@ class OffPolicyCollector(MultiAsyncCollector):
             f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, "
             f"frames_written={self._control.written if not self.closed else 'closed'})"
         )
+
+
+def _with_transform(env_fn: Callable[[], EnvBase], transform: PrivilegedInfoTransform) -> EnvBase:
+    return TransformedEnv(env_fn(), transform.clone())
+
+
+def _assemble_policy(policy, env: EnvBase, algo: str | None, obs_norm, exploration: dict[str, Any]):
+    """Wraps the actor with its exploration module and an observation normaliser, as asked."""
+    if algo is not None:
+        policy = make_exploration_policy(policy, algo, env.action_spec_unbatched, **exploration)
+    normalizer = None
+    if obs_norm is True:
+        normalizer = ObservationNormalizer(env.observation_spec["observation"].shape[-1])
+    elif isinstance(obs_norm, ObservationNormalizer):
+        normalizer = obs_norm
+    elif obs_norm not in (None, False):
+        raise TypeError(f"obs_norm must be True, False, None or an ObservationNormalizer, got {obs_norm!r}")
+    if normalizer is not None:
+        policy = TensorDictSequential(normalizer, policy)
+    return policy, normalizer
 
 
 def _worker_entry(idx, env_fn_bytes, config, replay_buffer, weights, metrics, control, stop_event, error_queue):

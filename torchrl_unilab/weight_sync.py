@@ -16,6 +16,7 @@ Non-persistent buffers (such as the per-env noise scales of
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -132,7 +133,7 @@ class SharedWeights:
         """Allocates the block for ``module`` and publishes its current weights as version 1."""
         layout = layout_of(module)
         _, size = _offsets(layout)
-        name = name or f"tul_w_{uuid.uuid4().hex[:12]}"
+        name = name or f"tul_w_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         shm = shared_memory.SharedMemory(name=name, create=True, size=size)
         self = cls(shm, layout, owner=True, lock=lock)
         self._header[:] = 0
