@@ -30,11 +30,21 @@ def child_pids() -> set[int]:
 
 
 def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    """/dev/shm entries this test run could have created.
+
+    Under CI nothing else runs beside the suite, so every entry counts (named
+    semaphores of multiprocessing locks included). On a shared development
+    machine only the shared-memory blocks tagged with this process's pid do.
+    """
+    entries = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    if os.environ.get("CI"):
+        return entries
+    return {e for e in entries if e.startswith(f"tul_w_{os.getpid()}_")}
 
 
 def tmp_entries() -> set[str]:
-    return {e for e in os.listdir(tempfile.gettempdir()) if e.startswith("torchrl_unilab")}
+    prefix = "torchrl_unilab" if os.environ.get("CI") else f"torchrl_unilab_rb_{os.getpid()}_"
+    return {e for e in os.listdir(tempfile.gettempdir()) if e.startswith(prefix)}
 
 
 def wait_until(predicate, timeout: float = 5.0) -> bool:

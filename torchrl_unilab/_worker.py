@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import cloudpickle
 import torch
@@ -24,6 +24,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl_unilab._control import FrameControl
 from torchrl_unilab._fast_policy import tensor_policy
 from torchrl_unilab.metrics import CollectorMetrics
+from torchrl_unilab.trace import PhaseTimer
 from torchrl_unilab.weight_sync import SharedWeights
 
 #: Keys the worker adds to every row, beside the env's own.
@@ -37,7 +38,7 @@ RANDOM_VERSION = -1
 
 @dataclass
 class WorkerConfig:
-    """Everything a worker needs, gathered once by the parent and pickled to the child."""
+    """What every worker loop needs to know, gathered once and handed down."""
 
     num_workers: int
     frames_per_batch: int
@@ -46,13 +47,29 @@ class WorkerConfig:
     seed: int | None
     exploration_type: ExplorationType
     row_keys: list
-    env_fn_bytes: bytes
-    policy_bytes: bytes
-    hooks: dict[str, Any] = field(default_factory=dict)
 
     def env_seed(self, worker_idx: int) -> int | None:
         """Env ``j`` of worker ``i`` is seeded ``seed + i * num_envs + j``: all distinct."""
         return None if self.seed is None else self.seed + worker_idx * self.num_envs
+
+
+@dataclass
+class LoopHooks:
+    """Optional behaviour around the worker loop (the function-level API uses these).
+
+    Attributes:
+        timer: times the phases, and writes a trace when it has a path.
+        extra_syncs: further ``(SharedWeights, module)`` pairs refreshed with the weights,
+            e.g. observation-normaliser statistics.
+        between_steps: called after every env step (collector-side batch packing).
+        after_write: called after every buffer write; returns False to end the loop
+            (lock-step handshake, metrics messages).
+    """
+
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
+    extra_syncs: list = field(default_factory=list)
+    between_steps: Callable[[], None] | None = None
+    after_write: Callable[[], bool] | None = None
 
 
 def add_collector_keys(transition: TensorDictBase, step_count, traj_ids, version) -> TensorDictBase:
@@ -64,20 +81,39 @@ def add_collector_keys(transition: TensorDictBase, step_count, traj_ids, version
     return transition
 
 
-class _WorkerLoop:
-    def __init__(self, worker_idx: int, cfg: WorkerConfig, replay_buffer, weights: SharedWeights,
-                 metrics: CollectorMetrics, control: FrameControl, stop_event) -> None:
+class WorkerLoop:
+    """The collection loop of one worker: act, step, tag, write, repeat.
+
+    Args:
+        worker_idx: this worker's index (trajectory ids and seeds derive from it).
+        cfg: the shared :class:`WorkerConfig`.
+        env: a batched TorchRL env, batch size ``[num_envs]``.
+        policy: the exploration policy; ``weights`` are loaded into ``sync_module``.
+        replay_buffer: the shared buffer rows are written into.
+        weights: the learner's published weights.
+        metrics: shared counters this worker updates.
+        control: frame allowance; ``None`` collects without limit.
+        stop_event: ends the loop when set.
+        hooks: optional extras (:class:`LoopHooks`).
+        sync_module: the module the weights belong to; ``policy`` by default.
+    """
+
+    def __init__(self, worker_idx: int, cfg: WorkerConfig, env: EnvBase, policy, replay_buffer,
+                 weights: SharedWeights, metrics: CollectorMetrics, control: FrameControl | None, stop_event,
+                 hooks: LoopHooks | None = None, sync_module=None) -> None:
         self.idx = worker_idx
         self.cfg = cfg
+        self.env = env
+        self.policy = policy
         self.rb = replay_buffer
-        self.weights = weights
         self.metrics = metrics
         self.control = control
         self.stop_event = stop_event
-        self.env: EnvBase = cloudpickle.loads(cfg.env_fn_bytes)()
-        self.policy = cloudpickle.loads(cfg.policy_bytes)
-        self.fast_policy = tensor_policy(self.policy) if cfg.exploration_type == ExplorationType.RANDOM else None
-        self.version = 0
+        self.hooks = hooks or LoopHooks()
+        self.timer = self.hooks.timer
+        self.syncs = [(weights, sync_module if sync_module is not None else policy), *self.hooks.extra_syncs]
+        self.versions = [0] * len(self.syncs)
+        self.fast_policy = tensor_policy(policy) if cfg.exploration_type == ExplorationType.RANDOM else None
         self.random_left = cfg.random_frames[worker_idx]
         n = cfg.num_envs
         self.steps_per_batch = cfg.frames_per_batch // n
@@ -87,11 +123,17 @@ class _WorkerLoop:
         self.next_traj = n
         self.ep_return = torch.zeros(n, dtype=torch.float64)
 
+    @property
+    def version(self) -> int:
+        """Version of the actor weights in use."""
+        return self.versions[0]
+
     def sync_weights(self) -> None:
-        version = self.weights.load_into(self.policy, since_version=self.version)
-        if version is not None:
-            self.version = version
-            self.metrics.set(self.idx, policy_version=version)
+        for i, (weights, module) in enumerate(self.syncs):
+            version = weights.load_into(module, since_version=self.versions[i])
+            if version is not None:
+                self.versions[i] = version
+        self.metrics.set(self.idx, policy_version=self.version)
 
     def act(self, td: TensorDictBase) -> torch.Tensor:
         n = self.cfg.num_envs
@@ -142,13 +184,16 @@ class _WorkerLoop:
         self.step_count = torch.where(done.unsqueeze(-1), 0, self.step_count + 1)
 
     def wait_for_claim(self) -> bool:
+        if self.control is None:
+            return not self.stop_event.is_set()
         frames = self.cfg.frames_per_batch
         return self.control.wait(
             lambda: self.stop_event.is_set() or self.control.claim(frames), timeout=None, on_poll=lambda: None
         ) and not self.stop_event.is_set()
 
     def run(self) -> None:
-        cfg, env = self.cfg, self.env
+        """Collects until ``stop_event`` is set (or a hook ends the loop)."""
+        cfg, env, phase = self.cfg, self.env, self.timer
         torch.set_num_threads(1)
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed + 7919 * self.idx)
@@ -156,55 +201,68 @@ class _WorkerLoop:
         self.sync_weights()
         td = env.reset()
         self.metrics.start(self.idx)
-        clock = time.perf_counter
         while self.wait_for_claim():
             rows = []
-            t_env = t_policy = t_sync = 0.0
             for _ in range(self.steps_per_batch):
                 if self.stop_event.is_set():
                     return
-                t0 = clock()
-                self.sync_weights()
-                t1 = clock()
-                version = self.act(td)
-                t2 = clock()
-                transition, td = env.step_and_maybe_reset(td)
-                t3 = clock()
-                add_collector_keys(transition, self.step_count, self.traj_ids, version)
-                rows.append(transition.select(*cfg.row_keys, strict=True))
-                self.end_episodes(transition)
-                t_sync += t1 - t0
-                t_policy += t2 - t1
-                t_env += t3 - t2
-            t4 = clock()
-            batch = torch.stack(rows).reshape(-1)
-            self.rb.extend(batch)
-            self.control.written_(cfg.frames_per_batch)
-            n_random = int((batch.get(VERSION_KEY) == RANDOM_VERSION).sum())
+                with phase("weight check"):
+                    self.sync_weights()
+                with phase("actor inference"):
+                    version = self.act(td)
+                with phase("env step"):
+                    transition, td = env.step_and_maybe_reset(td)
+                    add_collector_keys(transition, self.step_count, self.traj_ids, version)
+                    rows.append(transition.select(*cfg.row_keys, strict=True))
+                    self.end_episodes(transition)
+                if self.hooks.between_steps is not None:
+                    self.hooks.between_steps()
+            with phase("buffer write"):
+                batch = torch.stack(rows).reshape(-1)
+                self.rb.extend(batch)
+            if self.control is not None:
+                self.control.written_(cfg.frames_per_batch)
+            totals = phase.take_totals()
             self.metrics.add(
                 self.idx,
                 frames=cfg.frames_per_batch,
-                random_frames=n_random,
-                time_env_step=t_env,
-                time_policy=t_policy,
-                time_weight_sync=t_sync,
-                time_buffer_write=clock() - t4,
+                random_frames=int((batch.get(VERSION_KEY) == RANDOM_VERSION).sum()),
+                **{f"time_{name}": totals.get(label, 0.0) for name, label in _METRIC_PHASES.items()},
             )
+            if self.hooks.after_write is not None and not self.hooks.after_write():
+                return
 
     def close(self) -> None:
+        """Closes the env, the shared-memory handles, and writes the trace."""
         try:
             self.env.close()
         except Exception:  # noqa: BLE001 - best effort while exiting
             pass
-        self.weights.close()
+        for weights, _ in self.syncs:
+            weights.close()
+        self.timer.save()
 
 
-def worker_main(worker_idx: int, cfg: WorkerConfig, replay_buffer, weights: SharedWeights,
-                metrics: CollectorMetrics, control: FrameControl, stop_event, error_queue) -> None:
-    """Process entry point: runs the loop and reports any exception to the parent."""
+#: Metrics counter name -> trace phase name.
+_METRIC_PHASES = {
+    "env_step": "env step",
+    "policy": "actor inference",
+    "buffer_write": "buffer write",
+    "weight_sync": "weight check",
+    "pack": "pack",
+    "wait": "wait",
+}
+
+
+def worker_main(worker_idx: int, cfg: WorkerConfig, env_fn_bytes: bytes, policy_bytes: bytes, replay_buffer,
+                weights: SharedWeights, metrics: CollectorMetrics, control: FrameControl, stop_event,
+                error_queue) -> None:
+    """:class:`~torchrl_unilab.OffPolicyCollector`'s process entry point; reports any exception to the parent."""
     loop = None
     try:
-        loop = _WorkerLoop(worker_idx, cfg, replay_buffer, weights, metrics, control, stop_event)
+        env = cloudpickle.loads(env_fn_bytes)()
+        policy = cloudpickle.loads(policy_bytes)
+        loop = WorkerLoop(worker_idx, cfg, env, policy, replay_buffer, weights, metrics, control, stop_event)
         loop.run()
     except BaseException as err:  # noqa: BLE001 - everything must reach the parent
         error_queue.put((worker_idx, f"{type(err).__name__}: {err}", traceback.format_exc()))

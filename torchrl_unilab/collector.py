@@ -208,8 +208,6 @@ class OffPolicyCollector(MultiAsyncCollector):
             seed=seed,
             exploration_type=exploration_type,
             row_keys=list(row.keys(include_nested=True, leaves_only=True)),
-            env_fn_bytes=b"",
-            policy_bytes=cloudpickle.dumps(policy),
         )
         self._weights = SharedWeights.create(policy)
         self._metrics = CollectorMetrics(self.num_workers, metrics_window)
@@ -217,7 +215,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._pool = WorkerPool(
             ctx,
             target=_worker_entry,
-            args=([cloudpickle.dumps(fn) for fn in env_fns], config, self.replay_buffer,
+            args=(config, [cloudpickle.dumps(fn) for fn in env_fns], cloudpickle.dumps(policy), self.replay_buffer,
                   self._weights, self._metrics, self._control),
             num_workers=self.num_workers,
         )
@@ -463,9 +461,8 @@ def _assemble_policy(policy, env: EnvBase, algo: str | None, obs_norm, explorati
     return policy, normalizer
 
 
-def _worker_entry(idx, env_fn_bytes, config, replay_buffer, weights, metrics, control, stop_event, error_queue):
-    config.env_fn_bytes = env_fn_bytes[idx]
-    worker_main(idx, config, replay_buffer, weights, metrics, control, stop_event, error_queue)
+def _worker_entry(idx, config, env_fn_bytes, policy_bytes, *args):
+    worker_main(idx, config, env_fn_bytes[idx], policy_bytes, *args)
 
 
 def _cap(frames: int | float) -> int | None:

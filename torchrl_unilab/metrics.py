@@ -15,7 +15,7 @@ import torch
 __all__ = ["CollectorMetrics", "PHASES"]
 
 #: Worker phases timed by the collector, in seconds spent in each.
-PHASES = ("env_step", "policy", "buffer_write", "weight_sync")
+PHASES = ("env_step", "policy", "buffer_write", "weight_sync", "pack", "wait")
 
 _COUNTERS = (
     "frames",

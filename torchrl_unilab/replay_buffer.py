@@ -53,7 +53,7 @@ def make_replay_buffer(
         raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
     owned = None
     if scratch_dir is None:
-        owned = tempfile.mkdtemp(prefix="torchrl_unilab_rb_")
+        owned = tempfile.mkdtemp(prefix=f"torchrl_unilab_rb_{os.getpid()}_")
         path = Path(owned)
     else:
         path = Path(scratch_dir)
