@@ -1,0 +1,507 @@
+"""The function-level API of the original design, over the collector's own worker loop.
+
+``off_policy_collector_fn`` is the entry point of one collector subprocess that
+the user's launcher starts (``multiprocessing``, spawn). It builds the batched
+MuJoCo env and the actor, then runs :class:`~torchrl_unilab._worker.WorkerLoop`,
+the very loop :class:`~torchrl_unilab.OffPolicyCollector` runs in its workers,
+with hooks for what the function-level API adds: lock-step collection, metrics
+messages on a queue, collector-side batch packing and tracing.
+
+Learner side::
+
+    rb = make_replay_buffer(1_000_000)
+    init_offpolicy_storage(rb, "HalfCheetah-v5")          # lay out the shared storage here
+    actor = make_actor("sac", obs_dim, action_dim)        # same builder as the collector
+    weights = SharedWeights.create(actor)                 # weight_sync_name=weights.name
+    proc = CollectorProcess(stop_event=stop, env_name="HalfCheetah-v5", num_envs=16, replay_buffer=rb,
+                            weight_sync_name=weights.name, weight_param_shapes=layout_of(actor))
+    ...; weights.publish(actor); proc.raise_if_failed(); ...
+    proc.stop()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictSequential
+from torchrl.data import ReplayBuffer
+from torchrl.envs.utils import ExplorationType
+
+from torchrl_unilab._processes import WorkerError
+from torchrl_unilab._worker import LoopHooks, WorkerConfig, WorkerLoop, probe_row
+from torchrl_unilab.batched_env import BatchedGymEnv
+from torchrl_unilab.exploration import make_exploration_policy, sample_offpolicy_actions
+from torchrl_unilab.metrics import PHASES, CollectorMetrics
+from torchrl_unilab.models import ALGOS, make_actor
+from torchrl_unilab.normalization import ObservationNormalizer
+from torchrl_unilab.privileged import resolve_collector_actor_dims, resolve_offpolicy_actor_priv_info
+from torchrl_unilab.replay_buffer import init_storage, storage_keys
+from torchrl_unilab.trace import PhaseTimer
+from torchrl_unilab.weight_sync import SharedWeights
+
+__all__ = [
+    "SIM_BACKENDS",
+    "CollectorProcess",
+    "init_offpolicy_storage",
+    "make_collector_actor",
+    "make_pack_slots",
+    "off_policy_collector_fn",
+    "resolve_collector_actor_dims",
+    "resolve_offpolicy_actor_priv_info",
+    "sample_offpolicy_actions",
+]
+
+#: Accepted ``sim_backend`` values.
+SIM_BACKENDS: tuple[str, ...] = ("mujoco",)
+
+#: Where traces go when ``trace_enabled=True`` (override with ``TORCHRL_UNILAB_TRACE_DIR``).
+_TRACE_DIR_ENV = "TORCHRL_UNILAB_TRACE_DIR"
+
+
+def _make_env(env_name: str, num_envs: int, sim_backend: str, env_cfg_override: Mapping | None) -> BatchedGymEnv:
+    if sim_backend not in SIM_BACKENDS:
+        raise ValueError(f"sim_backend must be one of {SIM_BACKENDS}, got {sim_backend!r}")
+    if env_cfg_override is not None and not isinstance(env_cfg_override, Mapping):
+        raise TypeError(f"env_cfg_override must be a dict of env constructor kwargs, got {type(env_cfg_override).__name__}")
+    return BatchedGymEnv(env_name, num_envs, env_kwargs=env_cfg_override)
+
+
+def make_collector_actor(
+    algo_type: str,
+    env: BatchedGymEnv,
+    *,
+    obs_dim: int | None = None,
+    action_dim: int | None = None,
+    actor_hidden_dim: int = 512,
+    use_layer_norm: bool = True,
+    actor_kwargs: Mapping[str, Any] | None = None,
+):
+    """Builds the actor exactly as the learner does (same builder, same dims).
+
+    Returns the bare actor of :func:`~torchrl_unilab.models.make_actor`; the
+    learner publishes its weights, the collector wraps it with exploration.
+
+    Examples:
+        >>> from torchrl_unilab import BatchedGymEnv, layout_of
+        >>> env = BatchedGymEnv("Pendulum-v1", 2)
+        >>> actor = make_collector_actor("td3", env, actor_hidden_dim=16)
+        >>> [shape for _, shape, _ in layout_of(actor)][:2]
+        [(16, 3), (16,)]
+    """
+    obs_dim, action_dim = resolve_collector_actor_dims(env, obs_dim, action_dim)
+    space = env.action_spec.space
+    return make_actor(algo_type, obs_dim, action_dim, hidden_dim=actor_hidden_dim, use_layer_norm=use_layer_norm,
+                      action_low=space.low[0], action_high=space.high[0], **dict(actor_kwargs or {}))
+
+
+def init_offpolicy_storage(
+    replay_buffer: ReplayBuffer,
+    env_name: str,
+    *,
+    num_envs: int = 1,
+    sim_backend: str = "mujoco",
+    env_cfg_override: Mapping[str, Any] | None = None,
+) -> None:
+    """Lays out the shared storage in the learner's process, before any collector starts.
+
+    A storage first laid out inside a subprocess would be invisible to the
+    learner's copy of the buffer, so the learner calls this once.
+
+    Examples:
+        >>> from torchrl_unilab import make_replay_buffer
+        >>> rb = make_replay_buffer(100)
+        >>> init_offpolicy_storage(rb, "Pendulum-v1")
+        >>> "policy_version" in [str(k) for k in rb.storage._storage.keys()]
+        True
+    """
+    env = _make_env(env_name, num_envs, sim_backend, env_cfg_override)
+    try:
+        policy = make_exploration_policy(make_collector_actor("sac", env, actor_hidden_dim=8), "sac",
+                                         env.action_spec_unbatched)
+        init_storage(replay_buffer, probe_row(env, policy, ExplorationType.RANDOM))
+    finally:
+        env.close()
+
+
+def make_pack_slots(replay_buffer: ReplayBuffer, batch_size: int, num_slots: int = 2) -> list[TensorDictBase]:
+    """Allocates the shared slots that collector-side batch packing fills.
+
+    Each slot is a TensorDict of ``batch_size`` rows with the storage's keys,
+    in shared memory, passed to ``off_policy_collector_fn`` as
+    ``collector_pack_shared_slots``.
+
+    Examples:
+        >>> from torchrl_unilab import make_replay_buffer
+        >>> rb = make_replay_buffer(100)
+        >>> init_offpolicy_storage(rb, "Pendulum-v1")
+        >>> slots = make_pack_slots(rb, batch_size=8)
+        >>> len(slots), slots[0].batch_size
+        (2, torch.Size([8]))
+    """
+    if storage_keys(replay_buffer) is None:
+        raise ValueError("replay_buffer's storage is not laid out yet; call init_offpolicy_storage() first")
+    row = replay_buffer.storage._storage[0]
+    return [row.expand(batch_size).clone().share_memory_() for _ in range(num_slots)]
+
+
+class _MetricsReporter:
+    """Puts periodic metrics dicts on a queue without ever blocking the collector."""
+
+    def __init__(self, metrics_queue, metrics: CollectorMetrics, replay_buffer, every_writes: int) -> None:
+        self.queue = metrics_queue
+        self.metrics = metrics
+        self.rb = replay_buffer
+        self.every = max(1, every_writes)
+        self.writes = 0
+        self.dropped = 0
+
+    def put(self, message: dict) -> None:
+        try:
+            self.queue.put_nowait(message)
+        except queue.Full:
+            # Drop the oldest message so the newest figures get through.
+            with contextlib.suppress(queue.Empty):
+                self.queue.get_nowait()
+            self.dropped += 1
+            with contextlib.suppress(queue.Full):
+                self.queue.put_nowait(message)
+
+    def __call__(self) -> None:
+        self.writes += 1
+        if self.writes % self.every:
+            return
+        w = self.metrics.worker(0)
+        episodes = max(w["episodes"], 1)
+        returns, lengths = w["episode_returns"], w["episode_lengths"]
+        self.put({
+            "type": "metrics",
+            "total_steps": w["frames"],
+            "buffer_size": len(self.rb),
+            "mean_return": sum(returns) / len(returns) if returns else float("nan"),
+            "mean_length": sum(lengths) / len(lengths) if lengths else float("nan"),
+            "terminated_rate": w["terminated"] / episodes,
+            "truncated_rate": w["truncated"] / episodes,
+            "timing": {p: w[f"time_{p}"] for p in PHASES},
+            "fps": w["fps"],
+            "policy_version": w["policy_version"],
+            "dropped_messages": self.dropped,
+        })
+
+
+class _Packer:
+    """Collector-side batch packing into two shared slots (double buffering)."""
+
+    def __init__(self, request_queue, ready_queue, slots: Sequence[TensorDictBase], replay_buffer, timer) -> None:
+        if ready_queue is None or not slots:
+            raise ValueError(
+                "collector_pack_request_queue needs collector_pack_ready_queue and collector_pack_shared_slots "
+                "(see make_pack_slots)"
+            )
+        self.requests, self.ready, self.slots = request_queue, ready_queue, list(slots)
+        self.rb, self.timer = replay_buffer, timer
+        self.pending: list[dict] = []
+
+    def __call__(self) -> None:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.pending.append(_as_request(self.requests.get_nowait()))
+        while self.pending and self.rb.write_count >= self.pending[0]["min_writes"]:
+            self.pack(self.pending.pop(0))
+
+    def pack(self, request: dict) -> None:
+        with self.timer("pack"):
+            batch_size = request["batch_size"]
+            slot_id = request["request_id"] % len(self.slots)
+            slot = self.slots[slot_id]
+            if slot.batch_size[0] != batch_size:
+                raise ValueError(f"pack request for {batch_size} rows, but the slots hold {slot.batch_size[0]}")
+            generator = torch.Generator().manual_seed(int(request["seed"]))
+            # The writer lock keeps other writers out while rows are copied; rows
+            # this process wrote are complete already, so no torn row is packed.
+            with self.rb._write_lock:  # noqa: SLF001
+                size = len(self.rb)
+                index = torch.randint(size, (batch_size,), generator=generator)
+                slot.update_(self.rb.storage.get(index).select(*slot.keys(True, True)))
+                write_count = self.rb.write_count
+        self.ready.put((slot_id, {"request_id": request["request_id"], "seed": request["seed"],
+                                  "batch_size": batch_size, "write_count": write_count, "buffer_size": size}))
+
+
+def _as_request(raw: Any) -> dict:
+    if isinstance(raw, Mapping):
+        request = dict(raw)
+    else:
+        batch_size, seed, min_writes, *rest = raw
+        request = {"batch_size": batch_size, "seed": seed, "min_writes": min_writes,
+                   "request_id": rest[0] if rest else 0}
+    request.setdefault("request_id", 0)
+    request.setdefault("min_writes", 0)
+    return request
+
+
+class _LockStep:
+    """Hands a token to the learner every ``env_steps_per_sync`` steps and waits for its reply."""
+
+    def __init__(self, ready_queue, done_queue, stop_event, timer, service) -> None:
+        if ready_queue is None or done_queue is None:
+            raise ValueError("sync_collection=True needs collection_ready_queue and trainer_done_queue")
+        self.ready, self.done, self.stop_event = ready_queue, done_queue, stop_event
+        self.timer, self.service = timer, service
+
+    def __call__(self) -> bool:
+        self.ready.put(True)
+        with self.timer("wait"):
+            while not self.stop_event.is_set():
+                if self.service is not None:
+                    self.service()  # the learner may ask for a packed batch while we wait
+                with contextlib.suppress(queue.Empty):
+                    self.done.get(timeout=0.02)
+                    return True
+        return False
+
+
+def _trace_path(trace_enabled: bool | str | os.PathLike) -> Path | None:
+    if trace_enabled is False or trace_enabled is None:
+        return None
+    if trace_enabled is True:
+        return Path(os.environ.get(_TRACE_DIR_ENV, ".")) / f"offpolicy_collector_trace_{os.getpid()}.json"
+    return Path(trace_enabled)
+
+
+def off_policy_collector_fn(
+    stop_event,
+    env_name: str,
+    num_envs: int,
+    replay_buffer: ReplayBuffer,
+    weight_sync_name: str,
+    weight_param_shapes,
+    algo_type: str = "sac",
+    actor_hidden_dim: int = 512,
+    use_layer_norm: bool = True,
+    learning_starts: int = 0,
+    metrics_queue=None,
+    weight_sync_lock=None,
+    sync_collection: bool = False,
+    collection_ready_queue=None,
+    trainer_done_queue=None,
+    env_steps_per_sync: int = 1,
+    obs_normalization: bool = False,
+    shared_obs_normalizer_stats: SharedWeights | None = None,
+    sim_backend: str = "mujoco",
+    env_cfg_override: Mapping[str, Any] | None = None,
+    obs_dim: int | None = None,
+    action_dim: int | None = None,
+    actor_kwargs: Mapping[str, Any] | None = None,
+    seed: int | None = None,
+    trace_enabled: bool | str | os.PathLike = False,
+    trace_thread_time: bool = False,
+    collector_pack_request_queue=None,
+    collector_pack_ready_queue=None,
+    collector_pack_shared_slots: Sequence[TensorDictBase] | None = None,
+    **kwargs: Any,
+) -> None:
+    """Entry point of an off-policy collector subprocess (the original design's signature).
+
+    Runs until ``stop_event`` is set, writing flat transitions into
+    ``replay_buffer`` with the same loop as :class:`~torchrl_unilab.OffPolicyCollector`.
+
+    Args:
+        stop_event: ends the loop promptly, also while waiting in lock-step mode.
+        env_name: gymnasium id; ``sim_backend="mujoco"`` (the only backend) runs it
+            through :class:`~torchrl_unilab.BatchedGymEnv`. ``env_cfg_override``: its
+            constructor kwargs.
+        num_envs: envs stepped as one batch.
+        replay_buffer: from :func:`~torchrl_unilab.make_replay_buffer`, laid out by
+            :func:`init_offpolicy_storage` in the learner's process.
+        weight_sync_name, weight_param_shapes, weight_sync_lock: the learner's
+            :class:`~torchrl_unilab.SharedWeights` (name, layout or bare shapes, lock).
+            The actor reloads whenever the published version advances.
+        algo_type, actor_hidden_dim, use_layer_norm, actor_kwargs, obs_dim, action_dim:
+            build the actor with :func:`make_collector_actor`, identical to the learner's.
+        learning_starts: frames of uniformly random actions first.
+        metrics_queue: receives ``{"type": "metrics", ...}`` dicts (``total_steps``,
+            ``buffer_size``, ``mean_return``, ``mean_length``, ``terminated_rate``,
+            ``truncated_rate``, ``timing``, ``dropped_messages``) after every write,
+            never blocking: when full, the oldest message is dropped and counted.
+            A clean end puts ``{"type": "stopped", "time": ...}``, a crash
+            ``{"type": "error", "error": ..., "traceback": ...}``.
+        sync_collection, collection_ready_queue, trainer_done_queue, env_steps_per_sync:
+            lock-step mode: run ``env_steps_per_sync`` batched steps, put a token on
+            ``collection_ready_queue``, wait for one on ``trainer_done_queue``.
+        obs_normalization, shared_obs_normalizer_stats: normalise the actor's input
+            with an :class:`~torchrl_unilab.ObservationNormalizer` whose statistics the
+            learner publishes through ``shared_obs_normalizer_stats`` (a ``SharedWeights``
+            created from the normaliser). The buffer keeps raw observations.
+        seed: seeds envs (``seed + j``) and torch: lock-step runs are bit-identical.
+        trace_enabled, trace_thread_time: write a Chrome/Perfetto trace (``True``: to
+            ``$TORCHRL_UNILAB_TRACE_DIR`` or the working directory; or a file path).
+        collector_pack_request_queue, collector_pack_ready_queue, collector_pack_shared_slots:
+            collector-side batch packing: a request ``{"batch_size", "seed", "min_writes",
+            "request_id"}`` (or a tuple in that order) is served once the buffer's write
+            count reaches ``min_writes``: the rows a ``torch.Generator`` seeded with
+            ``seed`` picks are copied into slot ``request_id % len(slots)`` and
+            ``(slot_id, metadata)`` is posted on the ready queue.
+        **kwargs: none accepted; an unknown keyword raises ``TypeError``.
+
+    Examples:
+        >>> off_policy_collector_fn(None, "Pendulum-v1", 2, None, "x", [], typo_arg=1)
+        Traceback (most recent call last):
+        ...
+        TypeError: off_policy_collector_fn() got an unexpected keyword argument 'typo_arg'
+    """
+    if kwargs:
+        raise TypeError(f"off_policy_collector_fn() got an unexpected keyword argument {sorted(kwargs)[0]!r}")
+    loop = None
+    try:
+        if algo_type not in ALGOS:
+            raise ValueError(f"algo_type must be one of {ALGOS}, got {algo_type!r}")
+        if isinstance(learning_starts, bool) or not isinstance(learning_starts, int) or learning_starts < 0:
+            raise ValueError(f"learning_starts must be an int >= 0, got {learning_starts!r}")
+        if not isinstance(env_steps_per_sync, int) or env_steps_per_sync < 1:
+            raise ValueError(f"env_steps_per_sync must be an int >= 1, got {env_steps_per_sync!r}")
+        if storage_keys(replay_buffer) is None:
+            raise ValueError("replay_buffer's storage is not laid out; call init_offpolicy_storage(replay_buffer, "
+                             "env_name) in the learner's process before starting the collector")
+        env = _make_env(env_name, num_envs, sim_backend, env_cfg_override)
+        actor = make_collector_actor(algo_type, env, obs_dim=obs_dim, action_dim=action_dim,
+                                     actor_hidden_dim=actor_hidden_dim, use_layer_norm=use_layer_norm,
+                                     actor_kwargs=actor_kwargs)
+        policy = make_exploration_policy(actor, algo_type, env.action_spec_unbatched)
+        timer = PhaseTimer(_trace_path(trace_enabled), thread_time=trace_thread_time,
+                           process_name=f"off_policy_collector {env_name}")
+        hooks = LoopHooks(timer=timer)
+        if obs_normalization:
+            if shared_obs_normalizer_stats is None:
+                raise ValueError("obs_normalization=True needs shared_obs_normalizer_stats (a SharedWeights "
+                                 "created from the learner's ObservationNormalizer)")
+            normalizer = ObservationNormalizer(resolve_collector_actor_dims(env, obs_dim, action_dim)[0])
+            policy = TensorDictSequential(normalizer, policy)
+            hooks.extra_syncs.append((shared_obs_normalizer_stats, normalizer))
+        weights = SharedWeights.attach(weight_sync_name, weight_param_shapes, lock=weight_sync_lock)
+        metrics = CollectorMetrics(1)
+        reporter = _MetricsReporter(metrics_queue, metrics, replay_buffer, 1) if metrics_queue is not None else None
+        if collector_pack_request_queue is not None:
+            hooks.between_steps = _Packer(collector_pack_request_queue, collector_pack_ready_queue,
+                                          collector_pack_shared_slots or [], replay_buffer, timer)
+        lockstep = (_LockStep(collection_ready_queue, trainer_done_queue, stop_event, timer, hooks.between_steps)
+                    if sync_collection else None)
+
+        def after_write() -> bool:
+            if reporter is not None:
+                reporter()
+            return lockstep() if lockstep is not None else True
+
+        hooks.after_write = after_write
+        config = WorkerConfig(
+            num_workers=1,
+            frames_per_batch=num_envs * env_steps_per_sync,
+            num_envs=num_envs,
+            random_frames=[learning_starts],
+            seed=seed,
+            exploration_type=ExplorationType.RANDOM,
+            row_keys=storage_keys(replay_buffer),
+        )
+        loop = WorkerLoop(0, config, env, policy, replay_buffer, weights, metrics, None, stop_event, hooks,
+                          sync_module=actor)
+        loop.run()
+        loop.close()
+        loop = None
+        if reporter is not None:
+            # A last message tells the learner the loop ended cleanly, and when.
+            reporter.put({"type": "stopped", "total_steps": metrics.worker(0)["frames"], "time": time.time()})
+    except BaseException as err:
+        if metrics_queue is not None:
+            with contextlib.suppress(Exception):
+                metrics_queue.put({"type": "error", "error": f"{type(err).__name__}: {err}",
+                                   "traceback": traceback.format_exc()}, timeout=1.0)
+        raise
+    finally:
+        if loop is not None:
+            loop.close()
+
+
+class CollectorProcess:
+    """Launches ``off_policy_collector_fn`` in a spawned process, watches it, re-raises its errors.
+
+    All keyword arguments go to :func:`off_policy_collector_fn`; ``stop_event`` and
+    ``metrics_queue`` are created when not given. :meth:`metrics` drains the
+    queue's metrics messages and raises :class:`~torchrl_unilab.WorkerError` with
+    the subprocess's traceback on an error message or an unexplained exit.
+
+    Examples:
+        >>> CollectorProcess(env_name="Pendulum-v1", num_envs=2, replay_buffer=None, weight_sync_name="x",
+        ...                  weight_param_shapes=[], typo=1)
+        Traceback (most recent call last):
+        ...
+        TypeError: off_policy_collector_fn() got an unexpected keyword argument 'typo'
+    """
+
+    def __init__(self, *, ctx: mp.context.BaseContext | None = None, **fn_kwargs: Any) -> None:
+        import inspect
+
+        accepted = set(inspect.signature(off_policy_collector_fn).parameters) - {"kwargs"}
+        unknown = sorted(set(fn_kwargs) - accepted)
+        if unknown:
+            raise TypeError(f"off_policy_collector_fn() got an unexpected keyword argument {unknown[0]!r}")
+        self.ctx = ctx or mp.get_context("spawn")
+        fn_kwargs.setdefault("stop_event", self.ctx.Event())
+        fn_kwargs.setdefault("metrics_queue", self.ctx.Queue(maxsize=64))
+        self.stop_event = fn_kwargs["stop_event"]
+        self.metrics_queue = fn_kwargs["metrics_queue"]
+        self.process = self.ctx.Process(target=off_policy_collector_fn, kwargs=fn_kwargs, daemon=True,
+                                        name="off_policy_collector")
+        self.process.start()
+        self.latest: dict | None = None
+
+    def metrics(self) -> list[dict]:
+        """Returns the metrics messages received since the last call; raises on a worker error."""
+        out = []
+        with contextlib.suppress(queue.Empty, EOFError, OSError):
+            while True:
+                message = self.metrics_queue.get_nowait()
+                if message.get("type") == "error":
+                    self.stop()
+                    raise WorkerError(0, message["error"], message["traceback"])
+                out.append(message)
+        if out:
+            self.latest = out[-1]
+        self.raise_if_failed()
+        return out
+
+    def raise_if_failed(self) -> None:
+        """Raises :class:`~torchrl_unilab.WorkerError` if the process died with an error."""
+        code = self.process.exitcode
+        if code not in (None, 0) and not self.stop_event.is_set():
+            with contextlib.suppress(queue.Empty, EOFError, OSError):
+                message = self.metrics_queue.get(timeout=0.5)
+                if message.get("type") == "error":
+                    raise WorkerError(0, message["error"], message["traceback"])
+            raise WorkerError(0, f"collector process exited with code {code}", "(no traceback)")
+
+    def stop(self, timeout: float = 4.0) -> None:
+        """Sets ``stop_event`` and joins the process (terminating it past ``timeout``)."""
+        self.stop_event.set()
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(1.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(1.0)
+
+    def __enter__(self) -> CollectorProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
