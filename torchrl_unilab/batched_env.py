@@ -14,7 +14,10 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import warnings
+
 import gymnasium as gym
+import mujoco
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -22,6 +25,17 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 __all__ = ["BatchedGymEnv", "make_gym_env"]
+
+
+def _mujoco_warning(message: str) -> None:
+    warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
+
+
+# MuJoCo prints its warnings (e.g. the deprecated 'settotalmass' of gymnasium's
+# XML files) on every model compile and appends them to MUJOCO_LOG.TXT in the
+# working directory; as Python warnings they are shown once and can be filtered.
+if mujoco.get_mju_user_warning() is None:
+    mujoco.set_mju_user_warning(_mujoco_warning)
 
 
 def make_gym_env(env_id: str, **env_kwargs: Any) -> gym.Env:
