@@ -274,36 +274,25 @@ def worker_main(worker_idx: int, cfg: WorkerConfig, env_fn_bytes: bytes, policy_
             loop.close()
 
 
-def flat_row(transition: TensorDictBase) -> TensorDictBase:
-    """The first row of a batched transition, as the storage template."""
-    return transition.reshape(-1)[0].clone()
-
-
 def probe_row(env: EnvBase, policy, exploration_type: ExplorationType) -> TensorDict:
     """Runs one step of ``env`` with ``policy`` in the parent and returns one flat row.
 
     The row holds every key a worker will write, so the shared storage can be
-    laid out before any worker starts.
+    laid out before any worker starts. ``env`` must have batch size ``[num_envs]``.
     """
     td = env.reset()
-    n = env.batch_size.numel()
-    td.set("is_init", torch.ones(*env.batch_size, 1, dtype=torch.bool))
+    n = env.batch_size[0]
+    policy_td = td.copy().set("is_init", torch.ones(n, 1, dtype=torch.bool))
     with torch.no_grad(), set_exploration_type(exploration_type):
-        action = policy(td.clone()).get("action")
+        action = policy(policy_td).get("action")
     expected = tuple(env.action_spec.shape)
     if tuple(action.shape) != expected:
         raise ValueError(
             f"policy's action shape {tuple(action.shape)} differs from the env's action_spec shape {expected}; "
             "the policy must read 'observation' and write 'action' for the whole batch"
         )
-    td = td.exclude("is_init")
     td.set("action", env.action_spec.zero())
     transition, _ = env.step_and_maybe_reset(td)
-    step = torch.zeros(n, 1, dtype=torch.int64).reshape(*env.batch_size, 1)
-    add_collector_keys(
-        transition.reshape(-1) if env.batch_dims != 1 else transition,
-        step.reshape(n, 1),
-        torch.zeros(n, dtype=torch.int64),
-        torch.zeros(n, dtype=torch.int64),
-    )
-    return flat_row(transition)
+    zeros = torch.zeros(n, dtype=torch.int64)
+    add_collector_keys(transition, zeros.unsqueeze(-1), zeros, zeros)
+    return transition[0].clone()
