@@ -245,3 +245,17 @@ def test_bad_arguments(kwargs, error, match, no_leaks):
     args.update(kwargs)
     with pytest.raises(error, match=match):
         OffPolicyCollector(args.pop("create_env_fn"), args.pop("policy"), **args)
+
+
+def test_staggering_cuts_only_the_first_episode():
+    env = BatchedGymEnv("Pendulum-v1", num_envs=4, seed=0, env_kwargs={"max_episode_steps": 8})
+    td = env.reset()
+    ends = {i: [] for i in range(4)}
+    for t in range(1, 25):
+        td["action"] = env.action_spec.zero()
+        transition, td = env.step_and_maybe_reset(td)
+        for i in transition["next", "truncated"].reshape(-1).nonzero().reshape(-1).tolist():
+            ends[i].append(t)
+    env.close()
+    # first episodes end after 2, 4, 6, 8 steps; every later one runs the full 8
+    assert ends == {0: [2, 10, 18], 1: [4, 12, 20], 2: [6, 14, 22], 3: [8, 16, 24]}

@@ -9,6 +9,7 @@ flat transitions into the shared replay buffer at a time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import traceback
@@ -258,20 +259,24 @@ def worker_main(worker_idx: int, cfg: WorkerConfig, env_fn_bytes: bytes, policy_
                 weights: SharedWeights, metrics: CollectorMetrics, control: FrameControl, stop_event,
                 error_queue) -> None:
     """:class:`~torchrl_unilab.OffPolicyCollector`'s process entry point; reports any exception to the parent."""
-    loop = None
+    loop, code = None, 0
     try:
         env = cloudpickle.loads(env_fn_bytes)()
         policy = cloudpickle.loads(policy_bytes)
         loop = WorkerLoop(worker_idx, cfg, env, policy, replay_buffer, weights, metrics, control, stop_event)
         loop.run()
     except BaseException as err:  # noqa: BLE001 - everything must reach the parent
+        code = 1
         error_queue.put((worker_idx, f"{type(err).__name__}: {err}", traceback.format_exc()))
-        error_queue.close()
-        error_queue.join_thread()
-        os._exit(1)
     finally:
         if loop is not None:
-            loop.close()
+            with contextlib.suppress(Exception):
+                loop.close()
+        error_queue.close()
+        error_queue.join_thread()
+    # Everything shared is closed and the report is flushed; skip the interpreter's
+    # slow teardown so that shutdown() does not wait for torch and MuJoCo to unload.
+    os._exit(code)
 
 
 def probe_row(env: EnvBase, policy, exploration_type: ExplorationType) -> TensorDict:

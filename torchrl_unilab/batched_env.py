@@ -148,7 +148,8 @@ class BatchedGymEnv(EnvBase):
             shape=batch,
         )
         self._steps = np.zeros(num_envs, dtype=np.int64)
-        self._limits = np.full(num_envs, self.max_episode_steps or np.iinfo(np.int64).max, dtype=np.int64)
+        self._full_limit = self.max_episode_steps or np.iinfo(np.int64).max
+        self._limits = np.full(num_envs, self._full_limit, dtype=np.int64)
         if stagger_resets and self.max_episode_steps:
             self._limits[:] = [max(1, math.ceil(self.max_episode_steps * (i + 1) / num_envs)) for i in range(num_envs)]
         self._obs = np.zeros((num_envs, self.obs_dim), dtype=np.float32)
@@ -207,6 +208,8 @@ class BatchedGymEnv(EnvBase):
             reward[i, 0] = r
             terminated[i, 0] = term
             truncated[i, 0] = (trunc or steps[i] >= limits[i]) and not term
+            if term or truncated[i, 0]:
+                limits[i] = self._full_limit  # staggering cuts the first episode only
             infos[i] = info
         return next_obs, reward, terminated, truncated
 

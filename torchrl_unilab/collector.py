@@ -373,8 +373,9 @@ class OffPolicyCollector(MultiAsyncCollector):
         ``episodes``, ``terminated``, ``truncated``, ``mean_return`` and
         ``mean_length`` over the recent-episode windows, ``time`` (seconds per
         worker phase: env step, policy, buffer write, weight sync),
-        ``policy_version`` (the oldest any worker acts with), ``buffer_size``
-        and ``workers`` (the same figures per worker, with their episode windows).
+        ``policy_version`` (the oldest any worker acts with), ``published_version``
+        (the latest published), ``buffer_size`` and ``workers`` (the same figures
+        per worker, with their episode windows).
         Raises :class:`~torchrl_unilab.WorkerError` if a worker failed.
         """
         self._raise_if_failed()

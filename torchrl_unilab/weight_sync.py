@@ -109,6 +109,7 @@ class SharedWeights:
         self.layout = layout
         self.owner = owner
         self.lock = lock
+        self.loaded_version = 0
         offsets, size = _offsets(layout)
         if shm.size < size:
             raise ValueError(
@@ -210,8 +211,13 @@ class SharedWeights:
                 raise TimeoutError(f"could not read a consistent set of weights from {self.name!r} within {timeout}s")
             time.sleep(0)
 
-    def load_into(self, module: nn.Module, *, since_version: int = 0) -> int | None:
-        """Loads a newer version into ``module``; returns it, or ``None`` if nothing is newer."""
+    def load_into(self, module: nn.Module, *, since_version: int | None = None) -> int | None:
+        """Loads a newer version into ``module``; returns it, or ``None`` if nothing is newer.
+
+        ``since_version`` defaults to the version this handle loaded last.
+        """
+        if since_version is None:
+            since_version = self.loaded_version
         got = self.read(since_version=since_version)
         if got is None:
             return None
@@ -223,6 +229,7 @@ class SharedWeights:
                 "build the worker's actor with the same builder and dims as the learner's"
             )
         module.load_state_dict(dict(zip(keys, tensors)), strict=True)
+        self.loaded_version = version
         return version
 
     # --------------------------------------------------------------- lifetime

@@ -2,8 +2,8 @@
 
 ``off_policy_collector_fn`` is the entry point of one collector subprocess that
 the user's launcher starts (``multiprocessing``, spawn). It builds the batched
-MuJoCo env and the actor, then runs :class:`~torchrl_unilab._worker.WorkerLoop`,
-the very loop :class:`~torchrl_unilab.OffPolicyCollector` runs in its workers,
+MuJoCo env and the actor, then runs the very worker loop that
+:class:`~torchrl_unilab.OffPolicyCollector` runs in its workers,
 with hooks for what the function-level API adds: lock-step collection, metrics
 messages on a queue, collector-side batch packing and tracing.
 
@@ -331,7 +331,8 @@ def off_policy_collector_fn(
         learning_starts: frames of uniformly random actions first.
         metrics_queue: receives ``{"type": "metrics", ...}`` dicts (``total_steps``,
             ``buffer_size``, ``mean_return``, ``mean_length``, ``terminated_rate``,
-            ``truncated_rate``, ``timing``, ``dropped_messages``) after every write,
+            ``truncated_rate``, ``timing`` (seconds per phase), ``fps``,
+            ``policy_version``, ``dropped_messages``) after every write,
             never blocking: when full, the oldest message is dropped and counted.
             A clean end puts ``{"type": "stopped", "time": ...}``, a crash
             ``{"type": "error", "error": ..., "traceback": ...}``.
