@@ -182,8 +182,10 @@ class RunLogger:
         self._count = 0
         self._window = (time.perf_counter(), int(frames), int(updates))
         self.last_eval = self.curve.points[-1][2] if self.curve.points else math.nan
-        self.bar = tqdm(total=int(total_frames), initial=int(frames), unit="frame", disable=not progress_bar,
-                        dynamic_ncols=True)
+        # No tqdm object at all when disabled: its first instance creates a
+        # process-wide multiprocessing lock (a /dev/shm semaphore) that lives until exit.
+        self.bar = (tqdm(total=int(total_frames), initial=int(frames), unit="frame", dynamic_ncols=True)
+                    if progress_bar else None)
 
     @property
     def elapsed(self) -> float:
@@ -210,12 +212,13 @@ class RunLogger:
         self._sums, self._count = {}, 0
         self._window = (now, frames, updates)
         self._write(values, frames)
-        self.bar.update(max(0, frames - self.bar.n))
-        self.bar.set_postfix(
-            {"updates/s": f"{values['learner/updates_per_s']:.0f}", "frames/s": f"{values['collector/frames_per_s']:.0f}",
-             "eval": f"{self.last_eval:.1f}"},
-            refresh=False,
-        )
+        if self.bar is not None:
+            self.bar.update(max(0, frames - self.bar.n))
+            self.bar.set_postfix(
+                {"updates/s": f"{values['learner/updates_per_s']:.0f}",
+                 "frames/s": f"{values['collector/frames_per_s']:.0f}", "eval": f"{self.last_eval:.1f}"},
+                refresh=False,
+            )
         return values
 
     def log_eval(self, *, frames: int, values: Mapping[str, float]) -> None:
@@ -244,7 +247,8 @@ class RunLogger:
 
     def close(self) -> None:
         """Closes the bar (the logger writes as it goes)."""
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _plain(value: Any) -> Any:
