@@ -48,11 +48,8 @@ from torchrl_unilab.training import (
     update_normalizer,
 )
 
-ALGO = "sac"
-
-
-@hydra.main(config_path="config", config_name="sac", version_base="1.3")
-def main(cfg: DictConfig) -> dict:
+def train(cfg: DictConfig, algo: str = "sac") -> dict:
+    """Trains ``algo`` ("sac" or "td3", which shares this loop) and returns a summary dict."""
     # --- Config and run directory (a resumed run continues in its own directory)
     torch.manual_seed(cfg.env.seed)
     torch.set_num_threads(cfg.optim.num_threads)
@@ -61,12 +58,12 @@ def main(cfg: DictConfig) -> dict:
     OmegaConf.save(cfg, os.path.join(out_dir, "config.yaml"))
 
     # --- Networks: actor, critic, and the exploration policy the workers run
-    nets = make_networks(cfg, ALGO, env_info(cfg))
+    nets = make_networks(cfg, algo, env_info(cfg))
 
-    # --- Loss (TorchRL's SACLoss), target networks, optimizer, update step
-    loss_module, target_updater = make_loss_module(cfg, ALGO, nets)
+    # --- Loss (TorchRL's SACLoss, or TD3Loss with its policy delay), target networks, optimizer, update step
+    loss_module, target_updater = make_loss_module(cfg, algo, nets)
     optimizer = make_optimizer(cfg, loss_module)
-    update = UpdateStep(loss_module, optimizer, target_updater,
+    update = UpdateStep(loss_module, optimizer, target_updater, policy_delay=cfg.optim.get("policy_update_delay", 1),
                         compile=cfg.compile.compile, compile_mode=cfg.compile.compile_mode)
 
     # --- Replay buffer, and the checkpoint to resume from
@@ -87,7 +84,7 @@ def main(cfg: DictConfig) -> dict:
         cfg.collector.total_frames,
         frames=frames_done, updates=update.updates, elapsed=saved.get("elapsed", 0.0),
         curve=LearningCurve.from_state(saved.get("curve", [])),
-        title=f"SAC {cfg.env.name}", progress_bar=cfg.logger.progress_bar,
+        title=f"{algo.upper()} {cfg.env.name}", progress_bar=cfg.logger.progress_bar,
     )
     evaluator = Evaluator(cfg.env.name, cfg.logger.num_eval_envs, seed=cfg.env.seed + 10_000,
                           env_kwargs=env_kwargs(cfg))
@@ -168,10 +165,15 @@ def main(cfg: DictConfig) -> dict:
         "checkpoint": str(checkpointer.directory),
         "interrupted": stop.requested,
     }
-    print(f"SAC {cfg.env.name}: final eval return {summary['final_return']:.1f} after {summary['frames']} frames, "
+    print(f"{algo.upper()} {cfg.env.name}: final eval return {summary['final_return']:.1f} after {summary['frames']} frames, "
           f"{summary['updates']} updates, {summary['elapsed_s'] / 60:.1f} min\n"
           f"learning curve: {summary['plot']}\ncheckpoint: {summary['checkpoint']} (resume={out_dir})")
     return summary
+
+
+@hydra.main(config_path="config", config_name="sac", version_base="1.3")
+def main(cfg: DictConfig) -> dict:
+    return train(cfg, "sac")
 
 
 if __name__ == "__main__":
