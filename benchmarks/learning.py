@@ -3,7 +3,7 @@
 Suites (each run is ``recipes/<algo>.py`` called in-process with Hydra overrides):
 
 * ``pendulum``: SAC on Pendulum-v1, 3 seeds, 15k frames; target: mean
-  deterministic eval return >= -200. About 5 minutes per seed on 2 CPU cores.
+  deterministic eval return >= -200. About 7 minutes per seed on 2 CPU cores.
 * ``halfcheetah``: SAC and TD3 on HalfCheetah-v5, 3 seeds each, 100k frames;
   target >= 3000. Hours on 2 CPU cores (the learner does ~40 updates/s).
 

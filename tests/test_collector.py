@@ -259,3 +259,37 @@ def test_staggering_cuts_only_the_first_episode():
     env.close()
     # first episodes end after 2, 4, 6, 8 steps; every later one runs the full 8
     assert ends == {0: [2, 10, 18], 1: [4, 12, 20], 2: [6, 14, 22], 3: [8, 16, 24]}
+
+
+ORPHAN_SCRIPT = """
+import os, torch
+from tensordict.nn import TensorDictModule
+from torchrl_unilab import OffPolicyCollector
+if __name__ == "__main__":
+    policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+    c = OffPolicyCollector("Pendulum-v1", policy, num_envs=2, frames_per_batch=64, buffer_capacity=1000)
+    c.start()
+    c.wait_for_frames(128, timeout=60)
+    print(c.procs[0].pid, flush=True)
+    os._exit(0)  # the parent dies without shutdown()
+"""
+
+
+def test_workers_exit_when_the_parent_dies(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "orphan.py"
+    script.write_text(ORPHAN_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    worker_pid = int(out.stdout.split()[-1])
+
+    def gone() -> bool:
+        try:
+            os.kill(worker_pid, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{worker_pid}/stat") as f:  # a zombie awaiting its reaper counts as gone
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+    assert wait_until(gone, timeout=5), "an orphaned worker kept running"

@@ -10,6 +10,7 @@ flat transitions into the shared replay buffer at a time.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import os
 import time
 import traceback
@@ -184,13 +185,17 @@ class WorkerLoop:
             self.next_traj += len(idx)
         self.step_count = torch.where(done.unsqueeze(-1), 0, self.step_count + 1)
 
+    def should_stop(self) -> bool:
+        """True once ``stop_event`` is set or the parent process is gone (no orphaned workers)."""
+        return self.stop_event.is_set() or not _parent_alive()
+
     def wait_for_claim(self) -> bool:
         if self.control is None:
-            return not self.stop_event.is_set()
+            return not self.should_stop()
         frames = self.cfg.frames_per_batch
         return self.control.wait(
-            lambda: self.stop_event.is_set() or self.control.claim(frames), timeout=None, on_poll=lambda: None
-        ) and not self.stop_event.is_set()
+            lambda: self.should_stop() or self.control.claim(frames), timeout=None, on_poll=lambda: None
+        ) and not self.should_stop()
 
     def run(self) -> None:
         """Collects until ``stop_event`` is set (or a hook ends the loop)."""
@@ -242,6 +247,11 @@ class WorkerLoop:
         for weights, _ in self.syncs:
             weights.close()
         self.timer.save()
+
+
+def _parent_alive() -> bool:
+    parent = mp.parent_process()
+    return parent is None or parent.is_alive()
 
 
 #: Metrics counter name -> trace phase name.

@@ -38,7 +38,7 @@ from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType
 
 from torchrl_unilab._processes import WorkerError
-from torchrl_unilab._worker import LoopHooks, WorkerConfig, WorkerLoop, probe_row
+from torchrl_unilab._worker import LoopHooks, WorkerConfig, WorkerLoop, _parent_alive, probe_row
 from torchrl_unilab.batched_env import BatchedGymEnv
 from torchrl_unilab.exploration import make_exploration_policy, sample_offpolicy_actions
 from torchrl_unilab.metrics import PHASES, CollectorMetrics
@@ -261,7 +261,7 @@ class _LockStep:
     def __call__(self) -> bool:
         self.ready.put(True)
         with self.timer("wait"):
-            while not self.stop_event.is_set():
+            while not self.stop_event.is_set() and _parent_alive():
                 if self.service is not None:
                     self.service()  # the learner may ask for a packed batch while we wait
                 with contextlib.suppress(queue.Empty):
