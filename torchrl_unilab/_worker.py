@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -269,6 +270,9 @@ def worker_main(worker_idx: int, cfg: WorkerConfig, env_fn_bytes: bytes, policy_
                 weights: SharedWeights, metrics: CollectorMetrics, control: FrameControl, stop_event,
                 error_queue) -> None:
     """:class:`~torchrl_unilab.OffPolicyCollector`'s process entry point; reports any exception to the parent."""
+    # A terminal's Ctrl-C reaches the whole process group; the parent decides when
+    # workers stop, so that none dies in the middle of a buffer write.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     loop, code = None, 0
     try:
         env = cloudpickle.loads(env_fn_bytes)()

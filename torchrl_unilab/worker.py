@@ -25,6 +25,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import signal
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -363,6 +364,10 @@ def off_policy_collector_fn(
     if kwargs:
         raise TypeError(f"off_policy_collector_fn() got an unexpected keyword argument {sorted(kwargs)[0]!r}")
     loop = None
+    if mp.parent_process() is not None:
+        # In a collector subprocess, stop_event (not a terminal's Ctrl-C) ends the loop,
+        # so the process never dies in the middle of a buffer write.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         if algo_type not in ALGOS:
             raise ValueError(f"algo_type must be one of {ALGOS}, got {algo_type!r}")
