@@ -281,7 +281,10 @@ def test_workers_exit_when_the_parent_dies(tmp_path):
 
     script = tmp_path / "orphan.py"
     script.write_text(ORPHAN_SCRIPT)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    # The dying parent cannot remove its buffer directory: keep it inside tmp_path.
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env=env)
     worker_pid = int(out.stdout.split()[-1])
 
     def gone() -> bool:
