@@ -115,7 +115,6 @@ class WorkerLoop:
         self.hooks = hooks or LoopHooks()
         self.timer = self.hooks.timer
         self.syncs = [(weights, sync_module if sync_module is not None else policy), *self.hooks.extra_syncs]
-        self.versions = [0] * len(self.syncs)
         self.fast_policy = tensor_policy(policy) if cfg.exploration_type == ExplorationType.RANDOM else None
         self.random_left = cfg.random_frames[worker_idx]
         n = cfg.num_envs
@@ -129,14 +128,13 @@ class WorkerLoop:
     @property
     def version(self) -> int:
         """Version of the actor weights in use."""
-        return self.versions[0]
+        return self.syncs[0][0].loaded_version
 
     def sync_weights(self) -> None:
         for i, (weights, module) in enumerate(self.syncs):
-            version = weights.load_into(module, since_version=self.versions[i])
-            if version is not None:
-                self.versions[i] = version
-        self.metrics.set(self.idx, policy_version=self.version)
+            # Each handle remembers the version it loaded last, so this is one header read.
+            if weights.load_into(module) is not None and i == 0:
+                self.metrics.set(self.idx, policy_version=self.version)
 
     def act(self, td: TensorDictBase) -> torch.Tensor:
         n = self.cfg.num_envs
