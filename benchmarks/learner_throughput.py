@@ -4,18 +4,23 @@ In one run, on one torch thread, batch 256, 256x256 networks, HalfCheetah-v5 siz
 
 * ``plain``: the loop of TorchRL's ``sota-implementations/sac`` -- ``rb.sample()``,
   ``SACLoss``, three ``Adam`` optimizers (actor, critic, alpha), ``SoftUpdate``;
-* ``recipe``: the recipe's update -- :class:`~torchrl_unilab.training.BufferSampler`
-  and :class:`~torchrl_unilab.training.UpdateStep` (one fused Adam), eager;
+* ``recipe_loss_module``: the recipe's :class:`~torchrl_unilab.training.BufferSampler`
+  and :class:`~torchrl_unilab.training.UpdateStep` (one fused Adam) calling ``SACLoss`` itself;
+* ``recipe``: the same with the tensor-level loss (``fast_loss=True``, the default);
 * ``recipe_compiled``: the same with ``compile=True`` (``--no-compile`` skips it);
-* ``end_to_end``: ``recipes/sac.py`` on HalfCheetah-v5 at ``utd_ratio=1``, env
-  frames per second once learning has started.
+* ``e2e``: ``recipes/sac.py`` on HalfCheetah-v5 at ``utd_ratio=1``, env
+  frames per second once learning has started;
+* ``sb3``: Stable-Baselines3's SAC on the same task, sizes and thread count
+  (``train_freq=1, gradient_steps=1``), frames per second once learning has
+  started -- the baseline the end-to-end figure is compared with (skipped when
+  ``stable-baselines3``, the ``bench`` extra, is not installed).
 
 The update loops run in alternating blocks and report the median block rate,
 so that other load on the machine weighs on every variant alike. Prints one
 JSON line.
 
     python benchmarks/learner_throughput.py [--blocks 12] [--block-updates 20] [--e2e-frames 3000]
-                                            [--e2e-threads 1] [--no-compile]
+                                            [--e2e-threads 1] [--no-compile] [--no-sb3]
 """
 
 from __future__ import annotations
@@ -91,11 +96,12 @@ def plain_loop(rb):
     return step
 
 
-def recipe_loop(rb, compile: bool):
+def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False):
     """The recipes' update: BufferSampler + UpdateStep (one fused Adam)."""
     nets = networks()
     loss, target = make_loss_module(config(), "sac", nets)
-    update = UpdateStep(loss, make_optimizer(config(), loss), target, compile=compile)
+    update = UpdateStep(loss, make_optimizer(config(), loss), target, fast_loss=fast_loss, compile=compile)
+    assert update.uses_tensor_loss is fast_loss
     sample = BufferSampler(rb, BATCH)
     return lambda: update(sample())
 
@@ -118,12 +124,15 @@ def update_rates(variants: dict, blocks: int, block_updates: int) -> dict:
             for name, r in rates.items()}
 
 
+START_FRAMES = 1000  # random frames before learning starts, in both end-to-end runs
+
+
 def end_to_end(frames: int, threads: int) -> dict:
     """recipes/sac.py on HalfCheetah-v5 at utd_ratio=1: env frames/s once learning has started."""
     sys.path.insert(0, str(ROOT / "recipes"))
     import sac  # noqa: PLC0415 - the recipe script, imported as a module
 
-    start_frames = 1000
+    start_frames = START_FRAMES
     with tempfile.TemporaryDirectory() as tmp:
         with initialize_config_dir(config_dir=str(ROOT / "recipes" / "config"), version_base="1.3"):
             cfg = compose(config_name="sac", overrides=[
@@ -141,6 +150,36 @@ def end_to_end(frames: int, threads: int) -> dict:
             "utd_achieved": summary["utd_achieved"]}
 
 
+def stable_baselines3(frames: int, threads: int) -> dict | None:
+    """Stable-Baselines3 SAC on HalfCheetah-v5, one gradient step per env step: frames/s once learning has started."""
+    try:
+        import gymnasium as gym  # noqa: PLC0415
+        from stable_baselines3 import SAC  # noqa: PLC0415
+        from stable_baselines3.common.callbacks import BaseCallback  # noqa: PLC0415
+    except ImportError:
+        return None
+
+    class Clock(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.marks: dict[int, float] = {}
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps in (START_FRAMES + 250, frames):  # the window the recipe's figure uses
+                self.marks[self.num_timesteps] = time.perf_counter()
+            return True
+
+    torch.set_num_threads(threads)
+    env = gym.make("HalfCheetah-v5")
+    model = SAC("MlpPolicy", env, batch_size=BATCH, learning_starts=START_FRAMES, train_freq=1, gradient_steps=1,
+                policy_kwargs={"net_arch": [HIDDEN, HIDDEN]}, device="cpu", seed=0)
+    clock = Clock()
+    model.learn(frames, callback=clock)
+    env.close()
+    (f0, t0), (f1, t1) = sorted(clock.marks.items())
+    return {"frames_per_s": (f1 - f0) / (t1 - t0)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--blocks", type=int, default=12)
@@ -148,10 +187,12 @@ def main() -> None:
     parser.add_argument("--e2e-frames", type=int, default=3000, help="0 skips the end-to-end run")
     parser.add_argument("--e2e-threads", type=int, default=1, help="optim.num_threads of the end-to-end run")
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled update (saves ~1 min)")
+    parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 baseline")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rb = filled_buffer()
-    variants = {"plain": plain_loop(rb), "recipe": recipe_loop(rb, compile=False)}
+    variants = {"plain": plain_loop(rb), "recipe_loss_module": recipe_loop(rb, fast_loss=False),
+                "recipe": recipe_loop(rb)}
     if not args.no_compile:
         variants["recipe_compiled"] = recipe_loop(rb, compile=True)
     rates = update_rates(variants, args.blocks, args.block_updates)
@@ -165,6 +206,10 @@ def main() -> None:
         e2e = end_to_end(args.e2e_frames, args.e2e_threads)
         out.update({"e2e_threads": args.e2e_threads, "e2e_frames_per_s": round(e2e["frames_per_s"], 1),
                     "e2e_utd_achieved": round(e2e["utd_achieved"], 3)})
+        sb3 = None if args.no_sb3 else stable_baselines3(args.e2e_frames, args.e2e_threads)
+        if sb3 is not None:
+            out.update({"sb3_frames_per_s": round(sb3["frames_per_s"], 1),
+                        "e2e_over_sb3": round(e2e["frames_per_s"] / sb3["frames_per_s"], 2)})
     print(json.dumps(out))
 
 

@@ -64,7 +64,8 @@ def train(cfg: DictConfig, algo: str = "sac") -> dict:
     loss_module, target_updater = make_loss_module(cfg, algo, nets)
     optimizer = make_optimizer(cfg, loss_module)
     update = UpdateStep(loss_module, optimizer, target_updater, policy_delay=cfg.optim.get("policy_update_delay", 1),
-                        compile=cfg.compile.compile, compile_mode=cfg.compile.compile_mode)
+                        fast_loss=cfg.compile.get("fast_loss", True), compile=cfg.compile.compile,
+                        compile_mode=cfg.compile.compile_mode)
 
     # --- Replay buffer, and the checkpoint to resume from
     replay_buffer = make_replay_buffer(cfg)

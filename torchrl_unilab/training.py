@@ -24,6 +24,7 @@ from torchrl.data import ReplayBuffer
 from torchrl.objectives import LossModule, TD3Loss
 from torchrl.objectives.utils import TargetNetUpdater
 
+from torchrl_unilab._fast_loss import tensor_loss
 from torchrl_unilab.normalization import ObservationNormalizer
 
 __all__ = ["SAMPLE_KEYS", "BufferSampler", "Every", "GracefulStop", "UTDController", "UpdateStep", "buffer_lock", "policy_lag",
@@ -55,6 +56,13 @@ class UpdateStep:
     other updates compute ``loss_module.value_loss`` alone, and the actor's
     parameters, having no gradient, are skipped by the optimizer.
 
+    With ``fast_loss=True`` (the default) and networks from
+    :mod:`torchrl_unilab.models`, the losses are computed by a tensor-level
+    equivalent of the loss module (same parameters, same random draws, equal
+    values and gradients; about 1.6x the updates/s on CPU, see
+    ``benchmarks/learner_throughput.py``); other networks or loss settings use
+    the loss module itself (:attr:`uses_tensor_loss` says which).
+
     ``compile=True`` wraps loss and backward in :func:`torch.compile` (the
     first calls take tens of seconds on CPU; see ``benchmarks/README.md``).
 
@@ -67,6 +75,7 @@ class UpdateStep:
     Keyword Args:
         policy_delay: update the actor (and targets) every ``policy_delay``
             updates; ``> 1`` only with ``TD3Loss``.
+        fast_loss: use the tensor-level loss where the networks allow it.
         compile: compile loss and backward with :func:`torch.compile`.
         compile_mode: the ``mode`` passed to :func:`torch.compile`.
 
@@ -84,8 +93,8 @@ class UpdateStep:
         ...     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool)}, [4])
         >>> sorted(update(batch).keys())
         ['alpha', 'entropy', 'loss_actor', 'loss_alpha', 'loss_qvalue']
-        >>> update.updates
-        1
+        >>> update.updates, update.uses_tensor_loss
+        (1, True)
     """
 
     def __init__(
@@ -95,6 +104,7 @@ class UpdateStep:
         target_updater: TargetNetUpdater,
         *,
         policy_delay: int = 1,
+        fast_loss: bool = True,
         compile: bool = False,
         compile_mode: str | None = None,
     ) -> None:
@@ -110,19 +120,32 @@ class UpdateStep:
         self.target_updater = target_updater
         self.policy_delay = policy_delay
         self.updates = 0
+        self._tensor_loss = tensor_loss(loss_module) if fast_loss else None
         full, critic = self._full_loss, self._critic_loss
         if compile:
             full = torch.compile(full, mode=compile_mode)
             critic = torch.compile(critic, mode=compile_mode)
         self._full, self._critic = full, critic
 
+    @property
+    def uses_tensor_loss(self) -> bool:
+        """Whether updates run the tensor-level loss (``fast_loss``) rather than the loss module."""
+        return self._tensor_loss is not None
+
     def _full_loss(self, batch: TensorDictBase) -> TensorDictBase:
+        if self._tensor_loss is not None:
+            losses = self._tensor_loss(batch)
+            _total(losses).backward()
+            return TensorDict({key: value.detach() for key, value in losses.items()})
         losses = self.loss_module(batch)
         _total(losses).backward()
         return losses.detach()
 
     def _critic_loss(self, batch: TensorDictBase) -> TensorDictBase:
-        loss, _ = self.loss_module.value_loss(batch)
+        if self._tensor_loss is not None:
+            loss = self._tensor_loss(batch, update_actor=False)["loss_qvalue"]
+        else:
+            loss, _ = self.loss_module.value_loss(batch)
         loss.backward()
         return TensorDict({"loss_qvalue": loss.detach()})
 
@@ -138,7 +161,7 @@ class UpdateStep:
         return losses
 
 
-def _total(losses: TensorDictBase) -> torch.Tensor:
+def _total(losses: TensorDictBase | dict[str, torch.Tensor]) -> torch.Tensor:
     return sum(value for key, value in losses.items() if key.startswith("loss_"))
 
 

@@ -1,0 +1,164 @@
+"""The tensor-level loss computes what TorchRL's SACLoss / TD3Loss compute: values and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from tensordict import TensorDict
+from torch import nn
+from torchrl.modules import ValueOperator
+from torchrl.objectives import SACLoss, SoftUpdate, ValueEstimators
+
+from torchrl_unilab._fast_loss import tensor_loss
+from torchrl_unilab.models import make_actor, make_critic
+from torchrl_unilab.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
+from torchrl_unilab.training import UpdateStep
+
+OBS, PRIV, ACT, B = 5, 3, 2, 64
+
+
+def config(layer_norm: bool):
+    return OmegaConf.create({
+        "network": {"hidden_dim": 32, "num_layers": 2, "use_layer_norm": layer_norm, "obs_norm": False},
+        "optim": {"gamma": 0.9, "loss_function": "l2", "alpha_init": 0.7, "target_update_polyak": 0.9,
+                  "policy_noise": 0.2, "noise_clip": 0.5, "lr": 1e-2, "weight_decay": 0.0, "adam_eps": 1e-8},
+    })
+
+
+def batch(privileged: bool = False, seed: int = 0) -> TensorDict:
+    g = torch.Generator().manual_seed(seed)
+    terminated = torch.rand(B, 1, generator=g) < 0.3  # some rows must not bootstrap
+    data = {
+        "observation": torch.randn(B, OBS, generator=g), "action": torch.rand(B, ACT, generator=g) * 4 - 2,
+        ("next", "observation"): torch.randn(B, OBS, generator=g), ("next", "reward"): torch.randn(B, 1, generator=g),
+        ("next", "terminated"): terminated, ("next", "done"): terminated,
+    }
+    if privileged:
+        data["privileged"] = torch.randn(B, PRIV, generator=g)
+        data[("next", "privileged")] = torch.randn(B, PRIV, generator=g)
+    return TensorDict(data, [B])
+
+
+def losses_and_grads(loss, compute, seed: int = 1):
+    """Runs ``compute()`` under a fixed seed; returns its scalar values and the gradient of every parameter."""
+    params = [p for p in loss.parameters() if p.requires_grad]
+    torch.manual_seed(seed)
+    out = compute()
+    total = sum(v for k, v in out.items() if k.startswith("loss_"))
+    grads = torch.autograd.grad(total, params, allow_unused=True)
+    values = {k: v.detach() for k, v in out.items() if v.ndim == 0}
+    return values, [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+def assert_same(loss, fast, data, **kwargs):
+    ref_values, ref_grads = losses_and_grads(loss, lambda: loss(data.clone()))
+    values, grads = losses_and_grads(loss, lambda: fast(data.clone(), **kwargs))
+    assert set(values) == set(ref_values)
+    for key in ref_values:
+        torch.testing.assert_close(values[key], ref_values[key], rtol=1e-5, atol=1e-5, msg=key)
+    for ref, got in zip(ref_grads, grads):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_tensor_loss_matches_the_torchrl_loss(algo, layer_norm):
+    torch.manual_seed(0)
+    nets = make_networks(config(layer_norm), algo, EnvInfo(OBS, ACT, -2 * torch.ones(ACT), 2 * torch.ones(ACT)))
+    loss, _ = make_loss_module(config(layer_norm), algo, nets)
+    with torch.no_grad():  # targets that differ from the online networks, as after some updates
+        for p in loss.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    fast = tensor_loss(loss)
+    assert fast is not None
+    assert_same(loss, fast, batch())
+
+
+def test_asymmetric_sac_critic_reads_privileged_keys():
+    torch.manual_seed(0)
+    actor = make_actor("sac", OBS, ACT, hidden_dim=16)
+    critic = make_critic(OBS + PRIV, ACT, hidden_dim=16, in_keys=["observation", "privileged", "action"])
+    loss = SACLoss(actor, critic, num_qvalue_nets=2, delay_qvalue=True, alpha_init=0.5)
+    loss.make_value_estimator(gamma=0.95)
+    assert_same(loss, tensor_loss(loss), batch(privileged=True))
+
+
+def test_td3_critic_only_step_matches_value_loss():
+    torch.manual_seed(0)
+    nets = make_networks(config(False), "td3", EnvInfo(OBS, ACT, -2 * torch.ones(ACT), 2 * torch.ones(ACT)))
+    loss, _ = make_loss_module(config(False), "td3", nets)
+    data, fast = batch(), tensor_loss(loss)
+    torch.manual_seed(3)
+    ref, _ = loss.value_loss(data.clone())
+    torch.manual_seed(3)
+    got = fast(data.clone(), update_actor=False)
+    assert set(got) == {"loss_qvalue"}
+    torch.testing.assert_close(got["loss_qvalue"], ref)
+
+
+def test_update_steps_follow_the_same_trajectory_with_and_without_the_tensor_loss():
+    """Ten updates (Adam, target updates) from the same start end at the same parameters, also after a reload."""
+
+    def run(fast_loss: bool, state=None):
+        torch.manual_seed(0)
+        nets = make_networks(config(True), "sac", EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT)))
+        loss, target = make_loss_module(config(True), "sac", nets)
+        opt = make_optimizer(config(True), loss)
+        update = UpdateStep(loss, opt, target, fast_loss=fast_loss)
+        if state is not None:  # the tensor loss keeps reading the parameters load_state_dict fills in
+            loss.load_state_dict(state)
+        assert update.uses_tensor_loss is fast_loss
+        torch.manual_seed(1)
+        for i in range(10):
+            update(batch(seed=i))
+        return loss.state_dict()
+
+    reference, fast = run(False), run(True)
+    for key in reference:
+        torch.testing.assert_close(fast[key], reference[key], rtol=1e-4, atol=1e-5, msg=key)
+    reloaded, fast_reloaded = run(False, state=reference), run(True, state=reference)
+    for key in reloaded:
+        torch.testing.assert_close(fast_reloaded[key], reloaded[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+class Bilinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Bilinear(OBS, ACT, 1)
+
+    def forward(self, observation, action):
+        return self.layer(observation, action)
+
+
+def test_unsupported_networks_and_estimators_fall_back_to_the_loss_module():
+    torch.manual_seed(0)
+    actor = make_actor("sac", OBS, ACT, hidden_dim=16)
+    other_critic = ValueOperator(Bilinear(), in_keys=["observation", "action"])
+    loss = SACLoss(actor, other_critic, num_qvalue_nets=2)
+    assert tensor_loss(loss) is None
+    loss = SACLoss(actor, make_critic(OBS, ACT, hidden_dim=16), num_qvalue_nets=2)
+    loss.make_value_estimator(ValueEstimators.TDLambda, gamma=0.99, lmbda=0.9)
+    assert tensor_loss(loss) is None
+    opt = torch.optim.Adam([p for p in loss.parameters() if p.requires_grad])
+    assert UpdateStep(loss, opt, SoftUpdate(loss, eps=0.9)).uses_tensor_loss is False
+
+
+def test_a_value_estimator_changed_after_construction_is_refused():
+    torch.manual_seed(0)
+    loss = SACLoss(make_actor("sac", OBS, ACT, hidden_dim=16), make_critic(OBS, ACT, hidden_dim=16), num_qvalue_nets=2)
+    fast = tensor_loss(loss)  # the default estimator, TD(0)
+    assert fast is not None
+    loss.make_value_estimator(ValueEstimators.TDLambda, gamma=0.99, lmbda=0.9)
+    with pytest.raises(ValueError, match="TD\\(0\\) targets.*fast_loss=False"):
+        fast(batch())
+
+
+def test_prioritized_batches_are_refused_by_the_tensor_loss():
+    torch.manual_seed(0)
+    nets = make_networks(config(False), "sac", EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT)))
+    loss, _ = make_loss_module(config(False), "sac", nets)
+    data = batch()
+    data["priority_weight"] = torch.ones(B)
+    with pytest.raises(ValueError, match="priority weights"):
+        tensor_loss(loss)(data)

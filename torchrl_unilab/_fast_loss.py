@@ -1,0 +1,280 @@
+"""A tensor-level fast path for TorchRL's ``SACLoss`` and ``TD3Loss`` on this package's networks.
+
+TorchRL's losses spend about a third of an update (batch 256, 256x256
+networks, one CPU thread) on TensorDict bookkeeping: selecting and expanding
+TensorDicts, swapping parameters into modules, ``vmap`` over the Q-networks.
+For the networks :mod:`torchrl_unilab.models` builds (MLPs of ``Linear``,
+``LayerNorm`` and parameter-free layers), :func:`tensor_loss` computes the same
+losses from the loss module's own parameters with plain tensor operations:
+the two Q-networks run as one batched matmul over their stacked weights, the
+SAC actor's ``TanhNormal`` is TorchRL's own class, random numbers are drawn in
+the loss module's order. Values and gradients equal the loss module's
+(``tests/test_fast_loss.py``). Anything else -- another loss class or
+configuration, a value estimator other than TD(0), a network with other
+parametrised layers -- makes :func:`tensor_loss` return ``None`` and the
+caller uses the loss module itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from tensordict import NestedKey, TensorDictBase
+from tensordict.nn import ProbabilisticTensorDictModule, TensorDictModule
+from torch import nn
+from torchrl.modules import ProbabilisticActor, TanhNormal
+from torchrl.objectives import LossModule, SACLoss, TD3Loss
+from torchrl.objectives.utils import distance_loss
+from torchrl.objectives.value import TD0Estimator
+
+from torchrl_unilab.models import _ConcatMLP
+
+__all__ = ["tensor_loss"]
+
+_Step = tuple  # ("linear" | "norm", key prefix, layer) or ("call", layer)
+
+
+def _layer_steps(root: nn.Module, net: nn.Module) -> list[_Step] | None:
+    """``net`` as a flat list of steps; parameter keys are relative to ``root`` (the params TensorDict's root)."""
+    names = {id(module): tuple(name.split(".")) for name, module in root.named_modules() if name}
+    steps: list[_Step] = []
+
+    def visit(module: nn.Module) -> bool:
+        if isinstance(module, nn.Sequential):
+            return all(visit(child) for child in module)
+        if isinstance(module, nn.Linear):
+            steps.append(("linear", names[id(module)], module))
+        elif isinstance(module, nn.LayerNorm):
+            steps.append(("norm", names[id(module)], module))
+        elif next(module.parameters(), None) is None:
+            steps.append(("call", module))
+        else:
+            return False
+        return True
+
+    return steps if visit(net) else None
+
+
+class _BoundMLP:
+    """An MLP's steps bound to one set of weights: plain (``[out, in]``) or stacked (``[n, out, in]``).
+
+    Stacked weights run the ``n`` networks as batched matmuls on ``[n, B, in]``.
+    """
+
+    def __init__(self, steps: list[_Step], params: TensorDictBase) -> None:
+        self._ops: list[Callable[[torch.Tensor], torch.Tensor]] = []
+        self.stacked = None
+        for step in steps:
+            if step[0] == "call":
+                self._ops.append(step[1])
+                continue
+            kind, prefix, layer = step
+            weight, bias = params.get((*prefix, "weight"), None), params.get((*prefix, "bias"), None)
+            self.stacked = weight.dim() == 3 if weight is not None else self.stacked
+            self._ops.append(self._linear(weight, bias) if kind == "linear" else self._norm(layer, weight, bias))
+
+    @staticmethod
+    def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        if weight.dim() == 2:
+            return lambda x: F.linear(x, weight, bias)
+        weight_t = weight.transpose(1, 2)
+        if bias is None:
+            return lambda x: torch.bmm(x, weight_t)
+        bias = bias.unsqueeze(1)
+        return lambda x: torch.baddbmm(bias, x, weight_t)
+
+    @staticmethod
+    def _norm(layer: nn.LayerNorm, weight, bias) -> Callable[[torch.Tensor], torch.Tensor]:
+        shape, eps = layer.normalized_shape, layer.eps
+        if weight is None or weight.dim() == 1:
+            return lambda x: F.layer_norm(x, shape, weight, bias, eps)
+        weight, bias = weight.unsqueeze(1), bias.unsqueeze(1)
+        return lambda x: torch.addcmul(bias, F.layer_norm(x, shape, None, None, eps), weight)
+
+    def __call__(self, x: torch.Tensor, copies: int | None = None) -> torch.Tensor:
+        if copies is not None:
+            x = x.expand(copies, *x.shape)
+        for op in self._ops:
+            x = op(x)
+        return x
+
+
+class _Network:
+    """A TensorDict network (actor or Q-network) as in/out keys plus an MLP to bind to parameters."""
+
+    def __init__(self, root: TensorDictModule, module: TensorDictModule) -> None:
+        net = module.module
+        self.concat = isinstance(net, _ConcatMLP)
+        self.steps = _layer_steps(root, net.net if self.concat else net)
+        self.in_keys: list[NestedKey] = list(module.in_keys)
+        self.out_keys: list[NestedKey] = list(module.out_keys)
+        self.supported = self.steps is not None and (self.concat or len(self.in_keys) == 1)
+
+    def bind(self, params: TensorDictBase) -> _BoundMLP:
+        return _BoundMLP(self.steps, params)
+
+    def inputs(self, batch: TensorDictBase, *, next_: bool = False, **replace: torch.Tensor) -> torch.Tensor:
+        """The network's input: ``in_keys`` read from ``batch`` (or ``batch["next"]``), some replaced."""
+        values = [replace[key] if isinstance(key, str) and key in replace
+                  else batch.get(_nested("next", key) if next_ else key) for key in self.in_keys]
+        return torch.cat(values, dim=-1) if self.concat else values[0]
+
+
+def _nested(prefix: str, key: NestedKey) -> tuple:
+    return (prefix, *key) if isinstance(key, tuple) else (prefix, key)
+
+
+def _is_td0(loss: LossModule) -> bool:
+    return type(loss.value_estimator) is TD0Estimator  # the property builds the default (TD0) if unset
+
+
+def _gamma(loss: LossModule) -> float:
+    # Read on every call: make_value_estimator() may replace the estimator after construction.
+    estimator = loss.value_estimator
+    if type(estimator) is not TD0Estimator:
+        raise ValueError(f"the tensor-level loss computes TD(0) targets, the loss now has {type(estimator).__name__}; "
+                         "build UpdateStep with fast_loss=False")
+    return float(estimator.gamma)
+
+
+def _plain_weights(loss: LossModule) -> bool:
+    # Reductions other than the mean, and priority weights, change the math.
+    return getattr(loss, "reduction", "mean") == "mean" and getattr(loss, "use_prioritized_weights", "auto") is not True
+
+
+def _check_unweighted(loss: LossModule, batch: TensorDictBase) -> None:
+    if loss.tensor_keys.priority_weight in batch.keys():
+        raise ValueError(
+            f"the batch holds priority weights ({loss.tensor_keys.priority_weight!r}), which the tensor-level "
+            "loss does not apply; build UpdateStep with fast_loss=False for prioritized replay"
+        )
+
+
+class _SACTensorLoss:
+    """``SACLoss`` (v2: two Q-networks, no value network) on tensors; see the module docstring."""
+
+    def __init__(self, loss: SACLoss, actor: _Network, critic: _Network, dist_kwargs: dict) -> None:
+        self.loss, self.dist_kwargs = loss, dist_kwargs
+        self.actor, self.critic = actor, critic
+        self.policy = actor.bind(loss.actor_network_params)
+        self.q = critic.bind(loss.qvalue_network_params)
+        self.q_detached = critic.bind(loss.qvalue_network_params.detach())
+        self.q_target = critic.bind(loss.target_qvalue_network_params)
+        self.n = loss.num_qvalue_nets
+        self.action_key = loss.tensor_keys.action
+
+    def _sample(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc, scale = self.policy(observation)
+        return TanhNormal(loc, scale, **self.dist_kwargs).rsample_and_log_prob()
+
+    def __call__(self, batch: TensorDictBase, update_actor: bool = True) -> dict[str, torch.Tensor]:
+        loss, act = self.loss, self.action_key
+        _check_unweighted(loss, batch)
+        alpha = loss._alpha  # noqa: SLF001 - clamps log_alpha as SACLoss does, returns exp() without grad
+        # The Q-target first: SACLoss draws the next action before the current one.
+        with torch.no_grad():
+            next_action, next_log_prob = self._sample(self.actor.inputs(batch, next_=True))
+            next_q = self.q_target(self.critic.inputs(batch, next_=True, **{act: next_action}), self.n)
+            next_value = (next_q - alpha * next_log_prob.unsqueeze(-1)).min(0)[0]
+            target = _td0_target(batch, next_value, _gamma(loss))
+        q = self.q(self.critic.inputs(batch), self.n).squeeze(-1)
+        loss_qvalue = distance_loss(q, target.expand_as(q), loss_function=loss.loss_function).sum(0).mean()
+
+        action, log_prob = self._sample(self.actor.inputs(batch))
+        q_pi = self.q_detached(self.critic.inputs(batch, **{act: action}), self.n).min(0)[0].squeeze(-1)
+        loss_actor = (alpha * log_prob - q_pi).mean()
+        log_prob = log_prob.detach()
+        loss_alpha = (-loss.log_alpha * (log_prob + loss.target_entropy)).mean()
+        return {"loss_actor": loss_actor, "loss_qvalue": loss_qvalue, "loss_alpha": loss_alpha,
+                "alpha": alpha, "entropy": -log_prob.mean()}
+
+
+class _TD3TensorLoss:
+    """``TD3Loss`` on tensors; ``update_actor=False`` computes the critic loss alone (the delayed steps)."""
+
+    def __init__(self, loss: TD3Loss, actor: _Network, critic: _Network) -> None:
+        self.loss = loss
+        self.actor, self.critic = actor, critic
+        self.policy = actor.bind(loss.actor_network_params)
+        self.policy_target = actor.bind(loss.target_actor_network_params)
+        self.q = critic.bind(loss.qvalue_network_params)
+        # The actor loss reads the first Q-network only: no need to run the others.
+        self.q1_detached = critic.bind(loss.qvalue_network_params.detach()[:1])
+        self.q_target = critic.bind(loss.target_qvalue_network_params)
+        self.n = loss.num_qvalue_nets
+        self.action_key = loss.tensor_keys.action
+
+    def __call__(self, batch: TensorDictBase, update_actor: bool = True) -> dict[str, torch.Tensor]:
+        loss, act = self.loss, self.action_key
+        _check_unweighted(loss, batch)
+        out = {}
+        if update_actor:  # TD3Loss.forward: the actor loss, then the value loss
+            action = self.policy(self.actor.inputs(batch))
+            out["loss_actor"] = -self.q1_detached(self.critic.inputs(batch, **{act: action}), 1)[0].mean()
+        action = batch.get(act)
+        noise = (torch.randn_like(action) * loss.policy_noise).clamp(-loss.noise_clip, loss.noise_clip)
+        with torch.no_grad():
+            next_action = (self.policy_target(self.actor.inputs(batch, next_=True)) + noise).clamp(
+                loss.min_action, loss.max_action)
+            next_q = self.q_target(self.critic.inputs(batch, next_=True, **{act: next_action}), self.n)
+            target = _td0_target(batch, next_q.squeeze(-1).min(0)[0].unsqueeze(-1), _gamma(loss))
+        q = self.q(self.critic.inputs(batch), self.n).squeeze(-1)
+        out["loss_qvalue"] = distance_loss(q, target.expand_as(q), loss_function=loss.loss_function).sum(0).mean()
+        return out
+
+
+def _td0_target(batch: TensorDictBase, next_value: torch.Tensor, gamma: float) -> torch.Tensor:
+    """TD(0) as TorchRL's ``TD0Estimator``: ``r + gamma * (1 - terminated) * V(s')``, shape ``[B]``."""
+    reward, terminated = batch.get(("next", "reward")), batch.get(("next", "terminated"))
+    return (reward + gamma * (~terminated) * next_value).squeeze(-1)
+
+
+def tensor_loss(loss: LossModule) -> Callable[..., dict[str, torch.Tensor]] | None:
+    """``f(batch, update_actor=True) -> {"loss_actor", "loss_qvalue", ...}`` computing ``loss``'s math, or ``None``.
+
+    Supported: :class:`~torchrl.objectives.SACLoss` (v2) and
+    :class:`~torchrl.objectives.TD3Loss` with TD(0) targets, mean reduction,
+    and networks built by :mod:`torchrl_unilab.models` (or any MLP of
+    ``Linear``, ``LayerNorm`` and parameter-free layers). The returned values
+    are the scalar entries the loss module's output holds (SAC: losses,
+    ``alpha``, ``entropy``; TD3: losses).
+    """
+    if type(loss) not in (SACLoss, TD3Loss) or not _is_td0(loss) or not _plain_weights(loss):
+        return None
+    if loss.tensor_keys.action != "action" or loss.tensor_keys.state_action_value != "state_action_value":
+        return None
+    critic = _Network(loss.qvalue_network, loss.qvalue_network)
+    if not critic.supported:
+        return None
+    if type(loss) is SACLoss:
+        return _sac(loss, critic)
+    return _td3(loss, critic)
+
+
+def _sac(loss: SACLoss, critic: _Network) -> _SACTensorLoss | None:
+    actor = loss.actor_network
+    if getattr(loss, "_version", 2) != 2 or getattr(loss, "skip_done_states", False):
+        return None
+    if not isinstance(actor, ProbabilisticActor) or len(actor.module) != 2:
+        return None
+    params_module, dist_module = actor.module
+    if type(params_module) is not TensorDictModule or not isinstance(dist_module, ProbabilisticTensorDictModule):
+        return None
+    kwargs = dict(dist_module.distribution_kwargs or {})
+    if dist_module.distribution_class is not TanhNormal or set(kwargs) - {"low", "high", "tanh_loc", "upscale"}:
+        return None
+    if list(params_module.out_keys) != list(dist_module.in_keys):
+        return None
+    network = _Network(actor, params_module)
+    return _SACTensorLoss(loss, network, critic, kwargs) if network.supported else None
+
+
+def _td3(loss: TD3Loss, critic: _Network) -> _TD3TensorLoss | None:
+    actor = loss.actor_network
+    if not isinstance(actor, TensorDictModule) or list(actor.out_keys) != ["action"]:
+        return None
+    network = _Network(actor, actor)
+    return _TD3TensorLoss(loss, network, critic) if network.supported else None
+
