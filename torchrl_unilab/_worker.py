@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import cloudpickle
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
@@ -76,10 +77,13 @@ class LoopHooks:
 
 
 def add_collector_keys(transition: TensorDictBase, step_count, traj_ids, version) -> TensorDictBase:
-    """Tags a transition with trajectory ids, step counts and the policy version per row."""
-    transition.set(STEP_KEY, step_count.clone())
+    """Tags a transition with trajectory ids, step counts and the policy version per row.
+
+    The tensors are stored as they are: callers must not modify them in place afterwards.
+    """
+    transition.set(STEP_KEY, step_count)
     transition.set(NEXT_STEP_KEY, step_count + 1)
-    transition.set(TRAJ_KEY, traj_ids.clone())
+    transition.set(TRAJ_KEY, traj_ids)
     transition.set(VERSION_KEY, version)
     return transition
 
@@ -124,6 +128,8 @@ class WorkerLoop:
         self.traj_ids = torch.arange(n, dtype=torch.int64) * cfg.num_workers + worker_idx
         self.next_traj = n
         self.ep_return = torch.zeros(n, dtype=torch.float64)
+        self._action_shape = tuple(env.action_spec.shape)
+        self._version_rows = (self.version, torch.full((n,), self.version, dtype=torch.int64))
 
     @property
     def version(self) -> int:
@@ -145,44 +151,58 @@ class WorkerLoop:
             is_init = self.step_count == 0
             with torch.no_grad(), set_exploration_type(self.cfg.exploration_type):
                 if self.fast_policy is not None:
-                    action = self.fast_policy({**td.to_dict(), "is_init": is_init})
+                    values = dict(td.items())
+                    values["is_init"] = is_init
+                    action = self.fast_policy(values)
                 else:
                     policy_td = td.copy()
                     policy_td.set("is_init", is_init)
                     action = self.policy(policy_td).get("action")
-            if tuple(action.shape) != tuple(self.env.action_spec.shape):
+            if tuple(action.shape) != self._action_shape:
                 raise ValueError(
                     f"policy returned an action of shape {tuple(action.shape)}, the env's action_spec is "
-                    f"{tuple(self.env.action_spec.shape)}"
+                    f"{self._action_shape}"
                 )
             action = action.detach().clone()
         else:
             action = None
+        if self._version_rows[0] != self.version:
+            self._version_rows = (self.version, torch.full((n,), self.version, dtype=torch.int64))
+        version = self._version_rows[1]  # stored in every row as is: replaced, never modified in place
         if n_random:
             random_action = self.env.action_spec.rand()
             action = random_action if action is None else torch.cat([random_action[:n_random], action[n_random:]])
             self.random_left -= n_random
-        version = torch.full((n,), self.version, dtype=torch.int64)
-        version[:n_random] = RANDOM_VERSION
+            version = version.clone()
+            version[:n_random] = RANDOM_VERSION
         td.set("action", action)
         return version
 
     def end_episodes(self, transition: TensorDictBase) -> None:
-        done = transition.get(("next", "done")).reshape(-1)
-        self.ep_return += transition.get(("next", "reward")).reshape(-1).double()
+        # numpy views of the step's tensors: a few element-wise ops cost less there than in torch.
+        done = transition.get(("next", "done")).numpy().reshape(-1)
+        ep_return = self.ep_return.numpy()
+        ep_return += transition.get(("next", "reward")).numpy().reshape(-1)
         if done.any():
-            idx = done.nonzero().squeeze(-1)
+            idx = np.flatnonzero(done)
             self.metrics.record_episodes(
                 self.idx,
-                returns=self.ep_return[idx].tolist(),
-                lengths=(self.step_count[idx, 0] + 1).tolist(),
-                terminated=transition.get(("next", "terminated")).reshape(-1)[idx].tolist(),
+                returns=ep_return[idx].tolist(),
+                lengths=(self.step_count.numpy()[idx, 0] + 1).tolist(),
+                terminated=transition.get(("next", "terminated")).numpy().reshape(-1)[idx].tolist(),
             )
-            self.ep_return[idx] = 0
-            new_ids = torch.arange(self.next_traj, self.next_traj + len(idx), dtype=torch.int64)
-            self.traj_ids[idx] = new_ids * self.cfg.num_workers + self.idx
+            ep_return[idx] = 0
+            # New tensors, never in-place updates: the stored rows hold the old ones.
+            new_ids = np.arange(self.next_traj, self.next_traj + len(idx), dtype=np.int64)
+            traj_ids = self.traj_ids.clone()
+            traj_ids.numpy()[idx] = new_ids * self.cfg.num_workers + self.idx
+            self.traj_ids = traj_ids
             self.next_traj += len(idx)
-        self.step_count = torch.where(done.unsqueeze(-1), 0, self.step_count + 1)
+            step_count = self.step_count + 1
+            step_count.numpy()[idx] = 0
+            self.step_count = step_count
+        else:
+            self.step_count = self.step_count + 1
 
     def should_stop(self) -> bool:
         """True once ``stop_event`` is set or the parent process is gone (no orphaned workers)."""
@@ -218,12 +238,12 @@ class WorkerLoop:
                 with phase("env step"):
                     transition, td = env.step_and_maybe_reset(td)
                     add_collector_keys(transition, self.step_count, self.traj_ids, version)
-                    rows.append(transition.select(*cfg.row_keys, strict=True))
+                    rows.append(transition)
                     self.end_episodes(transition)
                 if self.hooks.between_steps is not None:
                     self.hooks.between_steps()
             with phase("buffer write"):
-                batch = torch.stack(rows).reshape(-1)
+                batch = torch.stack(rows).reshape(-1).select(*cfg.row_keys, strict=True)
                 self.rb.extend(batch)
             if self.control is not None:
                 self.control.written_(cfg.frames_per_batch)
