@@ -20,86 +20,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import ProbabilisticTensorDictModule, TensorDictModule
-from torch import nn
 from torchrl.modules import ProbabilisticActor, TanhNormal
 from torchrl.objectives import LossModule, SACLoss, TD3Loss
 from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import TD0Estimator
 
+from torchrl_unilab._mlp import MLPExecutor, mlp_steps
 from torchrl_unilab.models import _ConcatMLP
 
 __all__ = ["tensor_loss"]
-
-_Step = tuple  # ("linear" | "norm", key prefix, layer) or ("call", layer)
-
-
-def _layer_steps(root: nn.Module, net: nn.Module) -> list[_Step] | None:
-    """``net`` as a flat list of steps; parameter keys are relative to ``root`` (the params TensorDict's root)."""
-    names = {id(module): tuple(name.split(".")) for name, module in root.named_modules() if name}
-    steps: list[_Step] = []
-
-    def visit(module: nn.Module) -> bool:
-        if isinstance(module, nn.Sequential):
-            return all(visit(child) for child in module)
-        if isinstance(module, nn.Linear):
-            steps.append(("linear", names[id(module)], module))
-        elif isinstance(module, nn.LayerNorm):
-            steps.append(("norm", names[id(module)], module))
-        elif next(module.parameters(), None) is None:
-            steps.append(("call", module))
-        else:
-            return False
-        return True
-
-    return steps if visit(net) else None
-
-
-class _BoundMLP:
-    """An MLP's steps bound to one set of weights: plain (``[out, in]``) or stacked (``[n, out, in]``).
-
-    Stacked weights run the ``n`` networks as batched matmuls on ``[n, B, in]``.
-    """
-
-    def __init__(self, steps: list[_Step], params: TensorDictBase) -> None:
-        self._ops: list[Callable[[torch.Tensor], torch.Tensor]] = []
-        self.stacked = None
-        for step in steps:
-            if step[0] == "call":
-                self._ops.append(step[1])
-                continue
-            kind, prefix, layer = step
-            weight, bias = params.get((*prefix, "weight"), None), params.get((*prefix, "bias"), None)
-            self.stacked = weight.dim() == 3 if weight is not None else self.stacked
-            self._ops.append(self._linear(weight, bias) if kind == "linear" else self._norm(layer, weight, bias))
-
-    @staticmethod
-    def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
-        if weight.dim() == 2:
-            return lambda x: F.linear(x, weight, bias)
-        weight_t = weight.transpose(1, 2)
-        if bias is None:
-            return lambda x: torch.bmm(x, weight_t)
-        bias = bias.unsqueeze(1)
-        return lambda x: torch.baddbmm(bias, x, weight_t)
-
-    @staticmethod
-    def _norm(layer: nn.LayerNorm, weight, bias) -> Callable[[torch.Tensor], torch.Tensor]:
-        shape, eps = layer.normalized_shape, layer.eps
-        if weight is None or weight.dim() == 1:
-            return lambda x: F.layer_norm(x, shape, weight, bias, eps)
-        weight, bias = weight.unsqueeze(1), bias.unsqueeze(1)
-        return lambda x: torch.addcmul(bias, F.layer_norm(x, shape, None, None, eps), weight)
-
-    def __call__(self, x: torch.Tensor, copies: int | None = None) -> torch.Tensor:
-        if copies is not None:
-            x = x.expand(copies, *x.shape)
-        for op in self._ops:
-            x = op(x)
-        return x
-
 
 class _Network:
     """A TensorDict network (actor or Q-network) as in/out keys plus an MLP to bind to parameters."""
@@ -107,13 +38,13 @@ class _Network:
     def __init__(self, root: TensorDictModule, module: TensorDictModule) -> None:
         net = module.module
         self.concat = isinstance(net, _ConcatMLP)
-        self.steps = _layer_steps(root, net.net if self.concat else net)
+        self.steps = mlp_steps(net.net if self.concat else net, root=root)
         self.in_keys: list[NestedKey] = list(module.in_keys)
         self.out_keys: list[NestedKey] = list(module.out_keys)
         self.supported = self.steps is not None and (self.concat or len(self.in_keys) == 1)
 
-    def bind(self, params: TensorDictBase) -> _BoundMLP:
-        return _BoundMLP(self.steps, params)
+    def bind(self, params: TensorDictBase) -> MLPExecutor:
+        return MLPExecutor(self.steps, params)
 
     def inputs(self, batch: TensorDictBase, *, next_: bool = False, **replace: torch.Tensor) -> torch.Tensor:
         """The network's input: ``in_keys`` read from ``batch`` (or ``batch["next"]``), some replaced."""

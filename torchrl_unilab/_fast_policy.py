@@ -23,6 +23,7 @@ from tensordict.nn import (
 )
 from torchrl.modules import TanhNormal
 
+from torchrl_unilab._mlp import MLPExecutor, mlp_steps
 from torchrl_unilab.exploration import ActionProjection, PerEnvMixedNoise
 from torchrl_unilab.normalization import ObservationNormalizer
 
@@ -39,6 +40,9 @@ class _TensorMap(dict):
 
 def _network_step(module: TensorDictModule) -> Callable[[_TensorMap], None]:
     net, in_keys, out_keys = module.module, list(module.in_keys), list(module.out_keys)
+    steps = mlp_steps(net) if len(in_keys) == 1 else None
+    if steps is not None:  # a plain MLP: functional calls instead of a module call per layer
+        net = MLPExecutor(steps)
 
     def step(values: _TensorMap) -> None:
         out = net(*[values[k] for k in in_keys])
@@ -59,13 +63,15 @@ def _tanh_normal_step(module: ProbabilisticTensorDictModule) -> Callable[[_Tenso
     low = torch.as_tensor(kwargs.get("low", -1.0), dtype=torch.float32)
     high = torch.as_tensor(kwargs.get("high", 1.0), dtype=torch.float32)
     half, mid = (high - low) / 2, (high + low) / 2
+    unit_box = bool((half == 1).all() and (mid == 0).all())
     loc_key, scale_key = module.in_keys if isinstance(module.in_keys, list) else list(module.in_keys)
     (out_key,) = module.out_keys[:1]
 
     def step(values: _TensorMap) -> None:
         # TanhNormal with tanh_loc=False: tanh of a Normal sample, mapped affinely onto [low, high].
         loc, scale = values[loc_key], values[scale_key]
-        values[out_key] = torch.tanh(loc + scale * torch.randn_like(loc)) * half + mid
+        action = torch.tanh(loc + scale * torch.randn_like(loc))
+        values[out_key] = action if unit_box else action * half + mid
 
     return step
 

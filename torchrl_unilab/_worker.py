@@ -77,8 +77,9 @@ class LoopHooks:
 
 
 def add_collector_keys(transition: TensorDictBase, step_count, traj_ids, version) -> TensorDictBase:
-    """Tags a transition with trajectory ids, step counts and the policy version per row.
+    """Tags transitions with trajectory ids, step counts and the policy version per row.
 
+    Works on one step (batch ``[num_envs]``) or stacked steps (``[T, num_envs]``).
     The tensors are stored as they are: callers must not modify them in place afterwards.
     """
     transition.set(STEP_KEY, step_count)
@@ -149,12 +150,12 @@ class WorkerLoop:
             # A shallow copy: modules such as an observation normaliser may
             # overwrite keys, and the buffer must keep the env's raw values.
             is_init = self.step_count == 0
-            with torch.no_grad(), set_exploration_type(self.cfg.exploration_type):
-                if self.fast_policy is not None:
-                    values = dict(td.items())
-                    values["is_init"] = is_init
-                    action = self.fast_policy(values)
-                else:
+            if self.fast_policy is not None:  # only built for ExplorationType.RANDOM
+                values = dict(td.items())
+                values["is_init"] = is_init
+                action = self.fast_policy(values)
+            else:
+                with torch.no_grad(), set_exploration_type(self.cfg.exploration_type):
                     policy_td = td.copy()
                     policy_td.set("is_init", is_init)
                     action = self.policy(policy_td).get("action")
@@ -218,6 +219,10 @@ class WorkerLoop:
 
     def run(self) -> None:
         """Collects until ``stop_event`` is set (or a hook ends the loop)."""
+        with torch.no_grad():  # once for the loop rather than once per step: nothing here backpropagates
+            self._run()
+
+    def _run(self) -> None:
         cfg, env, phase = self.cfg, self.env, self.timer
         torch.set_num_threads(1)
         if cfg.seed is not None:
@@ -227,7 +232,7 @@ class WorkerLoop:
         td = env.reset()
         self.metrics.start(self.idx)
         while self.wait_for_claim():
-            rows = []
+            rows, tags = [], []
             for _ in range(self.steps_per_batch):
                 if self.stop_event.is_set():
                     return
@@ -237,13 +242,15 @@ class WorkerLoop:
                     version = self.act(td)
                 with phase("env step"):
                     transition, td = env.step_and_maybe_reset(td)
-                    add_collector_keys(transition, self.step_count, self.traj_ids, version)
                     rows.append(transition)
+                    # Tagged once per batch below: a TensorDict set per key and step costs more than the stacking.
+                    tags.append((self.step_count, self.traj_ids, version))
                     self.end_episodes(transition)
                 if self.hooks.between_steps is not None:
                     self.hooks.between_steps()
             with phase("buffer write"):
-                batch = torch.stack(rows).reshape(-1).select(*cfg.row_keys, strict=True)
+                batch = add_collector_keys(torch.stack(rows), *(torch.stack(tag) for tag in zip(*tags)))
+                batch = batch.reshape(-1).select(*cfg.row_keys, strict=True)
                 self.rb.extend(batch)
             if self.control is not None:
                 self.control.written_(cfg.frames_per_batch)
