@@ -32,6 +32,7 @@ from torchrl_unilab.models import _ConcatMLP
 
 __all__ = ["tensor_loss"]
 
+
 class _Network:
     """A TensorDict network (actor or Q-network) as in/out keys plus an MLP to bind to parameters."""
 
