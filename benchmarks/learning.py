@@ -109,7 +109,8 @@ def main() -> None:
         for task in SUITES[suite]:
             runs = {seed: run(task, seed, args.out / "runs" / f"{task.algo}_{task.env}_seed{seed}")
                     for seed in args.seeds}
-            plot(args.out / f"{suite}_{task.algo}.png", f"{task.algo.upper()} {task.env} ({len(runs)} seeds)", runs)
+            seeds = f"{len(runs)} seed" + "s" * (len(runs) != 1)
+            plot(args.out / f"{suite}_{task.algo}.png", f"{task.algo.upper()} {task.env} ({seeds})", runs)
             finals = [r["final_return"] for r in runs.values()]
             bests = [max(v for _, v in r["curve"]) for r in runs.values()]
             mean = statistics.mean(finals)
