@@ -41,7 +41,6 @@ class _Network:
         self.concat = isinstance(net, _ConcatMLP)
         self.steps = mlp_steps(net.net if self.concat else net, root=root)
         self.in_keys: list[NestedKey] = list(module.in_keys)
-        self.out_keys: list[NestedKey] = list(module.out_keys)
         self.supported = self.steps is not None and (self.concat or len(self.in_keys) == 1)
 
     def bind(self, params: TensorDictBase) -> MLPExecutor:
@@ -84,18 +83,30 @@ def _check_unweighted(loss: LossModule, batch: TensorDictBase) -> None:
         )
 
 
-class _SACTensorLoss:
-    """``SACLoss`` (v2: two Q-networks, no value network) on tensors; see the module docstring."""
+class _TensorLoss:
+    """What SAC and TD3 share: the bound networks and the Q-networks' regression onto a target."""
 
-    def __init__(self, loss: SACLoss, actor: _Network, critic: _Network, dist_kwargs: dict) -> None:
-        self.loss, self.dist_kwargs = loss, dist_kwargs
-        self.actor, self.critic = actor, critic
+    def __init__(self, loss: SACLoss | TD3Loss, actor: _Network, critic: _Network) -> None:
+        self.loss, self.actor, self.critic = loss, actor, critic
         self.policy = actor.bind(loss.actor_network_params)
         self.q = critic.bind(loss.qvalue_network_params)
-        self.q_detached = critic.bind(loss.qvalue_network_params.detach())
         self.q_target = critic.bind(loss.target_qvalue_network_params)
         self.n = loss.num_qvalue_nets
         self.action_key = loss.tensor_keys.action
+
+    def _loss_qvalue(self, batch: TensorDictBase, target: torch.Tensor) -> torch.Tensor:
+        # As both losses: the distance of every Q-network to the target, summed over networks, mean over rows.
+        q = self.q(self.critic.inputs(batch), self.n).squeeze(-1)
+        return distance_loss(q, target.expand_as(q), loss_function=self.loss.loss_function).sum(0).mean()
+
+
+class _SACTensorLoss(_TensorLoss):
+    """``SACLoss`` (v2: two Q-networks, no value network) on tensors; see the module docstring."""
+
+    def __init__(self, loss: SACLoss, actor: _Network, critic: _Network, dist_kwargs: dict) -> None:
+        super().__init__(loss, actor, critic)
+        self.dist_kwargs = dist_kwargs
+        self.q_detached = critic.bind(loss.qvalue_network_params.detach())
 
     def _sample(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         loc, scale = self.policy(observation)
@@ -111,8 +122,7 @@ class _SACTensorLoss:
             next_q = self.q_target(self.critic.inputs(batch, next_=True, **{act: next_action}), self.n)
             next_value = (next_q - alpha * next_log_prob.unsqueeze(-1)).min(0)[0]
             target = _td0_target(batch, next_value, _gamma(loss))
-        q = self.q(self.critic.inputs(batch), self.n).squeeze(-1)
-        loss_qvalue = distance_loss(q, target.expand_as(q), loss_function=loss.loss_function).sum(0).mean()
+        loss_qvalue = self._loss_qvalue(batch, target)
 
         action, log_prob = self._sample(self.actor.inputs(batch))
         q_pi = self.q_detached(self.critic.inputs(batch, **{act: action}), self.n).min(0)[0].squeeze(-1)
@@ -123,20 +133,14 @@ class _SACTensorLoss:
                 "alpha": alpha, "entropy": -log_prob.mean()}
 
 
-class _TD3TensorLoss:
+class _TD3TensorLoss(_TensorLoss):
     """``TD3Loss`` on tensors; ``update_actor=False`` computes the critic loss alone (the delayed steps)."""
 
     def __init__(self, loss: TD3Loss, actor: _Network, critic: _Network) -> None:
-        self.loss = loss
-        self.actor, self.critic = actor, critic
-        self.policy = actor.bind(loss.actor_network_params)
+        super().__init__(loss, actor, critic)
         self.policy_target = actor.bind(loss.target_actor_network_params)
-        self.q = critic.bind(loss.qvalue_network_params)
         # The actor loss reads the first Q-network only: no need to run the others.
         self.q1_detached = critic.bind(loss.qvalue_network_params.detach()[:1])
-        self.q_target = critic.bind(loss.target_qvalue_network_params)
-        self.n = loss.num_qvalue_nets
-        self.action_key = loss.tensor_keys.action
 
     def __call__(self, batch: TensorDictBase, update_actor: bool = True) -> dict[str, torch.Tensor]:
         loss, act = self.loss, self.action_key
@@ -151,9 +155,8 @@ class _TD3TensorLoss:
             next_action = (self.policy_target(self.actor.inputs(batch, next_=True)) + noise).clamp(
                 loss.min_action, loss.max_action)
             next_q = self.q_target(self.critic.inputs(batch, next_=True, **{act: next_action}), self.n)
-            target = _td0_target(batch, next_q.squeeze(-1).min(0)[0].unsqueeze(-1), _gamma(loss))
-        q = self.q(self.critic.inputs(batch), self.n).squeeze(-1)
-        out["loss_qvalue"] = distance_loss(q, target.expand_as(q), loss_function=loss.loss_function).sum(0).mean()
+            target = _td0_target(batch, next_q.min(0)[0], _gamma(loss))
+        out["loss_qvalue"] = self._loss_qvalue(batch, target)
         return out
 
 
