@@ -1,0 +1,116 @@
+"""Faults injected for real: SIGKILLed writers, failing publishes, hostile checkpoints, SIGTERM.
+
+The kill scenarios live in ``benchmarks/faults.py``, which measures them at
+length; the tests here run them briefly and assert what must always hold.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import faults  # noqa: E402
+
+from torchrl_unilab import make_replay_buffer  # noqa: E402
+from torchrl_unilab.normalization import ObservationNormalizer  # noqa: E402
+
+
+def test_sigkill_inside_extend_never_blocks_sampling_nor_tears_a_row(no_leaks):
+    # A full buffer: every write overwrites rows sample() can return.
+    result = faults.buffer_kills(12, rows=4000, capacity=10_000, max_delay_s=0.25, seed=1)
+    assert result["kills"] == 12
+    assert result["kills_mid_write"] >= 1, result  # the faults really landed inside writes
+    assert result["longest_sample_s"] < 5.0, result
+    assert result["torn_rows"] == 0, result
+    assert result["samples"] > 0
+
+
+def test_lock_is_released_by_the_kernel_when_its_holder_dies(no_leaks):
+    rb = make_replay_buffer(100)
+    rb.extend(faults.id_rows(0, 10))
+    pid = os.fork()
+    if pid == 0:  # a child that takes the lock and dies holding it
+        rb._write_lock.acquire()  # noqa: SLF001
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(pid, 0)
+    sampled = []
+    sampler = threading.Thread(target=lambda: sampled.append(rb.sample(4)), daemon=True)
+    sampler.start()
+    sampler.join(5.0)
+    assert len(sampled) == 1, "sample() blocked on a lock its dead holder never released"
+
+
+def test_lock_waits_are_bounded_with_a_clear_error(no_leaks):
+    rb = make_replay_buffer(100, lock_timeout=0.5)
+    rb.extend(faults.id_rows(0, 10))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a live process that holds the lock and never lets go
+        rb._write_lock.acquire()  # noqa: SLF001
+        os.write(write, b"x")
+        time.sleep(60)
+        os._exit(0)
+    try:
+        os.read(read, 1)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=rf"lock_timeout.*|held by pid {pid}"):
+            rb.sample(4)
+        assert time.monotonic() - started < 3.0
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read)
+        os.close(write)
+
+
+def test_rows_are_invisible_until_completely_written():
+    rb = make_replay_buffer(8)
+    rb.extend(faults.id_rows(0, 2))
+    writer = rb._writer  # noqa: SLF001
+    storage = rb.storage
+    seen = {}
+    original = storage.set
+
+    def observing_set(*args, **kwargs):
+        # Inside the copy: what a reader holding the lock right now would see.
+        seen.update(len=len(rb), write_count=rb.write_count, cursor=writer._cursor)  # noqa: SLF001
+        return original(*args, **kwargs)
+
+    storage.set = observing_set
+    rb.extend(faults.id_rows(2, 3))
+    assert seen == {"len": 2, "write_count": 2, "cursor": 2}
+    assert (len(rb), rb.write_count) == (5, 5)
+
+
+def test_write_count_is_64_bit_and_the_normalizer_follows_it():
+    rb = make_replay_buffer(16)
+    rb.extend(faults.id_rows(0, 4))
+    start = 2**31 - 2
+    rb._writer._write_count = start  # noqa: SLF001 - a run 2**31 rows long, without writing them
+    norm = ObservationNormalizer(256)
+    norm._buffer_write_count = start  # noqa: SLF001
+    rb.extend(faults.id_rows(100, 5))
+    assert rb.write_count == start + 5
+    assert norm.update_from_buffer(rb) == 5
+    assert norm.mean[0].item() == pytest.approx(102.0)  # ids 100..104
+
+
+def test_normalizer_never_merges_nonfinite_rows():
+    rb = make_replay_buffer(16)
+    rows = faults.id_rows(1, 6)
+    rows.get("observation")[1, 3] = float("nan")
+    rows.get("observation")[4, 0] = float("inf")
+    rb.extend(rows)
+    norm = ObservationNormalizer(256)
+    assert norm.update_from_buffer(rb) == 6
+    assert norm.count.item() == 4 and norm.nonfinite_rows == 2
+    assert bool(torch.isfinite(norm.mean).all() and torch.isfinite(norm.var).all())
+    assert norm.mean[0].item() == pytest.approx((1 + 3 + 4 + 6) / 4)  # ids 2 and 5 were left out
