@@ -114,3 +114,104 @@ def test_normalizer_never_merges_nonfinite_rows():
     assert norm.count.item() == 4 and norm.nonfinite_rows == 2
     assert bool(torch.isfinite(norm.mean).all() and torch.isfinite(norm.var).all())
     assert norm.mean[0].item() == pytest.approx((1 + 3 + 4 + 6) / 4)  # ids 2 and 5 were left out
+
+
+def _constant_weights(module: torch.nn.Module, value: float) -> dict:
+    return {key: torch.full_like(tensor, value) for key, tensor in module.state_dict().items()}
+
+
+def _weight_reader(name: str, layout, ready, stop, results) -> None:
+    """A worker's side of the weight sync: load every new version, check it is not a mix."""
+    from torchrl_unilab.weight_sync import SharedWeights
+
+    reader = SharedWeights.attach(name, layout)
+    module = _publisher_net()
+    ready.set()
+    mixed = loads = 0
+    error = None
+    try:
+        while not stop.is_set():
+            if reader.load_into(module) is not None:
+                loads += 1
+                values = torch.cat([t.flatten() for t in module.state_dict().values()])
+                mixed += int(not bool((values == values[0]).all()))
+            time.sleep(0.0005)
+    except Exception as err:  # noqa: BLE001 - reported to the test
+        error = f"{type(err).__name__}: {err}"
+    results.put({"loads": loads, "mixed": mixed, "error": error,
+                 "last": float(next(iter(module.state_dict().values())).flatten()[0])})
+    reader.close()
+
+
+def _publisher_net() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 8))
+
+
+def test_failing_publishes_leave_weights_consistent_and_readers_alive(no_leaks):
+    from torchrl_unilab.weight_sync import SharedWeights, layout_of
+
+    net = _publisher_net()
+    weights = SharedWeights.create(_constant_weights(net, 0.0))
+    ready, stop, results = faults.CTX.Event(), faults.CTX.Event(), faults.CTX.Queue()
+    reader = faults.CTX.Process(target=_weight_reader, args=(weights.name, layout_of(net), ready, stop, results),
+                                daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(120), "the reader process did not start"
+        good = _constant_weights(net, 1.0)
+        with pytest.raises(TypeError, match="'2.bias' must be a torch.Tensor"):
+            weights.publish({**good, "2.bias": [0.0] * 8})
+        with pytest.raises(ValueError, match=r"'2.bias' has shape \(9,\)"):
+            weights.publish({**good, "2.bias": torch.ones(9)})
+        with pytest.raises(NotImplementedError):  # copying from the meta device fails for real
+            weights.publish({**good, "2.weight": torch.empty(8, 256, device="meta")})
+        assert weights.version == 1 and weights._header[0] % 2 == 0  # noqa: SLF001
+
+        # Ctrl-C at random moments while publishing, the handler raising KeyboardInterrupt.
+        armed = {"on": False}
+
+        def on_sigint(signum, frame):
+            if armed["on"]:
+                raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        storm_stop = threading.Event()
+
+        def storm():
+            while not storm_stop.is_set():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.0003)
+
+        sender = threading.Thread(target=storm, daemon=True)
+        interrupted = published = 0
+        sender.start()
+        try:
+            deadline = time.monotonic() + 2.0
+            value = 2.0
+            while time.monotonic() < deadline:
+                try:
+                    try:
+                        armed["on"] = True
+                        weights.publish(_constant_weights(net, value))
+                        published += 1
+                    finally:
+                        armed["on"] = False
+                except KeyboardInterrupt:
+                    interrupted += 1
+                value += 1.0
+        finally:
+            storm_stop.set()
+            sender.join()
+            signal.signal(signal.SIGINT, previous)
+        assert interrupted > 0 and published > 0
+        assert weights._header[0] % 2 == 0  # noqa: SLF001
+        assert weights.publish(_constant_weights(net, 12345.0)) == weights.version
+        time.sleep(0.5)  # the reader polls every 0.5 ms
+    finally:
+        stop.set()
+        report = results.get(timeout=60)
+        reader.join(10)
+        weights.close()
+    assert report["error"] is None, report
+    assert report["mixed"] == 0 and report["loads"] >= 2, report
+    assert report["last"] == 12345.0
