@@ -215,3 +215,72 @@ def test_failing_publishes_leave_weights_consistent_and_readers_alive(no_leaks):
     assert report["error"] is None, report
     assert report["mixed"] == 0 and report["loads"] >= 2, report
     assert report["last"] == 12345.0
+
+
+class _PlantedPickle:
+    """Unpickling this creates ``marker``: proof that loading ran code from the checkpoint."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _saved_run(tmp_path, rows: int = 5):
+    from torchrl_unilab.checkpoint import Checkpointer
+
+    net = torch.nn.Linear(3, 2)
+    rb = make_replay_buffer(16)
+    rb.extend(faults.id_rows(0, rows))
+    ckpt = Checkpointer(tmp_path / "checkpoint", modules={"net": net})
+    ckpt.save(rb, counters={"frames": rows})
+    return net, rb, ckpt
+
+
+@pytest.mark.parametrize("where", ["replay_buffer/prefetch.pkl", "replay_buffer/storage/extra.pickle",
+                                   "replay_buffer/transform.t"])
+def test_checkpoint_load_reads_no_pickle(tmp_path, where, no_leaks):
+    import pickle
+
+    from torchrl_unilab.checkpoint import Checkpointer
+
+    net, _, _ = _saved_run(tmp_path)
+    marker = tmp_path / "pwned"
+    with open(tmp_path / "checkpoint" / where, "wb") as file:
+        pickle.dump(_PlantedPickle(str(marker)), file)
+    fresh = make_replay_buffer(16)
+    with pytest.raises(ValueError, match="is a pickle file"):
+        Checkpointer(tmp_path / "checkpoint", modules={"net": net}).load(fresh)
+    assert not marker.exists()
+    assert len(fresh) == 0
+
+
+@pytest.mark.parametrize("fail_at", ["tmp_to_dir", "dir_to_old"])
+def test_checkpoint_survives_an_interrupted_swap(tmp_path, monkeypatch, fail_at, no_leaks):
+    import pathlib
+
+    from torchrl_unilab.checkpoint import Checkpointer
+
+    net, rb, ckpt = _saved_run(tmp_path, rows=5)
+    rb.extend(faults.id_rows(5, 3))
+    real_rename = pathlib.Path.rename
+
+    def interrupted_rename(self, target):
+        if (fail_at == "tmp_to_dir" and self.name.endswith(".tmp")) or (
+                fail_at == "dir_to_old" and str(target).endswith(".old")):
+            raise KeyboardInterrupt  # the process dies here
+        return real_rename(self, target)
+
+    monkeypatch.setattr(pathlib.Path, "rename", interrupted_rename)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(rb, counters={"frames": 8})
+    monkeypatch.setattr(pathlib.Path, "rename", real_rename)
+    expected = 8 if fail_at == "tmp_to_dir" else 5  # the new checkpoint is complete in .tmp; or the old one stays
+    restored = make_replay_buffer(16)
+    counters = Checkpointer(tmp_path / "checkpoint", modules={"net": net}).load(restored)
+    assert counters["frames"] == expected and len(restored) == expected
+    assert torch.equal(restored[:]["row_id"], torch.arange(expected))
+    # The next save after a crash keeps working and never loses the only complete copy.
+    Checkpointer(tmp_path / "checkpoint", modules={"net": net}).save(restored, counters={"frames": expected})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
