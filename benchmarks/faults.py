@@ -145,6 +145,16 @@ def wait_gone(pid: int, timeout: float) -> bool:
     return False
 
 
+def wait_gone_all(pids_now, timeout: float) -> bool:
+    """Waits until ``pids_now()`` returns nothing; True if it did within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while pids_now():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 class TimedSampler:
     """Samples ``replay_buffer`` in a thread, all the time; records the longest call and torn rows."""
 

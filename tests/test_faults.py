@@ -284,3 +284,102 @@ def test_checkpoint_survives_an_interrupted_swap(tmp_path, monkeypatch, fail_at,
     # The next save after a crash keeps working and never loses the only complete copy.
     Checkpointer(tmp_path / "checkpoint", modules={"net": net}).save(restored, counters={"frames": expected})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def _session_pids(sid: int) -> set[int]:
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                out.add(int(entry))
+    return out
+
+
+def _residue_of(pid: int) -> dict:
+    import tempfile
+
+    return {
+        "tmp": [e for e in os.listdir(tempfile.gettempdir()) if e.startswith(f"torchrl_unilab_rb_{pid}_")],
+        "shm": [e for e in os.listdir("/dev/shm") if e.startswith(f"tul_w_{pid}_")],
+        "processes": sorted(_session_pids(pid)),
+    }
+
+
+def test_sigterm_saves_a_checkpoint_leaves_no_residue_and_the_run_resumes(tmp_path, no_leaks):
+    import subprocess
+
+    from test_recipes import RECIPES, TINY, check_run, run_recipe, saved_counters
+
+    from torchrl_unilab.checkpoint import Checkpointer
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, str(RECIPES / "sac.py"), *TINY, f"logger.log_dir={run_dir}",
+           "collector.total_frames=100000", "logger.checkpoint_every=0"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        logged = run_dir / "Pendulum-v1_SAC" / "scalars" / "utd" / "achieved.csv"
+        while not (logged.exists() and logged.stat().st_size > 0):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the recipe logged nothing within 120 s"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # the learner only, as `timeout` and `docker stop` do
+        sent = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, out
+    assert took < 15.0, f"exited {took:.1f}s after SIGTERM"
+    assert "Interrupted: checkpoint saved" in out, out
+    assert faults.wait_gone_all(lambda: _residue_of(proc.pid)["processes"], 5.0)
+    assert _residue_of(proc.pid) == {"tmp": [], "shm": [], "processes": []}
+    stopped = saved_counters(run_dir)
+    assert 256 < stopped["frames"] < 100_000 and stopped["updates"] > 0
+
+    # The checkpoint holds the buffer as it was; resume= continues from it.
+    saved = make_replay_buffer(20_000)
+    Checkpointer(run_dir / "checkpoint", modules={}).load(saved)
+    assert len(saved) == stopped["frames"]
+    total = stopped["frames"] + 192
+    summary = run_recipe("sac", run_dir, f"resume={run_dir}", f"collector.total_frames={total}")
+    check_run(run_dir, summary, frames=total, updates=total - 256)
+
+
+def test_startup_sweeps_what_a_killed_process_left(no_leaks):
+    import tempfile
+
+    from torchrl_unilab.weight_sync import SharedWeights
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # creates a buffer and a weight block, then is SIGKILLed: no cleanup runs
+        rb = make_replay_buffer(10)
+        rb.extend(faults.id_rows(0, 2))
+        weights = SharedWeights.create(torch.nn.Linear(2, 2))
+        os.write(write, weights.name.encode())
+        time.sleep(60)
+        os._exit(0)
+    try:
+        name = os.read(read, 100).decode()
+        assert name.startswith(f"tul_w_{pid}_")
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read)
+        os.close(write)
+    stale = _residue_of(pid)
+    assert len(stale["tmp"]) == 1 and stale["shm"] == [name]
+    rb = make_replay_buffer(10)
+    weights = SharedWeights.create(torch.nn.Linear(2, 2))
+    weights.close()
+    assert _residue_of(pid) == {"tmp": [], "shm": [], "processes": []}
+    assert os.path.isdir(os.path.join(tempfile.gettempdir(), os.path.basename(rb._torchrl_unilab_owned_dir)))  # noqa: SLF001

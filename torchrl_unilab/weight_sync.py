@@ -29,9 +29,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from torchrl_unilab._residue import sweep_stale
+
 __all__ = ["SharedWeights", "WeightLayout", "layout_of"]
 
 _HEADER_BYTES = 64  # seq (int64), version (int64), padding to keep tensors aligned
+#: Blocks are named ``{prefix}{pid}_...`` after their creator, so blocks of killed processes can be swept.
+_NAME_PREFIX = "tul_w_"
+_SHM_DIR = "/dev/shm"
 _ALIGN = 64
 
 #: ``(name, shape, dtype)`` for each tensor of a ``state_dict``, in order.
@@ -134,10 +139,15 @@ class SharedWeights:
         name: str | None = None,
         lock: Any | None = None,
     ) -> SharedWeights:
-        """Allocates the block for ``module`` and publishes its current weights as version 1."""
+        """Allocates the block for ``module`` and publishes its current weights as version 1.
+
+        Blocks that killed processes left in ``/dev/shm`` are removed first.
+        """
         layout = layout_of(module)
         _, size = _offsets(layout)
-        name = name or f"tul_w_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        if name is None:
+            sweep_stale(_SHM_DIR, _NAME_PREFIX)
+            name = f"{_NAME_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
         shm = shared_memory.SharedMemory(name=name, create=True, size=size)
         self = cls(shm, layout, owner=True, lock=lock)
         self._header[:] = 0
