@@ -383,3 +383,77 @@ def test_startup_sweeps_what_a_killed_process_left(no_leaks):
     weights.close()
     assert _residue_of(pid) == {"tmp": [], "shm": [], "processes": []}
     assert os.path.isdir(os.path.join(tempfile.gettempdir(), os.path.basename(rb._torchrl_unilab_owned_dir)))  # noqa: SLF001
+
+
+def test_function_level_crash_mid_run_with_a_full_queue_keeps_its_traceback(no_leaks):
+    from test_worker_api import CTX, ENV, learner_side
+
+    from torchrl_unilab import WorkerError, layout_of
+    from torchrl_unilab.worker import CollectorProcess, make_pack_slots
+
+    rb, actor, weights = learner_side(5000)
+    requests, packed, full = CTX.Queue(), CTX.Queue(), CTX.Queue(maxsize=4)
+    try:
+        proc = CollectorProcess(env_name=ENV, num_envs=2, replay_buffer=rb, weight_sync_name=weights.name,
+                                weight_param_shapes=layout_of(actor), actor_hidden_dim=16, metrics_queue=full,
+                                collector_pack_request_queue=requests, collector_pack_ready_queue=packed,
+                                collector_pack_shared_slots=make_pack_slots(rb, batch_size=16))
+        deadline = time.monotonic() + 60
+        while rb.write_count < 200 and time.monotonic() < deadline:
+            time.sleep(0.05)  # nobody reads the metrics queue: it is full
+        assert rb.write_count >= 200 and full.full()
+        requests.put({"batch_size": 7, "seed": 0})  # the slots hold 16 rows: the collector raises mid-run
+        proc.process.join(60)
+        assert proc.process.exitcode not in (None, 0)
+        with pytest.raises(WorkerError) as info:
+            proc.raise_if_failed()
+        assert "pack request for 7 rows, but the slots hold 16" in str(info.value)
+        assert "Traceback" in info.value.worker_traceback and "_Packer" in info.value.worker_traceback or \
+            "in pack" in info.value.worker_traceback
+    finally:
+        proc.stop()
+        weights.close()
+
+
+def test_function_level_collectors_sharing_a_buffer_never_collide(no_leaks):
+    from test_worker_api import ENV, learner_side
+
+    from torchrl_unilab import layout_of
+    from torchrl_unilab.worker import MAX_COLLECTORS, CollectorProcess
+
+    rb, actor, weights = learner_side(20_000)
+    common = dict(env_name=ENV, num_envs=4, replay_buffer=rb, weight_sync_name=weights.name,
+                  weight_param_shapes=layout_of(actor), actor_hidden_dim=16, seed=0)  # the same seed on purpose
+    try:
+        with CollectorProcess(**common) as first, CollectorProcess(**common) as second:
+            deadline = time.monotonic() + 90
+            while rb.write_count < 2000 and time.monotonic() < deadline:
+                first.metrics(), second.metrics()
+                time.sleep(0.05)
+        rows = rb[: len(rb)]
+        traj = rows.get(("collector", "traj_ids")).reshape(-1)
+        starts = traj[rows.get("step_count").reshape(-1) == 0]
+        assert set((traj % MAX_COLLECTORS).tolist()) == {0, 1}  # each collector took its own index
+        assert len(starts) >= 8 and starts.unique().numel() == starts.numel(), "a trajectory id was used twice"
+        first_obs = {int(t) % MAX_COLLECTORS: rows.get("observation")[(traj == t) & (rows.get("step_count")
+                     .reshape(-1) == 0)][0] for t in starts[:8]}
+        assert not torch.equal(first_obs[0], first_obs[1]), "both collectors were seeded alike"
+    finally:
+        weights.close()
+
+
+def test_collector_index_is_validated():
+    from test_worker_api import ENV, learner_side
+
+    from torchrl_unilab import layout_of
+    from torchrl_unilab.worker import off_policy_collector_fn
+
+    rb, actor, weights = learner_side(100)
+    try:
+        with pytest.raises(ValueError, match=r"collector_index must be an int in \[0, 2\)"):
+            off_policy_collector_fn(None, ENV, 2, rb, weights.name, layout_of(actor), collector_index=2,
+                                    num_collectors=2)
+        with pytest.raises(ValueError, match="num_collectors must be an int >= 1"):
+            off_policy_collector_fn(None, ENV, 2, rb, weights.name, layout_of(actor), num_collectors=0)
+    finally:
+        weights.close()
