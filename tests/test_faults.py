@@ -183,7 +183,7 @@ def test_failing_publishes_leave_weights_consistent_and_readers_alive(no_leaks):
                 time.sleep(0.0003)
 
         sender = threading.Thread(target=storm, daemon=True)
-        interrupted = published = 0
+        interrupted = 0
         sender.start()
         try:
             deadline = time.monotonic() + 2.0
@@ -193,7 +193,6 @@ def test_failing_publishes_leave_weights_consistent_and_readers_alive(no_leaks):
                     try:
                         armed["on"] = True
                         weights.publish(_constant_weights(net, value))
-                        published += 1
                     finally:
                         armed["on"] = False
                 except KeyboardInterrupt:
@@ -203,7 +202,8 @@ def test_failing_publishes_leave_weights_consistent_and_readers_alive(no_leaks):
             storm_stop.set()
             sender.join()
             signal.signal(signal.SIGINT, previous)
-        assert interrupted > 0 and published > 0
+        # A publish interrupted inside its copy completes it first: the version still advances.
+        assert interrupted > 0 and weights.version > 1
         assert weights._header[0] % 2 == 0  # noqa: SLF001
         assert weights.publish(_constant_weights(net, 12345.0)) == weights.version
         time.sleep(0.5)  # the reader polls every 0.5 ms
