@@ -447,13 +447,14 @@ def recipe_sigterm() -> dict:
         checkpointed = make_replay_buffer(20_000)
         Checkpointer(run_dir / "checkpoint", modules={}).load(checkpointed)
         expected = checkpointed[: len(checkpointed)]
-        # Resume with nothing left to collect: the run loads the buffer, then checkpoints it again.
-        subprocess.run([*recipe, f"resume={run_dir}", f"collector.total_frames={saved['frames']}"], cwd=tmp,
+        # Resume for one more batch: the buffer (not full) keeps the checkpointed rows in place and appends.
+        subprocess.run([*recipe, f"resume={run_dir}", f"collector.total_frames={saved['frames'] + 64}"], cwd=tmp,
                        capture_output=True, timeout=300, check=True)
         resumed = make_replay_buffer(20_000)
         Checkpointer(run_dir / "checkpoint", modules={}).load(resumed)
-        equal = (resumed.write_count == checkpointed.write_count
-                 and bool((resumed[: len(resumed)] == expected).all()))
+        rows = len(checkpointed)
+        equal = (resumed.write_count == checkpointed.write_count + 64
+                 and bool((resumed[:rows] == expected).all()))
         return {"exit_code": proc.returncode, "exit_s": round(exit_s, 2), "frames_at_stop": saved["frames"],
                 "checkpoint_saved": "Interrupted: checkpoint saved" in out, "residue": _residue_of_pid(proc.pid),
                 "resumed_buffer_equals_checkpoint": equal}
