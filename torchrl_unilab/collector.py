@@ -23,7 +23,7 @@ from torchrl.envs.utils import ExplorationType
 from torchrl_unilab._control import FrameControl
 from torchrl_unilab._processes import WorkerError, WorkerPool
 from torchrl_unilab._worker import WorkerConfig, probe_row, worker_main
-from torchrl_unilab.batched_env import BatchedGymEnv
+from torchrl_unilab.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.exploration import make_exploration_policy
 from torchrl_unilab.metrics import CollectorMetrics
 from torchrl_unilab.normalization import ObservationNormalizer
@@ -54,8 +54,8 @@ class OffPolicyCollector(MultiAsyncCollector):
     for uniformly random actions).
 
     Args:
-        create_env_fn: a gymnasium id (``"HalfCheetah-v5"``), run through
-            :class:`~torchrl_unilab.BatchedGymEnv`; or a callable returning a
+        create_env_fn: a gymnasium id (``"HalfCheetah-v5"``), run on the engine
+            ``engine`` selects; or a callable returning a
             batched TorchRL ``EnvBase`` with batch size ``[num_envs]``; or a list
             of such callables, one per worker.
         policy: a ``TensorDictModule`` reading ``"observation"`` and writing
@@ -80,6 +80,11 @@ class OffPolicyCollector(MultiAsyncCollector):
         env_kwargs: keyword arguments for ``gymnasium.make`` (gymnasium ids only).
         stagger_resets: stagger the first episode ends of a batch (gymnasium ids
             only; see :class:`~torchrl_unilab.BatchedGymEnv`). Default ``True``.
+        engine: what steps a gymnasium id: ``"auto"`` (default) runs gymnasium's MuJoCo tasks on
+            :class:`~torchrl_unilab.EnvPoolEnv` (EnvPool's C++ implementation) where EnvPool has the
+            task and its options, and everything else on :class:`~torchrl_unilab.BatchedGymEnv`;
+            ``"envpool"`` or ``"gymnasium"`` insist on one (see :func:`~torchrl_unilab.select_engine`).
+        threads_per_worker: EnvPool threads per worker (EnvPool engine only). Default 1.
         metrics_window: finished episodes kept per worker for :meth:`metrics`.
         algo: ``"sac"`` or ``"td3"`` to wrap ``policy`` (then the bare actor from
             :func:`~torchrl_unilab.models.make_actor`) with its exploration module
@@ -133,6 +138,8 @@ class OffPolicyCollector(MultiAsyncCollector):
         buffer_capacity: int = 1_000_000,
         env_kwargs: Mapping[str, Any] | None = None,
         stagger_resets: bool = True,
+        engine: str = "auto",
+        threads_per_worker: int = 1,
         metrics_window: int = 100,
         algo: str | None = None,
         td3_noise: str = "mixed",
@@ -162,7 +169,8 @@ class OffPolicyCollector(MultiAsyncCollector):
                 "privileged must be a PrivilegedInfoTransform or a dict of its keyword arguments, "
                 f"got {type(privileged).__name__}"
             )
-        env_fns = self._env_factories(create_env_fn, num_envs, env_kwargs, stagger_resets, privileged)
+        env_fns = self._env_factories(create_env_fn, num_envs, env_kwargs, stagger_resets, privileged,
+                                      engine, threads_per_worker)
         probe = env_fns[0]()
         try:
             if probe.batch_dims != 1:
@@ -225,11 +233,13 @@ class OffPolicyCollector(MultiAsyncCollector):
 
     # ------------------------------------------------------------ set-up bits
     def _env_factories(self, create_env_fn, num_envs, env_kwargs, stagger_resets,
-                       privileged) -> list[Callable[[], EnvBase]]:
+                       privileged, engine, threads_per_worker) -> list[Callable[[], EnvBase]]:
         if isinstance(create_env_fn, str):
             _check_int("num_envs", num_envs, 1)
-            fn = functools.partial(BatchedGymEnv, create_env_fn, num_envs, env_kwargs=env_kwargs,
-                                   stagger_resets=stagger_resets)
+            fn = functools.partial(make_gym_id_env, create_env_fn, num_envs, env_kwargs=env_kwargs,
+                                   stagger_resets=stagger_resets, threads=_check_int("threads_per_worker",
+                                                                                     threads_per_worker, 1),
+                                   engine=select_engine(create_env_fn, engine, env_kwargs, privileged))
             fns = [fn] * self.num_workers
         elif isinstance(create_env_fn, Sequence):
             if len(create_env_fn) != self.num_workers or not all(callable(f) for f in create_env_fn):
