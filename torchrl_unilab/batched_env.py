@@ -24,7 +24,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
-__all__ = ["BatchedGymEnv", "make_gym_env"]
+__all__ = ["BatchedGymEnv", "BatchedTaskEnv", "make_gym_env"]
 
 
 def _mujoco_warning(message: str) -> None:
