@@ -19,6 +19,7 @@ the step instead, so no such step ever produces a transition.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +52,7 @@ _RESERVED = frozenset({
 _NO_LIMIT = 2**30
 
 
+@functools.cache
 def envpool_task_ids() -> frozenset[str]:
     """The gymnasium MuJoCo ids EnvPool implements (those routed to it by ``engine="auto"``).
 
