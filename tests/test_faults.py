@@ -398,8 +398,9 @@ def test_function_level_crash_mid_run_with_a_full_queue_keeps_its_traceback(no_l
                                 weight_param_shapes=layout_of(actor), actor_hidden_dim=16, metrics_queue=full,
                                 collector_pack_request_queue=requests, collector_pack_ready_queue=packed,
                                 collector_pack_shared_slots=make_pack_slots(rb, batch_size=16))
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # a first start can take a minute on a loaded 2-core machine
         while rb.write_count < 200 and time.monotonic() < deadline:
+            proc.raise_if_failed()
             time.sleep(0.05)  # nobody reads the metrics queue: it is full
         assert rb.write_count >= 200 and full.full()
         requests.put({"batch_size": 7, "seed": 0})  # the slots hold 16 rows: the collector raises mid-run
