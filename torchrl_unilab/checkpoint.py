@@ -41,7 +41,7 @@ from torchrl.data.replay_buffers.samplers import RandomSampler
 
 from torchrl_unilab.normalization import ObservationNormalizer
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "load_buffer"]
 
 _FORMAT = 1
 _STATE = "state.pt"

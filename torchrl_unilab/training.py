@@ -241,9 +241,12 @@ class BufferSampler:
 def buffer_lock(replay_buffer: ReplayBuffer):
     """The lock every writer of a shared buffer holds during ``extend``.
 
-    TorchRL's round-robin writer bumps ``write_count`` and the cursor before it
-    copies the rows, so readers that go around ``sample()`` must hold this lock
-    to never see half-written rows.
+    Rows become visible only once written, but a write into a full ring
+    buffer overwrites visible rows in place, so readers that go around
+    ``sample()`` must hold this lock to never see half-written rows. For
+    buffers of :func:`~torchrl_unilab.make_replay_buffer` it is a
+    :class:`~torchrl_unilab.buffer_writer.BufferLock`: released by the kernel
+    if its holder dies, and every wait is bounded.
 
     Examples:
         >>> from torchrl_unilab import make_replay_buffer

@@ -51,6 +51,7 @@ from torchrl_unilab.trace import PhaseTimer
 from torchrl_unilab.weight_sync import SharedWeights
 
 __all__ = [
+    "MAX_COLLECTORS",
     "SIM_BACKENDS",
     "CollectorProcess",
     "init_offpolicy_storage",
