@@ -36,6 +36,7 @@ from torchrl.envs.utils import ExplorationType
 from torchrl_unilab._processes import WorkerError
 from torchrl_unilab._worker import TRAJ_KEY
 from torchrl_unilab.collector import OffPolicyCollector
+from torchrl_unilab.replay_buffer import init_storage
 
 __all__ = ["NodeError", "RayNodeCollector", "RayOffPolicyCollector"]
 
@@ -82,6 +83,16 @@ class NodeError(WorkerError):
         RuntimeError.__init__(self, f"{where} failed: {message}\n\nRemote traceback:\n{remote_traceback}")
         self.worker_idx = worker_idx
         self.worker_traceback = remote_traceback
+        self._message = message
+
+    def __reduce__(self):
+        # Ray pickles a node's exception to the learner; the base class would replay only str(self)
+        return _rebuild_node_error, (self.node_idx, self.node_host, self._message, self.worker_traceback,
+                                     self.worker_idx)
+
+
+def _rebuild_node_error(node_idx, node_host, message, remote_traceback, worker_idx) -> NodeError:
+    return NodeError(node_idx, node_host, message, remote_traceback, worker_idx=worker_idx)
 
 
 class RayNodeCollector(OffPolicyCollector):
@@ -152,6 +163,7 @@ class RayNodeCollector(OffPolicyCollector):
 
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """Yields each batch of ``frames_per_batch`` transitions (``None`` once written to a ``RayReplayBuffer``)."""
+        error = None
         try:
             for out in super().iterator():
                 batch = out if out is not None else self._last_batch()
@@ -162,8 +174,10 @@ class RayNodeCollector(OffPolicyCollector):
                     self._remote_buffer.extend(batch)
                     yield None
         except WorkerError as err:
-            raise NodeError(self.worker_idx, self.node_host, str(err).splitlines()[0], err.worker_traceback,
-                            worker_idx=err.worker_idx) from None
+            error = NodeError(self.worker_idx, self.node_host, str(err).splitlines()[0], err.worker_traceback,
+                              worker_idx=err.worker_idx)
+        if error is not None:
+            raise error  # outside the handler: Ray pickles the context too, and WorkerError does not unpickle
 
     def _last_batch(self) -> TensorDictBase:
         fpb, capacity = self.frames_per_batch, self.replay_buffer.storage.max_size
@@ -196,6 +210,21 @@ class RayNodeCollector(OffPolicyCollector):
                 raise ValueError(f"RayNodeCollector syncs only model_id='policy', got {model_id!r}")
             policy_or_weights = None  # already loaded in place by the scheme
         super().update_policy_weights_(policy_or_weights, worker_ids=worker_ids, **kwargs)
+
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = False) -> None:
+        """Stops the node's workers. A worker's error is not raised again here: :meth:`next` already sent it
+        to the learner as a :class:`NodeError` (TorchRL's ``__iter__`` shuts down on the way out of an error)."""
+        super().shutdown(timeout=timeout, close_env=close_env, raise_on_error=raise_on_error)
+
+    def __bool__(self) -> bool:
+        # Ray tests the actor's truth when it stores a task error; without this
+        # it falls back to __len__, which has no integer value for a collector
+        # without total_frames, and Ray loses the remote traceback.
+        return True
+
+    def layout_row(self) -> TensorDictBase:
+        """One zero row with every key and dtype this node writes, to lay out the learner's buffer."""
+        return self.replay_buffer.storage._storage[0].clone()
 
     def host(self) -> str:
         """Host name and actor process id of this node, for error messages."""
@@ -303,6 +332,8 @@ class RayOffPolicyCollector(RayCollector):
         self._node_seeds = [None if seed is None else seed + i * num_workers * num_envs for i in range(num_nodes)]
         kwargs.update(num_workers=num_workers, num_envs=num_envs, num_nodes=num_nodes)
         self._lost: dict[int, str] = {}
+        self._pending: dict[Any, int] = {}  # the next() call in flight on each node -> node index
+        self._fetched: dict[Any, TensorDictBase | None] = {}  # finished calls, in arrival order
         self._pump_error: BaseException | None = None
         self._cond = threading.Condition()
         self._written = 0
@@ -314,7 +345,7 @@ class RayOffPolicyCollector(RayCollector):
             [create_env_fn] * num_nodes if isinstance(create_env_fn, str) else create_env_fn,
             policy,
             frames_per_batch=frames_per_batch,
-            total_frames=total_frames,
+            total_frames=total_frames if total_frames >= 0 else float("inf"),  # RayCollector stops at -1
             init_random_frames=0,  # split exactly over the nodes in add_collectors
             exploration_type=exploration_type,
             collector_class=RayNodeCollector,
@@ -329,6 +360,8 @@ class RayOffPolicyCollector(RayCollector):
         )
         self.node_hosts = ray.get([c.host.remote() for c in self.remote_collectors])
         self._nodes = list(self.remote_collectors)  # RayCollector's list shrinks on shutdown; indices stay
+        if self._local_buffer is not None:
+            init_storage(self._local_buffer, ray.get(self._nodes[0].layout_row.remote()))
         self._lazy_initialize_weight_sync()
 
     # ------------------------------------------------------------ construction
@@ -358,31 +391,46 @@ class RayOffPolicyCollector(RayCollector):
     def _async_iterator(self) -> Iterator[TensorDictBase | None]:
         """``RayCollector``'s first-ready-first-served loop, with node failures reported as :class:`NodeError`."""
         ray = _ray()
-        pending = {c.next.remote(): i for i, c in enumerate(self._nodes) if i not in self._lost}
+        self._pending = {c.next.remote(): i for i, c in enumerate(self._nodes) if i not in self._lost}
         while self.collected_frames < self.total_frames and not self._stop_event.is_set():
-            if not pending:
+            if not self._pending:
                 raise NodeError(-1, "all nodes", "every collector node was lost", "\n".join(self._lost.values()))
-            ready, _ = ray.wait(list(pending), timeout=1.0)
-            if not ready:
+            if not self._fetched:
+                self._fetch(ray.wait(list(self._pending), timeout=1.0)[0][:1])
+            if not self._fetched:
                 continue
-            future = ready[0]
-            idx = pending.pop(future)
-            try:
-                start = time.perf_counter()
-                out = ray.get(future)
-                self.receive_s += time.perf_counter() - start
-            except ray.exceptions.RayActorError as err:
-                self._node_lost(idx, err)
-                continue
-            except ray.exceptions.RayTaskError as err:
-                raise _node_error(idx, self.node_hosts[idx], err) from None
+            future, out = next(iter(self._fetched.items()))
+            del self._fetched[future]
+            idx = self._pending.pop(future)
+            # ask again before yielding: every live node keeps a call in flight, whose failure shows at once
+            self._pending[self._nodes[idx].next.remote()] = idx
             self.collected_frames += self.frames_per_batch
             yield out
-            pending[self._nodes[idx].next.remote()] = idx
-        if pending:
-            ray.wait(list(pending), num_returns=len(pending), timeout=10.0)
+        if self._pending:
+            ray.wait(list(self._pending), num_returns=len(self._pending), timeout=10.0)
         if self._collection_thread is None:
             self.shutdown()
+
+    def _fetch(self, futures: list) -> None:
+        """Gets finished batches into ``_fetched``; a lost node's future is dropped (or raises)."""
+        ray = _ray()
+        for future in futures:
+            idx = self._pending[future]
+            start = time.perf_counter()
+            try:
+                self._fetched[future] = ray.get(future)
+            except ray.exceptions.RayActorError as err:
+                del self._pending[future]
+                self._node_lost(idx, err)
+            except ray.exceptions.RayTaskError as err:
+                raise _node_error(idx, self.node_hosts[idx], err) from None
+            self.receive_s += time.perf_counter() - start
+
+    def _watch_nodes(self) -> None:
+        """While the learner holds collection back: fetch what nodes finished, so a lost node shows at once."""
+        waiting = [f for f in self._pending if f not in self._fetched]
+        if waiting:
+            self._fetch(_ray().wait(waiting, num_returns=len(waiting), timeout=0)[0])
 
     def _node_lost(self, idx: int, err: Exception) -> None:
         self._lost[idx] = f"node {idx} on {self.node_hosts[idx]}: {err}"
@@ -422,7 +470,8 @@ class RayOffPolicyCollector(RayCollector):
             while not self._stop_event.is_set():
                 with self._cond:
                     while self._written >= self._allowed and not self._stop_event.is_set():
-                        self._cond.wait(0.1)
+                        self._cond.wait(0.5)
+                        self._watch_nodes()
                 if self._stop_event.is_set() or next(it, StopIteration) is StopIteration:
                     return
         except BaseException as err:  # noqa: BLE001 - handed to the learner's thread
@@ -556,7 +605,6 @@ def _node_error(idx: int, host: str, err: Exception) -> NodeError:
     """A :class:`NodeError` from Ray's ``RayTaskError``, keeping the node's own account when it raised one."""
     cause = getattr(err, "cause", None)
     if isinstance(cause, NodeError):
-        return NodeError(idx, cause.node_host, str(cause).splitlines()[0].split(" failed: ", 1)[-1],
-                         cause.worker_traceback, worker_idx=cause.worker_idx)
+        return NodeError(idx, cause.node_host, cause._message, cause.worker_traceback, worker_idx=cause.worker_idx)
     text = str(err)
     return NodeError(idx, host, text.strip().splitlines()[-1] if text.strip() else type(err).__name__, text)
