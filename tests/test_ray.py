@@ -9,6 +9,7 @@ worker, and ``ray.kill`` of a node's actor.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
@@ -62,7 +63,7 @@ def gone(pids: list[int]) -> bool:
 
 def test_two_nodes_fill_the_learner_buffer_and_a_publish_reaches_them():
     """2 nodes x 1 worker: whole transitions, ids unique over nodes, exact random frames, weights by Ray."""
-    rb = make_replay_buffer(10_000)
+    rb = make_replay_buffer(100_000)
     random_frames, frames = 96, 1024
     collector = RayOffPolicyCollector(
         "Pendulum-v1", linear_policy(3, 1), num_nodes=2, num_workers=1, num_envs=4, frames_per_batch=32,
@@ -76,13 +77,14 @@ def test_two_nodes_fill_the_learner_buffer_and_a_publish_reaches_them():
             node = rb[: len(rb)]["collector", "traj_ids"] % 2  # trajectory id % num_nodes = node
             return [int((node == k).sum()) for k in range(2)]
 
+        deadline = time.monotonic() + 180  # a node's worker may take long to start on a loaded machine
         while True:
             collector.allow_frames(frames)
             assert collector.wait_for_frames(frames, timeout=120)
-            if min(rows_per_node()) >= 64 or frames >= 3072:
+            if min(rows_per_node()) >= 64 or time.monotonic() > deadline:
                 break
-            frames += 256
-        assert min(rows_per_node()) >= 64, rows_per_node()
+            frames = min(frames + 256, rb.storage.max_size - 1024)
+        assert min(rows_per_node()) >= 64, (rows_per_node(), collector.metrics()["nodes"])
         data = rb[: len(rb)]
         traj = data["collector", "traj_ids"]
         # exact random frames over all nodes and workers: each node's first 48 rows (its share) and no more
@@ -106,8 +108,9 @@ def test_two_nodes_fill_the_learner_buffer_and_a_publish_reaches_them():
             policy.module[0].bias.fill_(0.5)
         collector.update_policy_weights_()
         assert collector.policy_version == 2
-        collector.allow_frames(collector.frames_written + 512)
-        assert collector.wait_for_frames(collector.frames_written + 512, timeout=120)
+        target = collector.frames_written + 512
+        collector.allow_frames(target)
+        assert collector.wait_for_frames(target, timeout=120)
         data = rb[: len(rb)]
         new = data["policy_version"] == 2
         assert new.any(), "no row collected with the published weights"
@@ -144,8 +147,9 @@ def test_nodes_write_to_a_ray_replay_buffer_and_lost_nodes_are_reported():
         assert any("collector node 0" in str(w.message) and "was lost" in str(w.message) for w in caught)
         # the other node goes on, and still receives weights
         collector.update_policy_weights_()
-        collector.allow_frames(collector.frames_written + 256)
-        assert collector.wait_for_frames(collector.frames_written + 256, timeout=60)
+        target = collector.frames_written + 256
+        collector.allow_frames(target)
+        assert collector.wait_for_frames(target, timeout=60)
 
         collector.on_node_failure = "raise"
         ray.kill(collector.remote_collectors[1])
@@ -229,7 +233,12 @@ def test_the_core_package_imports_without_ray():
 
 def test_no_ray_process_is_left_after_ray_shutdown():
     """Last in the module: the cluster this module started goes away with ``ray.shutdown()``."""
-    ray_procs = {p.pid: " ".join(p.cmdline())[:80] for p in psutil.Process().children(recursive=True)}
+    ray_procs = {}
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cmd = " ".join(proc.cmdline())
+            if "ray" in cmd:  # raylet, gcs_server, ray:: workers; node workers are checked by the tests above
+                ray_procs[proc.pid] = cmd[:100]
     assert ray_procs, "ray.init started its processes as our children"
     ray.shutdown()
     assert wait_until(lambda: gone(list(ray_procs)), timeout=60), \

@@ -291,6 +291,7 @@ class RayOffPolicyCollector(RayCollector):
         >>> frames
         128
         >>> collector.shutdown()
+        >>> ray.shutdown()
     """
 
     def __init__(
