@@ -131,7 +131,7 @@ def main() -> None:
     local_rb, ray_rb = make_replay_buffer(1_000_000), make_replay_buffer(1_000_000)
     ray_buffer = ReplayBuffer(storage=functools.partial(LazyTensorStorage, 1_000_000), batch_size=256,
                               service_backend="ray", service_backend_options={"remote_config": {"num_cpus": 0}})
-    node_cfg = dict(num_nodes=2, num_workers=1, num_envs=n, remote_configs={"num_cpus": 1}, **common)
+    node_cfg = dict(num_nodes=2, num_workers=1, num_envs=n, remote_configs={"num_cpus": 0.5}, **common)  # 4 actors on 2 CPUs
     collectors = {
         "local": OffPolicyCollector(ENV, sac_policy(), num_workers=2, num_envs=n, replay_buffer=local_rb, **common),
         "ray": RayOffPolicyCollector(ENV, sac_policy(), replay_buffer=ray_rb, **node_cfg),

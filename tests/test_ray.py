@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -22,7 +24,6 @@ import pytest
 import torch
 
 ray = pytest.importorskip("ray")
-psutil = pytest.importorskip("psutil")
 
 import cloudpickle  # noqa: E402
 from conftest import linear_policy, wait_until  # noqa: E402
@@ -46,19 +47,43 @@ def ray_cluster():
     ray.shutdown()
 
 
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """``{pid: (parent pid, state)}`` of every live process, from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                table[int(entry)] = (int(fields[1]), fields[0])
+    return table
+
+
+def descendants(pid: int) -> list[int]:
+    table, out, frontier = _proc_table(), [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, (ppid, _) in table.items() if ppid == parent]
+        out += children
+        frontier += children
+    return out
+
+
+def cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode(errors="replace")
+    return ""
+
+
 def node_processes(collector: RayOffPolicyCollector) -> list[int]:
     """PIDs of every node actor and of its worker processes."""
     actors = [int(host.rsplit("pid ", 1)[1].rstrip(")")) for host in collector.node_hosts]
-    return actors + [child.pid for pid in actors for child in psutil.Process(pid).children(recursive=True)]
+    return actors + [child for pid in actors for child in descendants(pid)]
 
 
 def gone(pids: list[int]) -> bool:
-    def dead(pid: int) -> bool:
-        try:
-            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-    return all(dead(pid) for pid in pids)
+    table = _proc_table()
+    return all(pid not in table or table[pid][1] == "Z" for pid in pids)
 
 
 def test_two_nodes_fill_the_learner_buffer_and_a_publish_reaches_them():
@@ -161,6 +186,11 @@ def test_nodes_write_to_a_ray_replay_buffer_and_lost_nodes_are_reported():
     finally:
         collector.shutdown(raise_on_error=False)
         rrb.shutdown()
+        # a killed actor cannot remove its scratch buffer directory: the test does, by the actor's pid
+        for host in collector.node_hosts:
+            pid = host.rsplit("pid ", 1)[1].rstrip(")")
+            for path in Path(tempfile.gettempdir()).glob(f"torchrl_unilab_rb_{pid}_*"):
+                shutil.rmtree(path, ignore_errors=True)
     assert wait_until(lambda: gone(pids), timeout=15)
 
 
@@ -233,12 +263,8 @@ def test_the_core_package_imports_without_ray():
 
 def test_no_ray_process_is_left_after_ray_shutdown():
     """Last in the module: the cluster this module started goes away with ``ray.shutdown()``."""
-    ray_procs = {}
-    for proc in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            cmd = " ".join(proc.cmdline())
-            if "ray" in cmd:  # raylet, gcs_server, ray:: workers; node workers are checked by the tests above
-                ray_procs[proc.pid] = cmd[:100]
+    # raylet, gcs_server, ray:: workers; node workers are checked by the tests above
+    ray_procs = {pid: cmdline(pid)[:100] for pid in descendants(os.getpid()) if "ray" in cmdline(pid)}
     assert ray_procs, "ray.init started its processes as our children"
     ray.shutdown()
     assert wait_until(lambda: gone(list(ray_procs)), timeout=60), \
