@@ -199,16 +199,15 @@ def test_worker_error_surfaces_quickly_and_keeps_data(no_leaks):
 
 
 def test_shutdown_is_fast_and_clean(no_leaks):
-    collector = hopper_collector(None, buffer_capacity=4096, total_frames=-1)
-    own_dir = collector._owned_dir  # noqa: SLF001
-    assert own_dir and os.path.isdir(own_dir)
+    rb = make_replay_buffer(4096)
+    collector = hopper_collector(rb, total_frames=-1)
     collector.start()
     assert collector.wait_for_frames(1024, timeout=60)
     started = time.monotonic()
     collector.shutdown()
     assert time.monotonic() - started < 5
-    assert not os.path.exists(own_dir)
     assert all(not p.is_alive() for p in collector.procs)
+    assert len(rb) >= 1024  # rows already written stay
 
 
 def test_user_scratch_dir_is_kept(tmp_path, no_leaks):
@@ -227,19 +226,25 @@ def test_user_scratch_dir_is_kept(tmp_path, no_leaks):
         (dict(create_env_fn="NoSuchEnv-v0"), ValueError, "unknown gymnasium id 'NoSuchEnv-v0'"),
         (dict(create_env_fn="Hoper-v5"), ValueError, "Hopper-v5"),
         (dict(num_envs=0), ValueError, "num_envs must be an int >= 1, got 0"),
-        (dict(frames_per_batch=100), ValueError, "frames_per_batch must be a multiple of num_envs=8, got 100"),
+        (dict(frames_per_batch=0), ValueError, "frames_per_batch must be an int >= 1, got 0"),
+        (dict(total_frames=-5), ValueError, r"total_frames must be -1 \(no limit\) or an int >= 1, got -5"),
+        (dict(metrics_window=0), ValueError, "metrics_window must be an int >= 1, got 0"),
+        (dict(nonfinite="ignore"), ValueError, r"nonfinite must be one of \('raise', 'drop'\), got 'ignore'"),
+        (dict(device="cuda"), ValueError, "device must be a CPU device"),
         (dict(init_random_frames=-1), ValueError, "init_random_frames must be an int >= 0, got -1"),
         (dict(replay_buffer="capacity-too-small"), ValueError, "capacity 256 is below one batch"),
         (dict(policy=linear_policy(HOPPER_OBS, 2)), ValueError, r"action shape \(8, 2\) differs .* \(8, 3\)"),
         (dict(num_workers=0), ValueError, "num_workers must be an int >= 1, got 0"),
         (dict(create_env_fn=42), TypeError, "create_env_fn must be a gymnasium id"),
         (dict(no_such_option=True), TypeError, "unexpected keyword argument 'no_such_option'"),
-        (dict(split_trajs=True), ValueError, "'split_trajs' only at its default"),
+        (dict(split_trajs=True), ValueError, "'split_trajs' only as one of .*split_trajectories"),
+        (dict(compile_policy=True), ValueError, "'compile_policy' only as one of"),
+        (dict(reset_at_each_iter=True), ValueError, "max_frames_per_traj"),
     ],
 )
 def test_bad_arguments(kwargs, error, match, no_leaks):
     args = dict(create_env_fn="Hopper-v5", policy=linear_policy(HOPPER_OBS, HOPPER_ACT), num_envs=8,
-                frames_per_batch=512, replay_buffer=None, buffer_capacity=4096)
+                frames_per_batch=512, replay_buffer=None)
     if kwargs.get("replay_buffer") == "capacity-too-small":
         kwargs = {"replay_buffer": make_replay_buffer(256)}
     args.update(kwargs)
@@ -264,10 +269,11 @@ def test_staggering_cuts_only_the_first_episode():
 ORPHAN_SCRIPT = """
 import os, torch
 from tensordict.nn import TensorDictModule
-from torchrl_unilab import OffPolicyCollector
+from torchrl_unilab import OffPolicyCollector, make_replay_buffer
 if __name__ == "__main__":
     policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
-    c = OffPolicyCollector("Pendulum-v1", policy, num_envs=2, frames_per_batch=64, buffer_capacity=1000)
+    c = OffPolicyCollector("Pendulum-v1", policy, num_envs=2, frames_per_batch=64,
+                           replay_buffer=make_replay_buffer(1000))
     c.start()
     c.wait_for_frames(128, timeout=60)
     print(c.procs[0].pid, flush=True)

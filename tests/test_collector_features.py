@@ -172,7 +172,7 @@ def test_seed_helpers():
 def test_collector_algo_argument_is_validated(no_leaks):
     with pytest.raises(ValueError, match="algo must be one of"):
         OffPolicyCollector("Pendulum-v1", make_actor("sac", 3, 1, hidden_dim=8), algo="ppo", num_envs=2,
-                           frames_per_batch=2, buffer_capacity=64)
+                           frames_per_batch=2)
     with pytest.raises(TypeError, match="obs_norm must be"):
         OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), obs_norm="yes", num_envs=2,
-                           frames_per_batch=2, buffer_capacity=64)
+                           frames_per_batch=2)

@@ -20,6 +20,7 @@ from torchrl_unilab.normalization import ObservationNormalizer
 from torchrl_unilab.privileged import PrivilegedInfoTransform
 from torchrl_unilab.replay_buffer import init_storage, make_replay_buffer
 from torchrl_unilab.weight_sync import SharedWeights, layout_of
+from torchrl_unilab.weight_sync_scheme import SeqlockWeightSyncScheme
 
 __all__ = [
     "ActionProjection",
@@ -29,6 +30,7 @@ __all__ = [
     "OffPolicyCollector",
     "PerEnvMixedNoise",
     "PrivilegedInfoTransform",
+    "SeqlockWeightSyncScheme",
     "SharedWeights",
     "WorkerError",
     "init_storage",

@@ -4,6 +4,12 @@ Workers claim whole batches of frames against an allowance the parent sets.
 The allowance is the single knob behind ``start()`` (allow everything),
 iteration (allow one batch per worker ahead of the consumer), ``pause()``
 (allow nothing new) and update-to-data throttling (allow up to a bound).
+
+Each worker owns a fixed share of ``init_random_frames`` (so that a seeded run
+is reproducible), and the frames it needs for that share are reserved for it:
+no other worker may claim them, however late it starts. Without that, a fast
+worker could claim every batch up to ``total_frames`` before a slow one started,
+and the slow worker's random frames would never be collected.
 """
 
 from __future__ import annotations
@@ -16,8 +22,27 @@ import torch
 
 __all__ = ["FrameControl"]
 
-_ALLOWED, _CLAIMED, _WRITTEN = range(3)
+_ALLOWED, _CLAIMED, _WRITTEN, _TOTAL = range(4)
 _UNLIMITED = 2**62
+
+
+def split_random_frames(random_frames: int, num_workers: int, frames_per_batch: int) -> list[int]:
+    """Each worker's share of ``random_frames``: whole batches round-robin, the remainder to the next worker.
+
+    Whole batches keep the reserved batches (``ceil(share / frames_per_batch)`` per
+    worker) summing to ``ceil(random_frames / frames_per_batch)``, so reservations
+    never exceed a ``total_frames`` that is at least ``random_frames``.
+
+    Examples:
+        >>> split_random_frames(1001, 2, 256)
+        [512, 489]
+        >>> split_random_frames(100, 3, 64)
+        [64, 36, 0]
+    """
+    batches, remainder = divmod(random_frames, frames_per_batch)
+    shares = [frames_per_batch * (batches // num_workers + (i < batches % num_workers)) for i in range(num_workers)]
+    shares[batches % num_workers] += remainder
+    return shares
 
 
 class FrameControl:
@@ -25,6 +50,10 @@ class FrameControl:
 
     Args:
         ctx: the multiprocessing context the workers are started with.
+        random_frames: each worker's share of the random frames (see
+            :func:`split_random_frames`); the batches they need are reserved.
+        frames_per_batch: frames per claim.
+        total_frames: the most frames ever allowed (``None``: no limit).
 
     Examples:
         >>> import multiprocessing as mp
@@ -36,9 +65,13 @@ class FrameControl:
         64
     """
 
-    def __init__(self, ctx: mp.context.BaseContext) -> None:
+    def __init__(self, ctx: mp.context.BaseContext, random_frames: list[int] | None = None,
+                 frames_per_batch: int = 1, total_frames: int | None = None) -> None:
         self._lock = ctx.Lock()
-        self._state = torch.zeros(3, dtype=torch.int64).share_memory_()
+        self._state = torch.zeros(4, dtype=torch.int64).share_memory_()
+        self._state[_TOTAL] = _UNLIMITED if total_frames is None else int(total_frames)
+        reserved = [-(-share // frames_per_batch) * frames_per_batch for share in random_frames or [0]]
+        self._reserved = torch.tensor(reserved, dtype=torch.int64).share_memory_()
 
     @property
     def allowed(self) -> int:
@@ -68,12 +101,17 @@ class FrameControl:
             self._state[_ALLOWED] = self._state[_CLAIMED]
             return previous
 
-    def claim(self, frames: int) -> bool:
-        """Worker side: reserves ``frames`` if the allowance has room."""
+    def claim(self, frames: int, worker_idx: int = 0) -> bool:
+        """Worker side: claims ``frames`` if the allowance has room and no other worker's reservation is taken."""
         with self._lock:
-            if self._state[_CLAIMED] + frames > self._state[_ALLOWED]:
+            claimed = int(self._state[_CLAIMED])
+            if claimed + frames > self._state[_ALLOWED]:
+                return False
+            others = int(self._reserved.sum()) - int(self._reserved[worker_idx])
+            if claimed + frames + others > self._state[_TOTAL]:
                 return False
             self._state[_CLAIMED] += frames
+            self._reserved[worker_idx] = max(0, int(self._reserved[worker_idx]) - frames)
             return True
 
     def written_(self, frames: int) -> None:

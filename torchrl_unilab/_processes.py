@@ -1,15 +1,46 @@
-"""Worker process lifecycle: start, watch, stop, and carry errors to the parent."""
+"""Worker lifecycle: start, watch, stop, and carry errors to the parent.
+
+Workers are spawned processes, or threads of the parent for env *instances*
+(a live ``ParallelEnv`` cannot be pickled into another process; its own
+processes do the physics, so a thread that drives it costs the learner little).
+
+Two things make a failed start readable. Each process's stderr goes to an
+unlinked temporary file until its entry point runs, and the entry point then
+restores the parent's stderr: what a worker printed while the interpreter
+bootstrapped (e.g. the error that a script without an
+``if __name__ == "__main__":`` guard gets under spawn) is kept and shown.
+And each worker marks that it reached its entry point, so an exit before that
+is reported as a start-up failure rather than a crash.
+"""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing as mp
+import os
 import queue
+import signal
+import sys
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
+from multiprocessing import reduction
+from typing import Any
 
-__all__ = ["WorkerError", "WorkerPool"]
+import torch
+
+__all__ = ["WorkerError", "WorkerPool", "restore_stderr", "shut_down_at_exit", "worker_started"]
+
+_BOOTSTRAP_HINT = (
+    "it exited before reaching its entry point. Under the 'spawn' start method each worker re-imports the "
+    "script that created the collector, so the code that builds the collector must sit under "
+    "`if __name__ == \"__main__\":`."
+)
+_STDERR_TAIL = 4000
+_THREAD_JOIN_SECONDS = 60.0
 
 
 class WorkerError(RuntimeError):
@@ -31,18 +62,96 @@ class WorkerError(RuntimeError):
         super().__init__(f"collector worker {worker_idx} failed: {message}\n\nWorker traceback:\n{worker_traceback}")
 
 
+class _InheritedFd:
+    """An fd the spawned child receives as its own (multiprocessing passes it along at spawn)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self):
+        return _detach_fd, (reduction.DupFd(self.fd),)
+
+
+def _detach_fd(dup) -> int:
+    return dup.detach()
+
+
+def restore_stderr(stderr_fd: int | None) -> None:
+    """Worker side: points fd 2 back at the parent's stderr once bootstrapping is over."""
+    if stderr_fd is None:
+        return
+    with contextlib.suppress(OSError):
+        sys.stderr.flush()
+        os.dup2(stderr_fd, 2)
+        os.close(stderr_fd)
+
+
+def worker_started(started: torch.Tensor, idx: int) -> None:
+    """Worker side: records that worker ``idx`` reached its entry point."""
+    started[idx] = 1
+
+
+class _ThreadWorker(threading.Thread):
+    """A worker thread with the small part of ``Process``'s interface the pool uses."""
+
+    pid = None
+
+    def __init__(self, target: Callable, args: tuple, name: str) -> None:
+        super().__init__(target=self._run_target, args=(target, args), name=name, daemon=True)
+        self._exitcode: int | None = None
+
+    def _run_target(self, target: Callable, args: tuple) -> None:
+        try:
+            target(*args)
+            self._exitcode = 0
+        except BaseException:  # noqa: BLE001 - the target reports its own errors on the queue
+            self._exitcode = 1
+
+    @property
+    def exitcode(self) -> int | None:
+        return None if self.is_alive() else self._exitcode
+
+    def terminate(self) -> None:  # threads cannot be killed; they stop on the stop event
+        pass
+
+    kill = terminate
+
+
+_AT_EXIT: weakref.WeakSet = weakref.WeakSet()
+
+
+def shut_down_at_exit(owner: Any) -> None:
+    """Calls ``owner.shutdown(raise_on_error=False)`` when the interpreter exits, if it is still alive then."""
+    _AT_EXIT.add(owner)
+
+
+@atexit.register
+def _shut_down_owners() -> None:
+    # Runs before multiprocessing's own exit handler (registered earlier), which
+    # would otherwise join non-daemonic workers that nobody asked to stop.
+    for owner in list(_AT_EXIT):
+        with contextlib.suppress(Exception):
+            owner.shutdown(timeout=2.0, raise_on_error=False)
+
+
 class WorkerPool:
-    """Starts worker processes, watches them from a thread, and stops them all.
+    """Starts workers, watches them from a thread, and stops them all.
 
     The watcher notices a worker's reported exception (or an unexplained exit)
     within ``poll_interval`` seconds, stops the other workers and keeps the
     error; :meth:`raise_if_failed` re-raises it as :class:`WorkerError`.
 
+    Processes are not daemonic, so that a worker may start processes of its own
+    (a ``ParallelEnv``); they stop when the parent dies, and their owner
+    registers with :func:`shut_down_at_exit`.
+
     Args:
         ctx: multiprocessing context (``spawn``).
-        target: the worker entry point; called as ``target(idx, *args, stop_event, error_queue)``.
+        target: the worker entry point; called as
+            ``target(idx, *args, stop_event, error_queue, started, stderr_fd)``.
         args: per-worker positional arguments after the index.
-        num_workers: how many processes to start.
+        num_workers: how many workers to start.
+        in_thread: which workers run as threads of this process (default: none).
 
     Examples:
         >>> import multiprocessing as mp
@@ -52,24 +161,35 @@ class WorkerPool:
     """
 
     def __init__(self, ctx: mp.context.BaseContext, target: Callable, args: Sequence, num_workers: int,
-                 poll_interval: float = 0.05, name: str = "OffPolicyCollector") -> None:
+                 poll_interval: float = 0.05, name: str = "OffPolicyCollector",
+                 in_thread: Sequence[bool] | None = None) -> None:
         self.ctx = ctx
         self.stop_event = ctx.Event()
         self.error_queue = ctx.Queue()
         self.poll_interval = poll_interval
-        self.procs = [
-            ctx.Process(target=target, args=(i, *args, self.stop_event, self.error_queue),
-                        name=f"{name}-worker-{i}", daemon=True)
-            for i in range(num_workers)
-        ]
+        self.started = torch.zeros(num_workers, dtype=torch.uint8).share_memory_()
+        in_thread = list(in_thread) if in_thread is not None else [False] * num_workers
+        self._stderr_files: list[int | None] = [None] * num_workers
+        self._parent_stderr = [_InheritedFd(-1) for _ in range(num_workers)]
+        self.procs = []
+        for i in range(num_workers):
+            common = (i, *args, self.stop_event, self.error_queue, self.started)
+            if in_thread[i]:
+                self.procs.append(_ThreadWorker(target, (*common, None), name=f"{name}-worker-{i}"))
+            else:
+                self.procs.append(ctx.Process(target=target, args=(*common, self._parent_stderr[i]),
+                                              name=f"{name}-worker-{i}", daemon=False))
         self.error: WorkerError | None = None
         self._stopping = False
         self._watcher: threading.Thread | None = None
 
     def start(self) -> None:
         """Starts every worker and the watcher thread."""
-        for proc in self.procs:
-            proc.start()
+        for i, proc in enumerate(self.procs):
+            if isinstance(proc, _ThreadWorker):
+                proc.start()
+            else:
+                self._stderr_files[i] = _start_with_captured_stderr(proc, self._parent_stderr[i])
         self._watcher = threading.Thread(target=self._watch, name="collector-watcher", daemon=True)
         self._watcher.start()
 
@@ -90,8 +210,26 @@ class WorkerPool:
                         idx, message, tb = self.error_queue.get(timeout=0.5)
                         self._fail(WorkerError(idx, message, tb))
                         return
-                    self._fail(WorkerError(idx, f"process exited with code {proc.exitcode}", "(no traceback)"))
+                    self._fail(self._unexplained_exit(idx, proc.exitcode))
                     return
+
+    def _unexplained_exit(self, idx: int, code: int) -> WorkerError:
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        stderr = self._stderr_tail(idx)
+        if not self.started[idx]:
+            return WorkerError(idx, f"process {how}: {_BOOTSTRAP_HINT}",
+                               f"(worker stderr while starting)\n{stderr or '(empty)'}")
+        return WorkerError(idx, f"process {how} without reporting an exception", stderr or "(no traceback)")
+
+    def _stderr_tail(self, idx: int) -> str:
+        fd = self._stderr_files[idx]
+        if fd is None:
+            return ""
+        with contextlib.suppress(OSError):
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, _STDERR_TAIL, max(0, size - _STDERR_TAIL))
+            return data.decode(errors="replace").strip()
+        return ""
 
     def _fail(self, error: WorkerError) -> None:
         if self.error is None:
@@ -104,7 +242,7 @@ class WorkerPool:
             raise self.error
 
     def alive(self) -> int:
-        """How many worker processes are still running."""
+        """How many workers are still running."""
         return sum(p.is_alive() for p in self.procs)
 
     def stop(self, timeout: float = 4.0) -> None:
@@ -112,15 +250,19 @@ class WorkerPool:
         self._stopping = True
         self.stop_event.set()
         deadline = time.monotonic() + timeout
-        for proc in self.procs:
-            if proc.pid is not None:
-                proc.join(max(0.0, deadline - time.monotonic() - 0.3 * timeout))
-        for proc in self.procs:
+        started = [p for p in self.procs if p.ident is not None]
+        for proc in started:
+            proc.join(max(0.0, deadline - time.monotonic() - 0.3 * timeout))
+        for proc in started:
+            if isinstance(proc, _ThreadWorker):
+                # A thread cannot be killed; it ends at its next step now that the stop event is set,
+                # and its env must not be closed under it.
+                proc.join(_THREAD_JOIN_SECONDS)
+        for proc in started:
             if proc.is_alive():
                 proc.terminate()
-        for proc in self.procs:
-            if proc.pid is not None:
-                proc.join(max(0.05, deadline - time.monotonic()))
+        for proc in started:
+            proc.join(max(0.05, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
                 proc.join(1.0)
@@ -133,3 +275,30 @@ class WorkerPool:
                 self.error = WorkerError(idx, message, tb)
         self.error_queue.close()
         self.error_queue.join_thread()
+        for i, fd in enumerate(self._stderr_files):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                self._stderr_files[i] = None
+
+
+def _start_with_captured_stderr(proc: mp.process.BaseProcess, parent_stderr: _InheritedFd) -> int:
+    """Starts ``proc`` with fd 2 on an unlinked temporary file; returns a read fd on that file.
+
+    The file is unlinked at once, so nothing is left behind whatever happens to
+    either process. The child points fd 2 back at the parent's stderr (passed
+    to it as an argument) as soon as its entry point runs.
+    """
+    fd, path = tempfile.mkstemp(prefix="torchrl_unilab_stderr_")
+    os.unlink(path)
+    saved = os.dup(2)
+    parent_stderr.fd = saved  # what the child gets back once its entry point runs
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os.dup2(fd, 2)
+    try:
+        proc.start()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    return fd

@@ -10,6 +10,7 @@ flat transitions into the shared replay buffer at a time.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
 import signal
@@ -22,11 +23,13 @@ import cloudpickle
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.envs import EnvBase
+from torchrl.envs import EnvBase, SerialEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from torchrl_unilab._batches import BatchSlots, SlotWriter
 from torchrl_unilab._control import FrameControl
 from torchrl_unilab._fast_policy import tensor_policy
+from torchrl_unilab._processes import restore_stderr, worker_started
 from torchrl_unilab.metrics import CollectorMetrics
 from torchrl_unilab.trace import PhaseTimer
 from torchrl_unilab.weight_sync import SharedWeights
@@ -40,6 +43,14 @@ VERSION_KEY = "policy_version"
 RANDOM_VERSION = -1
 
 
+#: Accepted values of ``nonfinite``.
+NONFINITE_MODES = ("raise", "drop")
+
+
+class NonFiniteError(ValueError):
+    """A worker's env produced NaN or infinite values."""
+
+
 @dataclass
 class WorkerConfig:
     """What every worker loop needs to know, gathered once and handed down."""
@@ -51,6 +62,11 @@ class WorkerConfig:
     seed: int | None
     exploration_type: ExplorationType
     row_keys: list
+    nonfinite: str = "raise"
+    #: torch threads of a worker process; 0 leaves the setting alone (a thread worker shares the learner's).
+    num_threads: int = 1
+    #: seed the process-wide torch RNG (not in a thread worker: that RNG is the learner's).
+    seed_torch: bool = True
 
     def env_seed(self, worker_idx: int) -> int | None:
         """Env ``j`` of worker ``i`` is seeded ``seed + i * num_envs + j``: all distinct."""
@@ -74,6 +90,9 @@ class LoopHooks:
     extra_syncs: list = field(default_factory=list)
     between_steps: Callable[[], None] | None = None
     after_write: Callable[[], bool] | None = None
+    before_batch: Callable[[], None] | None = None
+    postproc: Callable[[TensorDictBase], TensorDictBase] | None = None
+    after_batch: Callable[[TensorDictBase], None] | None = None
 
 
 def add_collector_keys(transition: TensorDictBase, step_count, traj_ids, version) -> TensorDictBase:
@@ -214,8 +233,33 @@ class WorkerLoop:
             return not self.should_stop()
         frames = self.cfg.frames_per_batch
         return self.control.wait(
-            lambda: self.should_stop() or self.control.claim(frames), timeout=None, on_poll=lambda: None
+            lambda: self.should_stop() or self.control.claim(frames, self.idx), timeout=None, on_poll=lambda: None
         ) and not self.should_stop()
+
+    def finite_rows(self, batch: TensorDictBase) -> TensorDictBase:
+        """Raises on non-finite values (``nonfinite="raise"``), or drops the rows holding them ("drop").
+
+        One ``isfinite`` per float key of the whole ``[steps, num_envs]`` batch: cheap next to the env steps.
+        """
+        bad = None
+        for key, value in batch.items(include_nested=True, leaves_only=True):
+            if not value.is_floating_point():
+                continue
+            ok = torch.isfinite(value).reshape(*batch.shape, -1).all(-1)
+            if bool(ok.all()):
+                continue
+            if self.cfg.nonfinite == "raise":
+                step, env = (int(i) for i in (~ok).nonzero()[0])
+                raise NonFiniteError(
+                    f"non-finite value in key {key!r} from env {env} of worker {self.idx}, step {step} of the batch "
+                    f"(frames written before it: {self.metrics.worker(self.idx)['frames']}); pass "
+                    "nonfinite='drop' to drop such transitions instead"
+                )
+            bad = ~ok if bad is None else bad | ~ok
+        if bad is None:
+            return batch
+        self.metrics.add(self.idx, nonfinite_dropped=int(bad.sum()))
+        return batch[~bad]
 
     def run(self) -> None:
         """Collects until ``stop_event`` is set (or a hook ends the loop)."""
@@ -223,15 +267,19 @@ class WorkerLoop:
             self._run()
 
     def _run(self) -> None:
-        cfg, env, phase = self.cfg, self.env, self.timer
-        torch.set_num_threads(1)
+        cfg, env, phase, hooks = self.cfg, self.env, self.timer, self.hooks
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
         if cfg.seed is not None:
-            torch.manual_seed(cfg.seed + 7919 * self.idx)
+            if cfg.seed_torch:
+                torch.manual_seed(cfg.seed + 7919 * self.idx)
             env.set_seed(cfg.env_seed(self.idx))
         self.sync_weights()
         td = env.reset()
         self.metrics.start(self.idx)
         while self.wait_for_claim():
+            if hooks.before_batch is not None:
+                hooks.before_batch()
             rows, tags = [], []
             for _ in range(self.steps_per_batch):
                 if self.stop_event.is_set():
@@ -249,27 +297,31 @@ class WorkerLoop:
                 if self.hooks.between_steps is not None:
                     self.hooks.between_steps()
             with phase("buffer write"):
-                batch = add_collector_keys(torch.stack(rows), *(torch.stack(tag) for tag in zip(*tags)))
-                batch = batch.reshape(-1).select(*cfg.row_keys, strict=True)
+                step_counts, traj_ids, versions = (torch.stack(tag) for tag in zip(*tags))
+                batch = add_collector_keys(torch.stack(rows), step_counts, traj_ids, versions)
+                batch = self.finite_rows(batch.select(*cfg.row_keys, strict=True)).reshape(-1)
+                if hooks.postproc is not None:
+                    batch = hooks.postproc(batch)
                 self.rb.extend(batch)
+            if hooks.after_batch is not None:
+                hooks.after_batch(batch)
             if self.control is not None:
                 self.control.written_(cfg.frames_per_batch)
             totals = phase.take_totals()
             self.metrics.add(
                 self.idx,
                 frames=cfg.frames_per_batch,
-                random_frames=int((batch.get(VERSION_KEY) == RANDOM_VERSION).sum()),
+                random_frames=int((versions == RANDOM_VERSION).sum()),
                 **{f"time_{name}": totals.get(label, 0.0) for name, label in _METRIC_PHASES.items()},
             )
             if self.hooks.after_write is not None and not self.hooks.after_write():
                 return
 
-    def close(self) -> None:
-        """Closes the env, the shared-memory handles, and writes the trace."""
-        try:
-            self.env.close()
-        except Exception:  # noqa: BLE001 - best effort while exiting
-            pass
+    def close(self, close_env: bool = True) -> None:
+        """Closes the env (unless its owner does), the shared-memory handles, and writes the trace."""
+        if close_env:
+            with contextlib.suppress(Exception):  # best effort while exiting
+                self.env.close()
         for weights, _ in self.syncs:
             weights.close()
         self.timer.save()
@@ -291,18 +343,37 @@ _METRIC_PHASES = {
 }
 
 
-def worker_main(worker_idx: int, cfg: WorkerConfig, env_fn_bytes: bytes, policy_bytes: bytes, replay_buffer,
-                weights: SharedWeights, metrics: CollectorMetrics, control: FrameControl, stop_event,
-                error_queue) -> None:
-    """:class:`~torchrl_unilab.OffPolicyCollector`'s process entry point; reports any exception to the parent."""
-    # A terminal's Ctrl-C reaches the whole process group; the parent decides when
-    # workers stop, so that none dies in the middle of a buffer write.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def worker_main(worker_idx: int, cfg: WorkerConfig, env_sources: list, policy_bytes: bytes, extras_bytes: bytes,
+                sink, weights: SharedWeights, metrics: CollectorMetrics, control: FrameControl, stop_event,
+                error_queue, started, stderr_fd: int | None) -> None:
+    """:class:`~torchrl_unilab.OffPolicyCollector`'s worker entry point; reports any exception to the parent.
+
+    A process worker gets its env factory as cloudpickled bytes and ``stderr_fd``;
+    a thread worker (``stderr_fd is None``) gets a live env instance and leaves
+    process-wide settings (signals, torch threads, exit) alone.
+    """
+    in_process = stderr_fd is not None
+    worker_started(started, worker_idx)
+    if in_process:
+        restore_stderr(stderr_fd)
+        # A terminal's Ctrl-C reaches the whole process group; the parent decides when
+        # workers stop, so that none dies in the middle of a buffer write.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:
+        cfg = dataclasses.replace(cfg, num_threads=0, seed_torch=False)
     loop, code = None, 0
     try:
-        env = cloudpickle.loads(env_fn_bytes)()
+        extras = cloudpickle.loads(extras_bytes)
+        if extras.get("init_fn") is not None:
+            extras["init_fn"]()
+        source = env_sources[worker_idx]
+        env = as_batched_env(cloudpickle.loads(source)() if in_process else source)
         policy = cloudpickle.loads(policy_bytes)
-        loop = WorkerLoop(worker_idx, cfg, env, policy, replay_buffer, weights, metrics, control, stop_event)
+        hooks = LoopHooks(before_batch=extras.get("pre_collect_hook"), postproc=extras.get("postproc"),
+                          after_batch=extras.get("post_collect_hook"))
+        if isinstance(sink, BatchSlots):
+            sink = SlotWriter(sink, worker_idx, lambda: stop_event.is_set() or not _parent_alive())
+        loop = WorkerLoop(worker_idx, cfg, env, policy, sink, weights, metrics, control, stop_event, hooks)
         loop.run()
     except BaseException as err:  # noqa: BLE001 - everything must reach the parent
         code = 1
@@ -310,12 +381,32 @@ def worker_main(worker_idx: int, cfg: WorkerConfig, env_fn_bytes: bytes, policy_
     finally:
         if loop is not None:
             with contextlib.suppress(Exception):
-                loop.close()
-        error_queue.close()
-        error_queue.join_thread()
+                # A thread's env instance belongs to the collector, which closes it once the thread is done.
+                loop.close(close_env=in_process)
+    if not in_process:
+        if code:
+            raise SystemExit(code)
+        return
+    error_queue.close()
+    error_queue.join_thread()
     # Everything shared is closed and the report is flushed; skip the interpreter's
     # slow teardown so that shutdown() does not wait for torch and MuJoCo to unload.
     os._exit(code)
+
+
+def as_batched_env(env: EnvBase) -> EnvBase:
+    """``env`` with one batch dimension: an unbatched env becomes a ``SerialEnv`` of one.
+
+    Examples:
+        >>> from torchrl.envs import GymEnv
+        >>> as_batched_env(GymEnv("Pendulum-v1")).batch_size
+        torch.Size([1])
+    """
+    if env.batch_dims == 1:
+        return env
+    if env.batch_dims == 0:
+        return SerialEnv(1, lambda: env)
+    raise ValueError(f"the env must have at most one batch dimension, got batch_size {tuple(env.batch_size)}")
 
 
 def probe_row(env: EnvBase, policy, exploration_type: ExplorationType) -> TensorDict:

@@ -10,6 +10,7 @@ place, so nearly all of the time goes to MuJoCo.
 from __future__ import annotations
 
 import difflib
+import importlib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -42,7 +43,9 @@ def make_gym_env(env_id: str, **env_kwargs: Any) -> gym.Env:
     """Creates one gymnasium environment, turning an unknown id into a clear error.
 
     Args:
-        env_id: a registered gymnasium id such as ``"HalfCheetah-v5"``.
+        env_id: a registered gymnasium id such as ``"HalfCheetah-v5"``, or
+            gymnasium's ``"module:Env-vN"`` form, which imports ``module`` (where a
+            third-party package registers its envs) first.
         **env_kwargs: keyword arguments for the environment's constructor.
 
     Examples:
@@ -52,11 +55,17 @@ def make_gym_env(env_id: str, **env_kwargs: Any) -> gym.Env:
     """
     if not isinstance(env_id, str):
         raise TypeError(f"env must be a gymnasium id (str) or a callable returning an EnvBase, got {type(env_id).__name__}")
-    if env_id not in gym.registry:
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ValueError(f"gymnasium id {env_id!r}: cannot import module {module!r} ({err})") from err
+    if name not in gym.registry:
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
         hint = f" Did you mean one of {close}?" if close else " See gymnasium.registry.keys() for the accepted ids."
         raise ValueError(f"unknown gymnasium id {env_id!r}.{hint}")
-    return gym.make(env_id, **env_kwargs)
+    return gym.make(name, **env_kwargs)
 
 
 class BatchedGymEnv(EnvBase):
@@ -122,8 +131,12 @@ class BatchedGymEnv(EnvBase):
         self._wrapped = envs
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
         obs_space, act_space = envs[0].observation_space, envs[0].action_space
-        if not isinstance(act_space, gym.spaces.Box):
-            raise TypeError(f"BatchedGymEnv supports continuous (Box) action spaces, got {act_space} for {env_id!r}")
+        for what, space in (("action", act_space), ("observation", obs_space)):
+            if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+                raise TypeError(
+                    f"BatchedGymEnv supports 1-D Box {what} spaces, got {space} for {env_id!r}; wrap the env "
+                    f"(e.g. gymnasium.wrappers.FlattenObservation) or pass a callable returning a TorchRL EnvBase"
+                )
         self.obs_dim = int(np.prod(obs_space.shape))
         self.action_dim = int(np.prod(act_space.shape))
         self._action_low = act_space.low.astype(np.float32)

@@ -20,6 +20,7 @@ PHASES = ("env_step", "policy", "buffer_write", "weight_sync", "pack", "wait")
 _COUNTERS = (
     "frames",
     "random_frames",
+    "nonfinite_dropped",
     "episodes",
     "terminated",
     "truncated",
@@ -89,7 +90,8 @@ class CollectorMetrics:
         n = min(int(row[_IDX["episodes"]]), self.window)
         elapsed = max(float(row[_IDX["last_time"]] - row[_IDX["start_time"]]), 1e-9)
         out: dict[str, Any] = {name: float(row[i]) for i, name in enumerate(_COUNTERS)}
-        for key in ("frames", "random_frames", "episodes", "terminated", "truncated", "policy_version"):
+        for key in ("frames", "random_frames", "nonfinite_dropped", "episodes", "terminated", "truncated",
+                    "policy_version"):
             out[key] = int(out[key])
         out["fps"] = out["frames"] / elapsed if out["frames"] else 0.0
         out["episode_returns"] = self.returns[worker, :n].tolist()
@@ -108,7 +110,7 @@ class CollectorMetrics:
         lengths = [x for w in workers for x in w["episode_lengths"]]
         out: dict[str, Any] = {
             key: sum(w[key] for w in workers)
-            for key in ("frames", "random_frames", "episodes", "terminated", "truncated", "fps")
+            for key in ("frames", "random_frames", "nonfinite_dropped", "episodes", "terminated", "truncated", "fps")
         }
         out["policy_version"] = min(w["policy_version"] for w in workers)
         out["mean_return"] = sum(returns) / len(returns) if returns else float("nan")

@@ -1,0 +1,405 @@
+"""OffPolicyCollector as a drop-in for TorchRL's collectors, driven the way TorchRL's own scripts drive them.
+
+Real TorchRL envs and transforms (GymEnv, SerialEnv/ParallelEnv, InitTracker, StepCounter,
+DoubleToFloat, RewardSum), real TorchRL buffers and modules, real worker processes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import subprocess
+import sys
+import textwrap
+import time
+
+import gymnasium as gym
+import pytest
+import torch
+from conftest import linear_policy, wait_until
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torchrl.collectors import MultiAsyncCollector
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
+from torchrl.envs import (
+    Compose,
+    DoubleToFloat,
+    EnvCreator,
+    GymEnv,
+    GymWrapper,
+    InitTracker,
+    ParallelEnv,
+    RewardSum,
+    SerialEnv,
+    StepCounter,
+    TransformedEnv,
+)
+from torchrl.envs.utils import ExplorationType
+from torchrl.modules import MLP, AdditiveGaussianModule, ProbabilisticActor, TanhNormal
+from torchrl.modules.distributions import NormalParamExtractor
+
+from torchrl_unilab import OffPolicyCollector, WorkerError, make_actor, make_replay_buffer
+from torchrl_unilab.weight_sync_scheme import SeqlockWeightSyncScheme
+
+TORCHRL_KEYS = {"observation", "action", "done", "terminated", "truncated", "is_init", "step_count",
+                "episode_reward", ("next", "observation"), ("next", "reward"), ("next", "done"),
+                ("next", "terminated"), ("next", "truncated"), ("next", "step_count"),
+                ("next", "episode_reward"), ("collector", "traj_ids")}
+
+
+def env_maker():
+    return GymEnv("Pendulum-v1")
+
+
+def make_train_env(num_envs: int = 2, parallel: bool = False, seed: int = 0):
+    """The shape of TorchRL's sota ``make_environment``: a batched env with the sota transforms."""
+    if parallel:
+        env = ParallelEnv(num_envs, EnvCreator(env_maker), serial_for_single=True)
+    else:
+        env = SerialEnv(num_envs, EnvCreator(env_maker))
+    env.set_seed(seed)
+    return TransformedEnv(env, Compose(InitTracker(), StepCounter(200), DoubleToFloat(), RewardSum()))
+
+
+def flatten(td):
+    return td.reshape(-1)
+
+
+def td3_explore(env):
+    actor = TensorDictModule(MLP(in_features=3, out_features=1, num_cells=[16], activation_class=torch.nn.Tanh),
+                             in_keys=["observation"], out_keys=["action"])
+    noise = AdditiveGaussianModule(spec=env.action_spec_unbatched, sigma_init=0.5, sigma_end=0.1,
+                                   annealing_num_steps=1000)
+    return actor, TensorDictSequential(actor, noise)
+
+
+def sac_actor(env):
+    """TorchRL's sota SAC actor: MLP -> NormalParamExtractor -> TanhNormal ProbabilisticActor."""
+    net = torch.nn.Sequential(MLP(in_features=3, out_features=2, num_cells=[16]), NormalParamExtractor())
+    module = TensorDictModule(net, in_keys=["observation"], out_keys=["loc", "scale"])
+    spec = env.action_spec_unbatched
+    return ProbabilisticActor(module, in_keys=["loc", "scale"], spec=spec, distribution_class=TanhNormal,
+                              distribution_kwargs={"low": spec.space.low, "high": spec.space.high},
+                              return_log_prob=False)
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["SerialEnv", "ParallelEnv"])
+def test_sync_pattern_yields_torchrl_batches(parallel, no_leaks):
+    """TorchRL's sota sac.py loop, with only the collector class changed."""
+    train_env = make_train_env(parallel=parallel)
+    actor, actor_model_explore = td3_explore(train_env)
+    collector = OffPolicyCollector(train_env, actor_model_explore, init_random_frames=100, frames_per_batch=100,
+                                   total_frames=400, device="cpu", compile_policy=False, cudagraph_policy=False)
+    assert collector._pool is None, "workers start lazily"  # noqa: SLF001
+    assert collector.set_seed(42) == 44
+    replay_buffer = ReplayBuffer(storage=LazyTensorStorage(1000))
+    assert len(collector) == 4
+    versions = []
+    for i, tensordict in enumerate(collector):
+        collector.update_policy_weights_()
+        assert tensordict.numel() == 100
+        assert TORCHRL_KEYS <= set(tensordict.keys(include_nested=True, leaves_only=True))
+        versions.append(tensordict["policy_version"])
+        replay_buffer.extend(tensordict.reshape(-1))
+    with pytest.raises(RuntimeError, match="before collection starts"):
+        collector.set_seed(0)
+    collector.shutdown()
+    assert i == 3 and len(replay_buffer) == 400
+    versions = torch.cat(versions)
+    assert int((versions == -1).sum()) == 100, "init_random_frames is exact"
+    assert versions.max() >= 2, "published weights reach the thread worker"
+    rows = replay_buffer[:]
+    # episode_reward (RewardSum) accumulates the rewards of the episode: the transform ran in the worker
+    ep = rows[rows["collector", "traj_ids"] == rows["collector", "traj_ids"][0]]
+    assert torch.allclose(ep["next", "episode_reward"][-1], ep["next", "reward"].sum(), atol=1e-4)
+    assert train_env.is_closed
+
+
+@pytest.mark.parametrize("storage_cls", [LazyTensorStorage, LazyMemmapStorage])
+def test_async_pattern_fills_a_torchrl_buffer(storage_cls, tmp_path, no_leaks):
+    """TorchRL's sota sac-async.py: a shared TorchRL buffer laid out by upstream's own pre-initialisation."""
+    make_env = make_train_env
+    storage = storage_cls(10_000, scratch_dir=tmp_path / "rb") if storage_cls is LazyMemmapStorage else \
+        storage_cls(10_000)
+    replay_buffer = ReplayBuffer(storage=storage, shared=True, batch_size=64)
+    replay_buffer.extend(make_env().rollout(1).view(-1))
+    replay_buffer.empty()
+    actor = sac_actor(make_env())
+    init_random_frames = 200
+    collector = OffPolicyCollector(functools.partial(make_env), actor, init_random_frames=0, frames_per_batch=100,
+                                   total_frames=-1, device="cpu", env_device="cpu", compile_policy=False,
+                                   cudagraph_policy=False, replay_buffer=replay_buffer, extend_buffer=True,
+                                   postproc=flatten, no_cuda_sync=True)
+    try:
+        collector.set_seed(42)
+        collector.start()
+        deadline = time.monotonic() + 120
+        while replay_buffer.write_count <= init_random_frames:
+            assert time.monotonic() < deadline
+            collector.metrics()  # raises a worker's error instead of waiting forever
+            time.sleep(0.01)
+        params = TensorDict.from_module(actor).data
+        collector.update_policy_weights_(params)
+        sample = replay_buffer.sample()
+        assert sample.shape == torch.Size([64])
+        obs, next_obs = sample["observation"], sample["next", "observation"]
+        # Pendulum's observation is (cos, sin, velocity): rows hold real env data, not zeros
+        assert torch.allclose(next_obs[:, 0] ** 2 + next_obs[:, 1] ** 2, torch.ones(64), atol=1e-4)
+        assert torch.allclose(obs[:, 0] ** 2 + obs[:, 1] ** 2, torch.ones(64), atol=1e-4)
+        assert (sample["next", "step_count"] == sample["step_count"] + 1).all()
+        assert collector.policy_version == 2
+    finally:
+        collector.shutdown()
+
+
+def test_weights_by_name_under_algo_and_obs_norm_wrappers(no_leaks):
+    actor = make_actor("td3", 3, 1, hidden_dim=16)
+    rb = make_replay_buffer(20_000)
+    with OffPolicyCollector("Pendulum-v1", actor, algo="td3", obs_norm=True, num_envs=4, frames_per_batch=64,
+                            replay_buffer=rb, exploration_type=ExplorationType.DETERMINISTIC,
+                            seed=0) as collector:
+        with pytest.raises(KeyError, match="not in it.*'bogus'"):
+            collector.update_policy_weights_({"bogus": torch.zeros(1)})
+        collector.start()
+        assert collector.wait_for_frames(256, timeout=60)
+        weights = TensorDict.from_module(actor).data.clone().zero_()
+        collector.update_policy_weights_(weights)  # the bare actor's names, under two wrappers
+        assert collector.policy_version == 2
+        assert wait_until(lambda: collector.metrics()["policy_version"] == 2, timeout=30)
+        start = collector.frames_written
+        assert collector.wait_for_frames(start + 256, timeout=60)
+        rows = rb[: collector.frames_written]
+    new = rows[rows["policy_version"] == 2]
+    old = rows[rows["policy_version"] == 1]
+    assert len(new) > 0 and len(old) > 0
+    assert torch.count_nonzero(new["action"]) == 0, "zero weights give zero actions (deterministic, tanh(0))"
+    assert torch.count_nonzero(old["action"]) > 0
+
+
+def test_inherited_api_works_or_says_why(no_leaks):
+    rb = make_replay_buffer(4096)
+    policy = linear_policy(3, 1)
+    collector = OffPolicyCollector("Pendulum-v1", policy, num_envs=4, frames_per_batch=64, total_frames=512,
+                                   replay_buffer=rb, weight_sync_schemes={"policy": SeqlockWeightSyncScheme()})
+    try:
+        # before start: hooks and seed are settable, specs are readable
+        collector.pre_collect_hook = None
+        assert collector.getattr_env("action_spec").shape == torch.Size([4, 1])
+        assert collector.getattr_policy("in_keys") == ["observation"]
+        assert collector.getattr_rb("write_count") == 0
+        assert set(collector.fake_tensordict().keys(True, True)) >= {"observation", ("next", "reward")}
+        assert collector.get_model("policy") is collector.policy
+        assert collector.frames_per_batch_worker() == 64
+        assert collector.worker_idx is None and collector.weight_updater is None
+        assert collector.profile_config is None
+        collector.init_updater()
+        assert collector.cascade_execute("get_policy_version") == 1
+        collector.increment_version()
+        assert collector.get_policy_version() == 2
+        cached = collector.get_cached_weights("policy")
+        assert torch.equal(cached["module", "0", "weight"], policy.module[0].weight)
+        batch = collector.next()
+        assert batch is None and collector.frames_written >= 64  # with a buffer, the data goes there
+        with pytest.raises(RuntimeError, match="before collection starts"):
+            collector.post_collect_hook = print
+        with collector.pause():
+            frozen = collector.frames_written
+            time.sleep(0.2)
+            assert collector.frames_written == frozen
+        stats = collector.stats("both")
+        assert stats["workers"] == 1 and stats["frames"] == 64 and "worker_0/frames" in stats
+        assert stats["workers_alive"] == 1
+        state = collector.state_dict()
+        assert state["frames"] == 64 and state["iter"] == 0 and "worker0" in state
+        collector.load_state_dict({**state, "frames": 128, "iter": 1})
+        assert collector.stats()["frames"] == 128
+        for call, name in [(collector.reset, "reset"), (lambda: collector.map_fn("stats"), "map_fn"),
+                           (collector.enable_profile, "profile"), (collector.receive_weights, "receive"),
+                           (lambda: collector.getattr_env("unwrapped_envs"), "getattr_env")]:
+            with pytest.raises(NotImplementedError):
+                call()
+        # no public name of MultiAsyncCollector fails for want of a parent field
+        for name in dir(MultiAsyncCollector):
+            if not name.startswith("_"):
+                getattr(collector, name)
+    finally:
+        collector.async_shutdown()
+    assert collector.closed
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(preemptive_threshold=0.7), "asynchronous"),
+        (dict(trajs_per_batch=4), "split_trajectories"),
+        (dict(weight_updater=object()), "weight_sync_schemes"),
+        (dict(weight_sync_schemes={"policy": object()}), "must be a SeqlockWeightSyncScheme"),
+        (dict(policy_device="cuda:0"), "update_policy_weights_"),
+        (dict(static_seed=True), "unexpected keyword argument 'static_seed'"),
+    ],
+)
+def test_rejected_parameters_say_why(kwargs, match):
+    error = TypeError if "static_seed" in kwargs else ValueError
+    with pytest.raises(error, match=match):
+        OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_envs=2, frames_per_batch=2, **kwargs)
+
+
+def test_frames_per_batch_is_rounded_up_like_torchrl():
+    with pytest.warns(UserWarning, match="updated to 66"):
+        collector = OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_envs=6, frames_per_batch=64)
+    assert collector.frames_per_batch == 66
+    collector.shutdown()
+
+
+def test_num_workers_from_a_list_of_factories_and_module_ids(tmp_path, monkeypatch, no_leaks):
+    (tmp_path / "third_party_envs.py").write_text(textwrap.dedent("""
+        import gymnasium as gym
+        gym.register(id="ThirdPartyPendulum-v0", entry_point="gymnasium.envs.classic_control.pendulum:PendulumEnv",
+                     max_episode_steps=20)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with OffPolicyCollector(["third_party_envs:ThirdPartyPendulum-v0", make_train_env], linear_policy(3, 1),
+                            num_envs=2, frames_per_batch=40, total_frames=160, init_random_frames=80,
+                            create_env_kwargs=[{}, {"num_envs": 2}]) as collector:
+        assert collector.num_workers == 2
+        batches = list(collector)
+    ids = torch.cat([b["collector", "traj_ids"] for b in batches])
+    # each worker owns one random batch, reserved for it: both deliver
+    assert len(batches) == 4 and {int(i) % 2 for i in ids} == {0, 1}, "both workers delivered batches"
+
+
+class NaNRewardAt(gym.Wrapper):
+    """A gymnasium wrapper whose env returns a NaN reward at one step."""
+
+    def __init__(self, env, step):
+        super().__init__(env)
+        self.nan_step, self.t = step, 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.t += 1
+        return obs, (math.nan if self.t == self.nan_step else reward), terminated, truncated, info
+
+
+def nan_env():
+    return GymWrapper(NaNRewardAt(gym.make("Pendulum-v1"), step=30))
+
+
+def test_nonfinite_values_raise_or_are_dropped(no_leaks):
+    with OffPolicyCollector(nan_env, linear_policy(3, 1), frames_per_batch=20, total_frames=100) as collector:
+        with pytest.raises(WorkerError, match=r"non-finite value in key \('next', 'reward'\) from env 0 of worker 0, "
+                                              r"step 9 of the batch"):
+            list(collector)
+    rb = make_replay_buffer(1000)
+    with OffPolicyCollector(nan_env, linear_policy(3, 1), frames_per_batch=20, total_frames=100, replay_buffer=rb,
+                            nonfinite="drop") as collector:
+        list(collector)
+        assert collector.metrics()["nonfinite_dropped"] == 1
+    assert len(rb) == 99 and torch.isfinite(rb[:]["next", "reward"]).all()
+
+
+def slow_pendulum(delay):
+    time.sleep(delay)
+    return BatchedPendulum()
+
+
+def BatchedPendulum():  # noqa: N802 - an env factory
+    return SerialEnv(4, EnvCreator(env_maker))
+
+
+def test_random_frames_exact_when_a_worker_starts_late(no_leaks):
+    """Worker 1 starts seconds after worker 0; its share of the random frames is still collected."""
+    rb = make_replay_buffer(4096)
+    with OffPolicyCollector([BatchedPendulum, functools.partial(slow_pendulum, 4.0)], linear_policy(3, 1),
+                            frames_per_batch=64, total_frames=1024, init_random_frames=300, replay_buffer=rb,
+                            seed=1) as collector:
+        collector.start()
+        assert collector.wait_for_frames(1024, timeout=120)
+        rows = rb[:]
+    assert int((rows["policy_version"] == -1).sum()) == 300
+    assert int((rows["collector", "traj_ids"] % 2 == 1).sum()) >= 128, "the late worker got its reserved batches"
+
+
+def test_waits_that_could_never_end_raise(no_leaks):
+    rb = make_replay_buffer(1000)
+    with OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_envs=2, frames_per_batch=32, total_frames=256,
+                            replay_buffer=rb) as collector:
+        with pytest.raises(ValueError, match="total_frames is 256"):
+            collector.wait_for_frames(1000)
+        with pytest.raises(ValueError, match="call start"):
+            collector.wait_for_frames(64)
+        collector.start()
+        assert collector.wait_for_frames(256, timeout=60)
+    with OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_envs=2, frames_per_batch=32) as collector:
+        with pytest.raises(RuntimeError, match="iterate over it instead"):
+            collector.start()
+
+
+FAILING_SCRIPT = """
+import sys, torch
+from tensordict.nn import TensorDictModule
+from torchrl_unilab import OffPolicyCollector, make_replay_buffer
+
+def main():
+    policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+    collector = OffPolicyCollector("Pendulum-v1", policy, num_envs=2, frames_per_batch=64, num_workers=2,
+                                   replay_buffer=make_replay_buffer(1000))
+    if "with" in sys.argv:
+        with collector:
+            collector.start(); collector.wait_for_frames(128, timeout=60)
+            raise ValueError("user error after construction")
+    collector.start(); collector.wait_for_frames(128, timeout=60)
+    raise ValueError("user error after construction")
+"""
+
+HYDRA_MAIN = """
+import hydra
+@hydra.main(version_base="1.3", config_path=None)
+def hydra_main(cfg):
+    main()
+if __name__ == "__main__":
+    hydra_main()
+"""
+
+
+@pytest.mark.parametrize("runner", ["plain", "plain-with", "hydra"])
+def test_a_failing_script_exits_promptly(runner, tmp_path):
+    body = FAILING_SCRIPT + (HYDRA_MAIN if runner == "hydra" else '\nif __name__ == "__main__":\n    main()\n')
+    script = tmp_path / "failing.py"
+    script.write_text(body)
+    args = [sys.executable, str(script)] + (["with"] if runner.endswith("with") else [])
+    if runner == "hydra":
+        args.append(f"hydra.run.dir={tmp_path / 'out'}")
+    started = time.monotonic()
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    elapsed = time.monotonic() - started
+    assert out.returncode != 0 and "user error after construction" in out.stderr, out.stderr[-2000:]
+    # interpreter start, imports and a first batch take a few seconds; the exit itself must not hang
+    assert elapsed < 15 + _startup_seconds(), f"took {elapsed:.1f}s"
+
+
+def _startup_seconds() -> float:
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torchrl_unilab"], check=True, capture_output=True)
+    return 2 * (time.monotonic() - started)
+
+
+NO_MAIN_GUARD = """
+import torch
+from tensordict.nn import TensorDictModule
+from torchrl_unilab import OffPolicyCollector
+policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+collector = OffPolicyCollector("Pendulum-v1", policy, num_envs=2, frames_per_batch=64, total_frames=128)
+for batch in collector:
+    pass
+"""
+
+
+def test_startup_failure_names_the_main_guard_and_shows_worker_stderr(tmp_path):
+    script = tmp_path / "no_guard.py"
+    script.write_text(NO_MAIN_GUARD)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode != 0
+    assert "WorkerError" in out.stderr and 'if __name__ == "__main__":' in out.stderr, out.stderr[-3000:]
+    assert "worker stderr while starting" in out.stderr
+    assert "bootstrapping phase" in out.stderr, "the worker's own error text is shown"

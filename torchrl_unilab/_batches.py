@@ -1,0 +1,96 @@
+"""Batches handed from workers to the parent when there is no replay buffer.
+
+Each worker owns two slots of a shared-memory TensorDict laid out from the
+env's first row. A worker fills a free slot with a whole batch and stamps it
+with the time; the parent takes the oldest filled slot, copies it out and frees
+it. Two slots per worker let a worker collect its next batch while the parent
+reads the last one; a worker whose slots are both full waits, which is the
+backpressure ``MultiAsyncCollector``'s queue gives. Plain shared tensors and
+polling keep this free of semaphores and queues that a killed process could
+leave locked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from tensordict import TensorDictBase
+
+__all__ = ["BatchSlots", "SlotWriter"]
+
+_FREE, _FILLED = 0, 1
+
+
+class BatchSlots:
+    """Per-worker double buffers in shared memory.
+
+    Args:
+        row: one transition (batch size ``[]``) with every key a worker writes.
+        num_workers: number of workers.
+        frames_per_batch: rows per batch.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> slots = BatchSlots(TensorDict({"x": torch.zeros(2)}, []), num_workers=1, frames_per_batch=3)
+        >>> SlotWriter(slots, 0, lambda: False).extend(TensorDict({"x": torch.ones(3, 2)}, [3]))
+        >>> slots.take(timeout=1.0, on_poll=lambda: None)["x"].sum().item()
+        6.0
+    """
+
+    def __init__(self, row: TensorDictBase, num_workers: int, frames_per_batch: int, slots_per_worker: int = 2) -> None:
+        self.data = row.expand(num_workers, slots_per_worker, frames_per_batch).clone().share_memory_()
+        # state, number of rows, fill time (ns), per slot
+        self.meta = torch.zeros(num_workers, slots_per_worker, 3, dtype=torch.int64).share_memory_()
+
+    def take(self, timeout: float | None, on_poll: Callable[[], None]) -> TensorDictBase | None:
+        """Returns a copy of the oldest filled batch and frees its slot; ``None`` on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 1e-4
+        while True:
+            filled = self.meta[..., 0] == _FILLED
+            if filled.any():
+                stamps = torch.where(filled, self.meta[..., 2], torch.iinfo(torch.int64).max)
+                worker, slot = divmod(int(stamps.argmin()), stamps.shape[1])
+                rows = int(self.meta[worker, slot, 1])
+                out = self.data[worker, slot, :rows].clone()
+                self.meta[worker, slot, 0] = _FREE
+                return out
+            on_poll()
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
+
+
+class SlotWriter:
+    """Worker side of :class:`BatchSlots`: ``extend(batch)`` like a replay buffer.
+
+    Args:
+        slots: the shared slots.
+        worker_idx: whose slots to fill.
+        should_stop: polled while both slots are full; a true value drops the batch.
+    """
+
+    def __init__(self, slots: BatchSlots, worker_idx: int, should_stop: Callable[[], bool]) -> None:
+        self.slots = slots
+        self.idx = worker_idx
+        self.should_stop = should_stop
+
+    def extend(self, batch: TensorDictBase) -> None:
+        """Copies ``batch`` (at most ``frames_per_batch`` rows) into a free slot, waiting for one."""
+        meta = self.slots.meta[self.idx]
+        delay = 1e-4
+        while not bool((meta[:, 0] == _FREE).any()):
+            if self.should_stop():
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
+        slot = int((meta[:, 0] == _FREE).nonzero()[0])
+        rows = batch.shape[0]
+        self.slots.data[self.idx, slot, :rows].update_(batch)
+        meta[slot, 1] = rows
+        meta[slot, 2] = time.monotonic_ns()
+        meta[slot, 0] = _FILLED  # last: the parent reads the slot only once this is set
