@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
+from torchrl.collectors import BaseCollector
 from torchrl.collectors.distributed import RayCollector
 from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType
@@ -150,23 +151,18 @@ class RayNodeCollector(OffPolicyCollector):
                 raise ValueError(f"RayNodeCollector supports {name!r} only at {default!r}, got {value!r}")
         if isinstance(create_env_fn, list) and create_env_fn and all(isinstance(f, str) for f in create_env_fn):
             create_env_fn = create_env_fn[0]  # RayCollector repeats the gymnasium id once per worker
-        self.worker_idx = 0 if worker_idx is None else int(worker_idx)
         self.num_nodes = int(num_nodes)
         self.node_host = f"{socket.gethostname()} (pid {os.getpid()})"
         self._remote_buffer = replay_buffer
-        self._learner_policy = policy
-        workers = 1 if num_workers is None else num_workers
-        # Batches are read back from a local ring that holds every batch the
-        # workers may have in flight, so none is overwritten before it is read.
         super().__init__(create_env_fn, policy, num_workers=num_workers, frames_per_batch=frames_per_batch,
-                         replay_buffer=None, buffer_capacity=4 * (workers + 1) * frames_per_batch, **kwargs)
+                         replay_buffer=None, **kwargs)
+        self.worker_idx = 0 if worker_idx is None else int(worker_idx)
 
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """Yields each batch of ``frames_per_batch`` transitions (``None`` once written to a ``RayReplayBuffer``)."""
         error = None
         try:
-            for out in super().iterator():
-                batch = out if out is not None else self._last_batch()
+            for batch in super().iterator():
                 batch[TRAJ_KEY] = batch[TRAJ_KEY] * self.num_nodes + self.worker_idx
                 if self._remote_buffer is None:
                     yield batch
@@ -179,10 +175,9 @@ class RayNodeCollector(OffPolicyCollector):
         if error is not None:
             raise error  # outside the handler: Ray pickles the context too, and WorkerError does not unpickle
 
-    def _last_batch(self) -> TensorDictBase:
-        fpb, capacity = self.frames_per_batch, self.replay_buffer.storage.max_size
-        rows = (torch.arange(fpb) + self._frames - fpb) % capacity
-        return self.replay_buffer.storage.get(rows).clone()
+    # RayCollector connects each node's receiver by a path with a subscript,
+    # "_receiver_schemes['policy'].connect", which TorchRL's own resolver reads.
+    cascade_execute = BaseCollector.cascade_execute
 
     def register_scheme_receiver(self, weight_recv_schemes: Mapping[str, Any], *,
                                  synchronize_weights: bool = True) -> None:
@@ -194,8 +189,10 @@ class RayNodeCollector(OffPolicyCollector):
         for model_id, scheme in weight_recv_schemes.items():
             if model_id == "policy" and not scheme.initialized_on_receiver:
                 scheme.init_on_receiver(model_id=model_id, context=self, worker_idx=self.worker_idx,
-                                        model=self._learner_policy)
-        super().register_scheme_receiver(weight_recv_schemes, synchronize_weights=synchronize_weights)
+                                        model=self._user_policy)
+        # OffPolicyCollector refuses to receive weights from a parent (it is the top sender on one
+        # machine); a node does receive them, so it takes TorchRL's own receiver set-up.
+        BaseCollector.register_scheme_receiver(self, weight_recv_schemes, synchronize_weights=synchronize_weights)
 
     def update_policy_weights_(self, policy_or_weights: Any = None, *, model_id: str | None = None,
                                worker_ids: Any = None, **kwargs: Any) -> None:
@@ -205,10 +202,8 @@ class RayNodeCollector(OffPolicyCollector):
         once the learner's tensors are in :attr:`policy`; a direct call behaves
         as :meth:`OffPolicyCollector.update_policy_weights_`.
         """
-        if model_id is not None:
-            if model_id != "policy":
-                raise ValueError(f"RayNodeCollector syncs only model_id='policy', got {model_id!r}")
-            policy_or_weights = None  # already loaded in place by the scheme
+        if model_id not in (None, "policy"):
+            raise ValueError(f"RayNodeCollector syncs only model_id='policy', got {model_id!r}")
         super().update_policy_weights_(policy_or_weights, worker_ids=worker_ids, **kwargs)
 
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = False) -> None:
@@ -224,7 +219,7 @@ class RayNodeCollector(OffPolicyCollector):
 
     def layout_row(self) -> TensorDictBase:
         """One zero row with every key and dtype this node writes, to lay out the learner's buffer."""
-        return self.replay_buffer.storage._storage[0].clone()
+        return self._row.select(*self._row_keys).clone()
 
     def host(self) -> str:
         """Host name and actor process id of this node, for error messages."""
@@ -284,12 +279,11 @@ class RayOffPolicyCollector(RayCollector):
         >>> from tensordict.nn import TensorDictModule
         >>> _ = ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
         >>> policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
-        >>> collector = RayOffPolicyCollector("Pendulum-v1", policy, num_nodes=2, num_workers=1, num_envs=2,
-        ...                                   frames_per_batch=32, total_frames=128, init_random_frames=64, seed=0,
-        ...                                   remote_configs={"num_cpus": 0.5})
-        >>> frames = sum(batch.numel() for batch in collector)
-        >>> frames
-        128
+        >>> collector = RayOffPolicyCollector("Pendulum-v1", policy, num_nodes=1, num_workers=1, num_envs=2,
+        ...                                   frames_per_batch=32, total_frames=128, init_random_frames=64, seed=0)
+        >>> batches = list(collector)
+        >>> len(batches), int(sum((b["policy_version"] == -1).sum() for b in batches))
+        (4, 64)
         >>> collector.shutdown()
         >>> ray.shutdown()
     """
