@@ -92,7 +92,7 @@ def test_two_nodes_fill_the_learner_buffer_and_a_publish_reaches_them():
     random_frames, frames = 96, 1024
     collector = RayOffPolicyCollector(
         "Pendulum-v1", linear_policy(3, 1), num_nodes=2, num_workers=1, num_envs=4, frames_per_batch=32,
-        total_frames=4096, init_random_frames=random_frames, seed=0, replay_buffer=rb, remote_configs=NODE,
+        init_random_frames=random_frames, seed=0, replay_buffer=rb, remote_configs=NODE,
     )
     pids = node_processes(collector)
     assert len(pids) >= 4, "each node runs its own worker process"
