@@ -1,23 +1,32 @@
-"""Collection throughput on HalfCheetah-v5: raw gymnasium vs TorchRL vs OffPolicyCollector.
+"""Collection throughput on HalfCheetah-v5: the simulators, TorchRL, and OffPolicyCollector on both engines.
 
 Prints one JSON line with env steps per second for
 
-* ``raw``: a single-process gymnasium loop with uniformly random actions (the
-  simulator's own speed, the ceiling for one core);
-* ``torchrl_collector``: TorchRL's ``Collector`` over ``GymEnv(num_envs=16)``
-  with a 512-wide LayerNorm SAC actor;
-* ``offpolicy_1w`` / ``offpolicy_2w``: ``OffPolicyCollector`` with 1 and 2
-  workers x 16 envs, the same actor, writing into a shared replay buffer;
+* ``raw``: a single-process gymnasium loop with uniformly random actions (what
+  users take for "the simulator's speed"); every ratio below is to this row;
+* ``bare_mujoco``: 16 ``MjData`` stepped with ``mujoco.mj_step(model, data, nstep=5)``
+  in a Python loop, random controls (the ceiling without any env logic);
+* ``envpool``: ``envpool.make_gymnasium(num_envs=16, num_threads=1)`` alone, random actions;
+* ``envpool_env``: our :class:`~torchrl_unilab.EnvPoolEnv` (16 envs) alone, random actions
+  through ``step_and_maybe_reset`` (TorchRL's ``MultiThreadedEnv`` cannot be measured beside
+  it: it builds EnvPool's ``env_type="gym"`` under the legacy ``gym`` backend, which fails
+  with EnvPool 1.2.5's gymnasium spaces);
+* ``torchrl_collector``: TorchRL's ``Collector`` over ``GymEnv(num_envs=16)`` with a
+  512-wide LayerNorm SAC actor;
+* ``offpolicy_gymnasium``: ``OffPolicyCollector``, 1 worker x 16 envs, ``engine="gymnasium"``;
+* ``offpolicy_envpool_16`` / ``offpolicy_envpool_64``: 1 worker x 16 / 64 envs on EnvPool
+  (the default engine), the same actor, writing into a shared replay buffer;
+* ``offpolicy_envpool_2w``: 2 workers x 16 envs on EnvPool (second group, with its own ``raw``).
 
-and the ratios ``offpolicy_1w / raw`` (target >= 0.6) and
-``offpolicy_1w / torchrl_collector`` (target >= 3).
+Each worker also reports where its time goes (``breakdown_us_per_step``: physics,
+policy, bookkeeping, buffer write, in microseconds per env step).
 
-The configurations are measured in alternating rounds (raw, TorchRL, 1 worker,
-raw, ...; then raw and 2 workers), every collector kept alive and paused
-between its rounds, so that slow drifts in a shared machine's speed weigh on
-all of them alike. Rates are medians over rounds; ratios are medians of the
-per-round ratios. Collector windows start and end on a batch boundary
-(``wait_for_frames``), so whole batches never skew a window.
+The configurations are measured in alternating rounds, every collector kept alive
+and paused between its rounds, so that slow drifts in a shared machine's speed
+weigh on all of them alike. Rates are medians over rounds; ratios are medians of
+the per-round ratios to ``raw``. Collector windows start and end on a batch
+boundary (``wait_for_frames``), so whole batches never skew a window. The load
+average at the start and end is printed beside the figures.
 
 Run: ``python benchmarks/collector_throughput.py [--rounds 5] [--seconds 3]``
 """
@@ -26,25 +35,38 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
 
+import envpool
 import gymnasium as gym
+import mujoco
 import numpy as np
 import torch
 from torchrl.collectors import Collector
 from torchrl.envs import DoubleToFloat, GymEnv, TransformedEnv
 
-from torchrl_unilab import OffPolicyCollector, make_replay_buffer
+from torchrl_unilab import EnvPoolEnv, OffPolicyCollector, make_replay_buffer
 from torchrl_unilab.models import make_actor
 
 ENV = "HalfCheetah-v5"
 NUM_ENVS = 16
+FRAME_SKIP = 5
 
 
 def sac_actor():
     return make_actor("sac", 17, 6, hidden_dim=512, use_layer_norm=True)
+
+
+def timed_loop(step, batch: int, seconds: float) -> float:
+    """Calls ``step()`` for ``seconds``; env steps per second, ``batch`` per call."""
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        step()
+        steps += batch
+    return steps / (time.perf_counter() - start)
 
 
 def raw_gym(seconds: float) -> float:
@@ -52,13 +74,56 @@ def raw_gym(seconds: float) -> float:
     env.reset(seed=0)
     rng = np.random.default_rng(0)
     low, high = env.action_space.low, env.action_space.high
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+
+    def step():
         _, _, terminated, truncated, _ = env.step(rng.uniform(low, high))
         if terminated or truncated:
             env.reset()
-        steps += 1
-    return steps / (time.perf_counter() - start)
+
+    return timed_loop(step, 1, seconds)
+
+
+class BareMujoco:
+    """The ceiling: NUM_ENVS MjData stepped in a Python loop, no env logic at all."""
+
+    def __init__(self) -> None:
+        self.model = gym.make(ENV).unwrapped.model
+        self.data = [mujoco.MjData(self.model) for _ in range(NUM_ENVS)]
+        self.rng = np.random.default_rng(0)
+
+    def __call__(self, seconds: float) -> float:
+        model, data = self.model, self.data
+
+        def step():
+            controls = self.rng.uniform(-1, 1, (NUM_ENVS, model.nu))
+            for ctrl, d in zip(controls, data):
+                d.ctrl[:] = ctrl
+                mujoco.mj_step(model, d, nstep=FRAME_SKIP)
+
+        return timed_loop(step, NUM_ENVS, seconds)
+
+
+class EnvPoolAlone:
+    def __init__(self) -> None:
+        self.env = envpool.make_gymnasium(ENV, num_envs=NUM_ENVS, num_threads=1, seed=0)
+        self.env.reset()
+        self.rng = np.random.default_rng(0)
+
+    def __call__(self, seconds: float) -> float:
+        return timed_loop(lambda: self.env.step(self.rng.uniform(-1, 1, (NUM_ENVS, 6))), NUM_ENVS, seconds)
+
+
+class EnvPoolEnvAlone:
+    def __init__(self) -> None:
+        self.env = EnvPoolEnv(ENV, NUM_ENVS, seed=0)
+        self.td = self.env.reset()
+
+    def __call__(self, seconds: float) -> float:
+        def step():
+            self.td["action"] = self.env.action_spec.rand()
+            _, self.td = self.env.step_and_maybe_reset(self.td)
+
+        return timed_loop(step, NUM_ENVS, seconds)
 
 
 class TorchRLCollector:
@@ -82,16 +147,20 @@ class TorchRLCollector:
 
 
 class OffPolicy:
-    """An OffPolicyCollector kept paused between measurement windows."""
+    """An OffPolicyCollector kept paused between measurement windows; it also sums the workers' phase times."""
 
-    def __init__(self, num_workers: int) -> None:
-        self.collector = OffPolicyCollector(ENV, sac_actor(), num_workers=num_workers, num_envs=NUM_ENVS,
-                                            frames_per_batch=1024, replay_buffer=make_replay_buffer(1_000_000),
-                                            seed=0)
+    def __init__(self, num_workers: int, num_envs: int = NUM_ENVS, engine: str = "auto") -> None:
+        self.num_workers = num_workers
+        self.collector = OffPolicyCollector(ENV, sac_actor(), num_workers=num_workers, num_envs=num_envs,
+                                            frames_per_batch=1024, replay_buffer=make_replay_buffer(200_000),
+                                            seed=0, engine=engine)
         self.collector.start()
         self.collector.wait_for_frames(2048 * num_workers, timeout=120)  # past process start-up
         self._pause = self.collector.pause()
         self._pause.__enter__()
+        self.phase_seconds: dict[str, float] = {}
+        self.window_seconds = 0.0
+        self.window_frames = 0
 
     def __call__(self, seconds: float) -> float:
         collector = self.collector
@@ -99,14 +168,24 @@ class OffPolicy:
         try:
             # From one batch boundary to another: no partial batch inside the window.
             collector.wait_for_frames(collector.frames_written + 1, timeout=60)
-            f0, t0 = collector.frames_written, time.perf_counter()
+            f0, t0, m0 = collector.frames_written, time.perf_counter(), collector.metrics()
             time.sleep(seconds)
             collector.wait_for_frames(collector.frames_written + 1, timeout=60)
-            f1, t1 = collector.frames_written, time.perf_counter()
+            f1, t1, m1 = collector.frames_written, time.perf_counter(), collector.metrics()
         finally:
             self._pause = collector.pause()
             self._pause.__enter__()
+        for phase, total in m1["time"].items():
+            self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + total - m0["time"][phase]
+        self.window_seconds += (t1 - t0) * self.num_workers
+        self.window_frames += f1 - f0
         return (f1 - f0) / (t1 - t0)
+
+    def breakdown(self) -> dict[str, float]:
+        """Microseconds of worker time per env step, by phase; ``other`` is the loop's own bookkeeping."""
+        us = {p: 1e6 * t / self.window_frames for p, t in self.phase_seconds.items() if t > 0}
+        us["other"] = 1e6 * self.window_seconds / self.window_frames - sum(us.values())
+        return {p: round(v, 1) for p, v in us.items()}
 
     def close(self) -> None:
         self._pause.__exit__(None, None, None)
@@ -131,28 +210,41 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per configuration")
     parser.add_argument("--seconds", type=float, default=3.0, help="measurement window per round")
     args = parser.parse_args()
-    torchrl, one = TorchRLCollector(), OffPolicy(1)
+    load_start = os.getloadavg()
+    collectors = {
+        "torchrl_collector": TorchRLCollector(),
+        "offpolicy_gymnasium": OffPolicy(1, engine="gymnasium"),
+        "offpolicy_envpool_16": OffPolicy(1),
+        "offpolicy_envpool_64": OffPolicy(1, num_envs=64),
+    }
     try:
-        first = interleaved({"raw": raw_gym, "torchrl_collector": torchrl, "offpolicy_1w": one},
-                            args.rounds, args.seconds)
+        first = interleaved({"raw": raw_gym, "bare_mujoco": BareMujoco(), "envpool": EnvPoolAlone(),
+                             "envpool_env": EnvPoolEnvAlone(), **collectors}, args.rounds, args.seconds)
+        breakdown = {name: c.breakdown() for name, c in collectors.items() if isinstance(c, OffPolicy)}
     finally:
-        torchrl.close()
-        one.close()
+        for c in collectors.values():
+            c.close()
     two = OffPolicy(2)
     try:
-        second = interleaved({"raw": raw_gym, "offpolicy_2w": two}, args.rounds, args.seconds)
+        second = interleaved({"raw": raw_gym, "offpolicy_envpool_2w": two}, args.rounds, args.seconds)
+        breakdown["offpolicy_envpool_2w"] = two.breakdown()
     finally:
         two.close()
-    out = {"benchmark": "collector_throughput", "env": ENV, "num_envs": NUM_ENVS, "unit": "env steps/s",
-           "rounds": args.rounds, "seconds_per_round": args.seconds}
-    figures = {**first, "offpolicy_2w": second["offpolicy_2w"]}
+    out = {"benchmark": "collector_throughput", "env": ENV, "unit": "env steps/s", "rounds": args.rounds,
+           "seconds_per_round": args.seconds}
+    figures = {**first, "offpolicy_envpool_2w": second["offpolicy_envpool_2w"]}
     out.update({name: round(statistics.median(r), 1) for name, r in figures.items()})
-    out["ratio_1w_over_raw"] = round(median_ratio(first["offpolicy_1w"], first["raw"]), 3)
-    out["ratio_1w_over_torchrl"] = round(median_ratio(first["offpolicy_1w"], first["torchrl_collector"]), 3)
-    out["ratio_2w_over_raw"] = round(median_ratio(second["offpolicy_2w"], second["raw"]), 3)
-    out["ratio_2w_over_1w"] = round(out["offpolicy_2w"] / out["offpolicy_1w"], 3)
-    out["ratio_1w_over_raw_per_round"] = [round(a / b, 3) for a, b in zip(first["offpolicy_1w"], first["raw"])]
-    out["machine"] = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    for name, rates in first.items():
+        if name != "raw":
+            out[f"ratio_{name}_over_raw"] = round(median_ratio(rates, first["raw"]), 3)
+    out["ratio_offpolicy_envpool_2w_over_raw"] = round(median_ratio(second["offpolicy_envpool_2w"], second["raw"]), 3)
+    out["ratio_2w_over_1w"] = round(out["offpolicy_envpool_2w"] / out["offpolicy_envpool_16"], 3)
+    out["ratio_envpool_16_over_raw_per_round"] = [
+        round(a / b, 3) for a, b in zip(first["offpolicy_envpool_16"], first["raw"])
+    ]
+    out["breakdown_us_per_step"] = breakdown
+    out["load_average_start_end"] = [round(load_start[0], 2), round(os.getloadavg()[0], 2)]
+    out["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
     print(json.dumps(out))
 
 

@@ -53,6 +53,10 @@ def make_train_env(num_envs: int):
     return TransformedEnv(env, Compose(InitTracker(), StepCounter(1000), DoubleToFloat(), RewardSum()))
 
 
+def flatten(td):
+    return td.reshape(-1)
+
+
 def sota_actor():
     net = torch.nn.Sequential(MLP(in_features=17, out_features=12, num_cells=[256, 256]), NormalParamExtractor())
     return ProbabilisticActor(TensorDictModule(net, in_keys=["observation"], out_keys=["loc", "scale"]),
@@ -87,7 +91,7 @@ def pattern2(cls, workers: int, envs: int, fpb: int, seconds: float, fast_path: 
         factories = [functools.partial(make_train_env, envs)] * workers
         collector = cls(factories, sota_actor(), frames_per_batch=fpb, total_frames=-1, device="cpu",
                         env_device="cpu", compile_policy=False, cudagraph_policy=False, replay_buffer=rb,
-                        extend_buffer=True, no_cuda_sync=True)
+                        extend_buffer=True, postproc=flatten, no_cuda_sync=True)
     try:
         collector.start()
         deadline = time.monotonic() + 300

@@ -11,9 +11,12 @@ from conftest import child_pids, linear_policy, wait_until
 from tensordict import TensorDictBase
 from torchrl.collectors import MultiAsyncCollector
 
-from torchrl_unilab import BatchedGymEnv, OffPolicyCollector, WorkerError, make_replay_buffer
+from torchrl_unilab import BatchedGymEnv, EnvPoolEnv, OffPolicyCollector, WorkerError, make_replay_buffer
 
 HOPPER_OBS, HOPPER_ACT = 11, 3
+#: The integrity tests run on both engines that step gymnasium ids.
+ENGINES = pytest.mark.parametrize("engine", ["envpool", "gymnasium"])
+ENV_CLASSES = {"envpool": EnvPoolEnv, "gymnasium": BatchedGymEnv}
 
 
 def by_trajectory(rows: TensorDictBase) -> dict[int, TensorDictBase]:
@@ -58,10 +61,11 @@ def test_is_a_torchrl_multi_async_collector(no_leaks):
         assert sum(1 for _ in collector) == 1
 
 
-def test_integrity_and_ring_wraparound(no_leaks):
+@ENGINES
+def test_integrity_and_ring_wraparound(engine, no_leaks):
     capacity = 24_576
     rb = make_replay_buffer(capacity)
-    with hopper_collector(rb, total_frames=-1) as collector:
+    with hopper_collector(rb, total_frames=-1, engine=engine) as collector:
         collector.allow_frames(20_480)
         assert collector.wait_for_frames(20_480, timeout=120)
         time.sleep(0.2)  # nothing beyond the allowance may be written
@@ -81,8 +85,9 @@ def test_integrity_and_ring_wraparound(no_leaks):
         check_integrity(rb[:], time_limit=60)
 
 
-def test_episode_end_keeps_final_observation():
-    env = BatchedGymEnv("Hopper-v5", num_envs=2, seed=3, env_kwargs={"max_episode_steps": 5}, stagger_resets=False)
+@ENGINES
+def test_episode_end_keeps_final_observation(engine):
+    env = ENV_CLASSES[engine]("Hopper-v5", num_envs=2, seed=3, env_kwargs={"max_episode_steps": 5}, stagger_resets=False)
     td = env.reset()
     initial = td["observation"].clone()
     for _ in range(4):
@@ -102,10 +107,11 @@ def test_episode_end_keeps_final_observation():
     env.close()
 
 
-def test_init_random_frames_exact_and_seeded(no_leaks):
+@ENGINES
+def test_init_random_frames_exact_and_seeded(engine, no_leaks):
     def random_rows(seed):
         rb = make_replay_buffer(8192)
-        with hopper_collector(rb, init_random_frames=1001, total_frames=4096, seed=seed) as collector:
+        with hopper_collector(rb, init_random_frames=1001, total_frames=4096, seed=seed, engine=engine) as collector:
             for _ in collector:
                 pass
         rows = rb[:]
@@ -252,8 +258,11 @@ def test_bad_arguments(kwargs, error, match, no_leaks):
         OffPolicyCollector(args.pop("create_env_fn"), args.pop("policy"), **args)
 
 
-def test_staggering_cuts_only_the_first_episode():
-    env = BatchedGymEnv("Pendulum-v1", num_envs=4, seed=0, env_kwargs={"max_episode_steps": 8})
+@pytest.mark.parametrize("make_env", [lambda kw: BatchedGymEnv("Pendulum-v1", **kw),
+                                      lambda kw: EnvPoolEnv("InvertedPendulum-v5", **kw)], ids=["gymnasium", "envpool"])
+def test_staggering_cuts_only_the_first_episode(make_env):
+    # InvertedPendulum stays upright for 8 steps of zero action: only time limits end its episodes
+    env = make_env(dict(num_envs=4, seed=0, env_kwargs={"max_episode_steps": 8}))
     td = env.reset()
     ends = {i: [] for i in range(4)}
     for t in range(1, 25):

@@ -336,7 +336,7 @@ def test_waits_that_could_never_end_raise(no_leaks):
 
 
 FAILING_SCRIPT = """
-import sys, torch
+import sys, time, torch
 from tensordict.nn import TensorDictModule
 from torchrl_unilab import OffPolicyCollector, make_replay_buffer
 
@@ -347,8 +347,12 @@ def main():
     if "with" in sys.argv:
         with collector:
             collector.start(); collector.wait_for_frames(128, timeout=60)
-            raise ValueError("user error after construction")
+            fail()
     collector.start(); collector.wait_for_frames(128, timeout=60)
+    fail()
+
+def fail():
+    print("raising at", time.time(), flush=True)
     raise ValueError("user error after construction")
 """
 
@@ -370,18 +374,12 @@ def test_a_failing_script_exits_promptly(runner, tmp_path):
     args = [sys.executable, str(script)] + (["with"] if runner.endswith("with") else [])
     if runner == "hydra":
         args.append(f"hydra.run.dir={tmp_path / 'out'}")
-    started = time.monotonic()
-    out = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    elapsed = time.monotonic() - started
+    out = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    exited = time.time()
     assert out.returncode != 0 and "user error after construction" in out.stderr, out.stderr[-2000:]
-    # interpreter start, imports and a first batch take a few seconds; the exit itself must not hang
-    assert elapsed < 15 + _startup_seconds(), f"took {elapsed:.1f}s"
-
-
-def _startup_seconds() -> float:
-    started = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import torchrl_unilab"], check=True, capture_output=True)
-    return 2 * (time.monotonic() - started)
+    raised = float(out.stdout.split("raising at")[-1].split()[0])
+    # from the user's error to the end of the interpreter: workers stopped, nothing hangs
+    assert exited - raised < 15, f"exited {exited - raised:.1f}s after the error"
 
 
 NO_MAIN_GUARD = """

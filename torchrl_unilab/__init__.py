@@ -8,6 +8,7 @@ shared replay buffer, while the learner trains at the same time.
 from torchrl_unilab._processes import WorkerError
 from torchrl_unilab.batched_env import BatchedGymEnv, make_gym_env
 from torchrl_unilab.collector import OffPolicyCollector
+from torchrl_unilab.envpool_env import EnvPoolEnv, make_gym_id_env, select_engine
 from torchrl_unilab.exploration import (
     ActionProjection,
     PerEnvMixedNoise,
@@ -26,6 +27,7 @@ __all__ = [
     "ActionProjection",
     "BatchedGymEnv",
     "CollectorMetrics",
+    "EnvPoolEnv",
     "ObservationNormalizer",
     "OffPolicyCollector",
     "PerEnvMixedNoise",
@@ -39,8 +41,10 @@ __all__ = [
     "make_critic",
     "make_exploration_policy",
     "make_gym_env",
+    "make_gym_id_env",
     "make_replay_buffer",
     "sample_offpolicy_actions",
+    "select_engine",
 ]
 
 __version__ = "0.1.0"

@@ -14,7 +14,6 @@ import dataclasses
 import multiprocessing as mp
 import os
 import signal
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field

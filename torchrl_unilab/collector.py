@@ -26,7 +26,7 @@ from torchrl_unilab._batches import BatchSlots
 from torchrl_unilab._control import FrameControl, split_random_frames
 from torchrl_unilab._processes import WorkerError, WorkerPool, shut_down_at_exit
 from torchrl_unilab._worker import NONFINITE_MODES, WorkerConfig, as_batched_env, probe_row, worker_main
-from torchrl_unilab.batched_env import BatchedGymEnv
+from torchrl_unilab.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.exploration import make_exploration_policy
 from torchrl_unilab.metrics import CollectorMetrics
 from torchrl_unilab.normalization import ObservationNormalizer
@@ -89,8 +89,8 @@ class OffPolicyCollector(MultiAsyncCollector):
 
     Args:
         create_env_fn: a gymnasium id (``"HalfCheetah-v5"``, or ``"module:Env-vN"``),
-            run through :class:`~torchrl_unilab.BatchedGymEnv` with ``num_envs``
-            envs per worker; a callable (or ``EnvCreator``) returning a batched or
+            run with ``num_envs`` envs per worker on the engine ``engine`` selects
+            (:class:`~torchrl_unilab.EnvPoolEnv` or :class:`~torchrl_unilab.BatchedGymEnv`); a callable (or ``EnvCreator``) returning a batched or
             unbatched TorchRL ``EnvBase``, run in each worker process; a live
             ``EnvBase`` instance, stepped by a thread of this process (a started
             ``ParallelEnv`` cannot be pickled into another process, and its own
@@ -119,6 +119,10 @@ class OffPolicyCollector(MultiAsyncCollector):
         exploration_type: ``ExplorationType`` the policy runs under. Default ``RANDOM``.
         env_kwargs: keyword arguments for ``gymnasium.make`` (gymnasium ids only).
         stagger_resets: stagger the first episode ends of a batch (gymnasium ids only).
+        engine: what steps a gymnasium id: ``"auto"`` (default) runs gymnasium's MuJoCo tasks on
+            EnvPool's C++ implementation where it can, anything else on gymnasium;
+            ``"envpool"`` or ``"gymnasium"`` insist on one (see :func:`~torchrl_unilab.select_engine`).
+        threads_per_worker: EnvPool threads per worker (EnvPool engine only). Default 1.
         metrics_window: finished episodes kept per worker for :meth:`metrics` (``>= 1``).
         algo: ``"sac"`` or ``"td3"`` to wrap ``policy`` (the bare actor from
             :func:`~torchrl_unilab.models.make_actor`) with its exploration module.
@@ -187,6 +191,8 @@ class OffPolicyCollector(MultiAsyncCollector):
         exploration_type: ExplorationType = ExplorationType.RANDOM,
         env_kwargs: Mapping[str, Any] | None = None,
         stagger_resets: bool = True,
+        engine: str = "auto",
+        threads_per_worker: int = 1,
         metrics_window: int = 100,
         algo: str | None = None,
         td3_noise: str = "mixed",
@@ -240,9 +246,10 @@ class OffPolicyCollector(MultiAsyncCollector):
                 "privileged must be a PrivilegedInfoTransform or a dict of its keyword arguments, "
                 f"got {type(privileged).__name__}"
             )
+        gym_ids = dict(num_envs=num_envs, env_kwargs=env_kwargs, stagger_resets=stagger_resets, engine=engine,
+                       threads=_check_int("threads_per_worker", threads_per_worker, 1))
         self._worker_envs, self.num_workers = _resolve_envs(
-            create_env_fn, num_workers, num_envs, env_kwargs, stagger_resets, create_env_kwargs,
-            max_frames_per_traj, privileged,
+            create_env_fn, num_workers, gym_ids, create_env_kwargs, max_frames_per_traj, privileged,
         )
         probe = self._worker_envs[0] if isinstance(self._worker_envs[0], EnvBase) else self._worker_envs[0]()
         probe = as_batched_env(probe)
@@ -812,9 +819,13 @@ class OffPolicyCollector(MultiAsyncCollector):
         )
 
 
-def _resolve_envs(create_env_fn, num_workers, num_envs, env_kwargs, stagger_resets, create_env_kwargs,
-                  max_frames_per_traj, privileged) -> tuple[list, int]:
-    """One env source per worker: a factory (run in a process) or a live instance (run in a thread)."""
+def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_env_kwargs, max_frames_per_traj,
+                  privileged) -> tuple[list, int]:
+    """One env source per worker: a factory (run in a process) or a live instance (run in a thread).
+
+    ``gym_ids`` holds the options of gymnasium ids: ``num_envs``, ``env_kwargs``,
+    ``stagger_resets``, ``engine`` and ``threads``.
+    """
     many = isinstance(create_env_fn, Sequence) and not isinstance(create_env_fn, str)
     items = list(create_env_fn) if many else None
     if many:
@@ -842,9 +853,12 @@ def _resolve_envs(create_env_fn, num_workers, num_envs, env_kwargs, stagger_rese
         if isinstance(item, str):
             if kwargs:
                 raise ValueError("create_env_kwargs applies to env factories; for a gymnasium id use env_kwargs")
-            _check_int("num_envs", num_envs, 1)
-            source = functools.partial(BatchedGymEnv, item, num_envs, env_kwargs=env_kwargs,
-                                       stagger_resets=stagger_resets, max_episode_steps=max_frames_per_traj)
+            options = dict(gym_ids)
+            _check_int("num_envs", options["num_envs"], 1)
+            if max_frames_per_traj:
+                options["env_kwargs"] = {**(options["env_kwargs"] or {}), "max_episode_steps": max_frames_per_traj}
+            options["engine"] = select_engine(item, options["engine"], options["env_kwargs"], privileged)
+            source = functools.partial(make_gym_id_env, item, options.pop("num_envs"), **options)
             max_steps = None
         elif isinstance(item, EnvBase):
             if kwargs:

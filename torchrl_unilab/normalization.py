@@ -95,6 +95,8 @@ class ObservationNormalizer(TensorDictModuleBase):
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
         # Learner-local bookkeeping for update_from_buffer; not model state.
         self._buffer_write_count = 0
+        #: Rows :meth:`update` left out because they held NaN or an infinity.
+        self.nonfinite_rows = 0
 
     def _check_shape(self, obs: Tensor, name: str) -> None:
         n = len(self.shape)
@@ -108,6 +110,10 @@ class ObservationNormalizer(TensorDictModuleBase):
     def update(self, obs: Tensor) -> None:
         """Merges a batch ``[..., *shape]`` into the running statistics (float64).
 
+        Rows holding NaN or an infinity are left out and counted in
+        :attr:`nonfinite_rows`: merged once, they would poison the statistics,
+        and with them every worker's policy, for the rest of the run.
+
         Examples:
             >>> import torch
             >>> from torchrl_unilab.normalization import ObservationNormalizer
@@ -116,10 +122,17 @@ class ObservationNormalizer(TensorDictModuleBase):
             >>> norm.update(torch.tensor([[5.0]]))
             >>> norm.mean.item(), norm.var.item(), norm.count.item()
             (3.0, 2.6666666666666665, 3.0)
+            >>> norm.update(torch.tensor([[float("nan")], [float("inf")]]))
+            >>> norm.count.item(), norm.nonfinite_rows
+            (3.0, 2)
         """
         self._check_shape(obs, "obs")
         x = obs.detach().to(device=self.mean.device, dtype=torch.float64)
         x = x.reshape(-1, *self.shape)
+        finite = torch.isfinite(x).flatten(1).all(-1) if x.ndim > 1 else torch.isfinite(x)
+        if not bool(finite.all()):
+            self.nonfinite_rows += int((~finite).sum())
+            x = x[finite]
         n = x.shape[0]
         if n == 0:
             return
@@ -163,7 +176,8 @@ class ObservationNormalizer(TensorDictModuleBase):
         """Updates the statistics with the rows written to a replay buffer since the last call.
 
         Reads the positions a round-robin writer filled since the previous call
-        (tracked with ``replay_buffer.write_count``). If more rows than the
+        (counted with ``replay_buffer.write_count``, the rows ending at the
+        writer's cursor). If more rows than the
         capacity were written meanwhile, the older ones are overwritten already
         and only the rows still stored are used. Works with a one-dimensional
         TorchRL storage; rows being written concurrently may be read half-written,
@@ -197,7 +211,8 @@ class ObservationNormalizer(TensorDictModuleBase):
         n = min(new, len(storage))
         if n <= 0:
             return 0
-        index = torch.arange(write_count - n, write_count) % int(storage.max_size)
+        end = int(replay_buffer.writer._cursor)  # noqa: SLF001 - where the newest row ends
+        index = torch.arange(end - n, end) % int(storage.max_size)
         self.update(storage[index].get(key))
         return n
 

@@ -1,10 +1,13 @@
 """A TorchRL replay buffer over a process-shared ``LazyMemmapStorage``.
 
 Worker processes of :class:`~torchrl_unilab.OffPolicyCollector` write into the
-buffer and the learner samples from it. The buffer is ``shared=True``, so its
-write cursor and write count live in shared memory and one process-wide lock
-serialises each ``extend`` against the others and against ``sample``: a
-sampled row is never half written.
+buffer and the learner samples from it. Its write cursor, its 64-bit write count
+and its length live in a memory-mapped file in the scratch directory, and one
+process-wide lock that the kernel releases when its holder dies serialises each
+``extend`` against the others and against ``sample``. Rows become visible only
+after they are completely written, so a sampled row is never half written, even
+when a writer is SIGKILLed in the middle of a write (see
+:mod:`torchrl_unilab.buffer_writer`).
 """
 
 from __future__ import annotations
@@ -19,9 +22,14 @@ from tensordict import TensorDictBase
 from torchrl.data import LazyMemmapStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 
+from torchrl_unilab._residue import sweep_stale
+from torchrl_unilab.buffer_writer import CommitWriter
+
 __all__ = ["make_replay_buffer", "init_storage", "storage_keys", "owned_scratch_dir"]
 
 _OWNED_DIR_ATTR = "_torchrl_unilab_owned_dir"
+#: Temporary scratch directories are named ``{prefix}{pid}_...`` after their creator.
+SCRATCH_PREFIX = "torchrl_unilab_rb_"
 
 
 def make_replay_buffer(
@@ -30,6 +38,7 @@ def make_replay_buffer(
     scratch_dir: str | os.PathLike | None = None,
     batch_size: int | None = None,
     sampler: Sampler | None = None,
+    lock_timeout: float = 60.0,
 ) -> ReplayBuffer:
     """Builds a ``ReplayBuffer`` over a shared ``LazyMemmapStorage``.
 
@@ -40,9 +49,13 @@ def make_replay_buffer(
         scratch_dir: where the memory-mapped files go. It must be empty or not
             exist yet (a stale storage is never overwritten). ``None`` creates a
             temporary directory that is removed when the buffer is garbage
-            collected or the interpreter exits.
+            collected or the interpreter exits; directories that earlier,
+            killed processes left there are removed first.
         batch_size: default ``sample()`` size.
         sampler: a TorchRL sampler; uniform ``RandomSampler`` by default.
+        lock_timeout: seconds any ``extend``/``sample`` may wait for the
+            buffer's lock before raising ``TimeoutError`` (a dead holder
+            releases it at once; only a live, stuck one can hold it that long).
 
     Examples:
         >>> rb = make_replay_buffer(capacity=1000, batch_size=32)
@@ -51,9 +64,12 @@ def make_replay_buffer(
     """
     if not isinstance(capacity, int) or capacity < 1:
         raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+    if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or not lock_timeout > 0:
+        raise ValueError(f"lock_timeout must be a number of seconds > 0, got {lock_timeout!r}")
     owned = None
     if scratch_dir is None:
-        owned = tempfile.mkdtemp(prefix=f"torchrl_unilab_rb_{os.getpid()}_")
+        sweep_stale(tempfile.gettempdir(), SCRATCH_PREFIX)
+        owned = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}_")
         path = Path(owned)
     else:
         path = Path(scratch_dir)
@@ -62,8 +78,14 @@ def make_replay_buffer(
                 f"scratch_dir {str(path)!r} is not empty; LazyMemmapStorage would collide with the files there. "
                 "Pass a new or empty directory, or scratch_dir=None for a temporary one."
             )
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
     storage = LazyMemmapStorage(capacity, scratch_dir=str(path))
-    rb = ReplayBuffer(storage=storage, sampler=sampler or RandomSampler(), batch_size=batch_size, shared=True)
+    writer = CommitWriter(path, lock_timeout=float(lock_timeout))
+    rb = ReplayBuffer(storage=storage, sampler=sampler or RandomSampler(), writer=writer, batch_size=batch_size,
+                      shared=True)
+    # The lock TorchRL's extend() and sample() take; its multiprocessing.Lock stays held forever
+    # once a holder is killed, the writer's lock does not.
+    rb._write_lock = writer.lock  # noqa: SLF001
     if owned is not None:
         setattr(rb, _OWNED_DIR_ATTR, owned)
         weakref.finalize(rb, shutil.rmtree, owned, True)

@@ -486,38 +486,46 @@ def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
 
 
 class GracefulStop:
-    """Turns the first Ctrl-C into a request the training loop polls; the second one interrupts.
+    """Turns the first Ctrl-C or SIGTERM into a request the training loop polls; a second one interrupts.
 
     TorchRL's losses catch exceptions raised inside their modules and may turn
     a ``KeyboardInterrupt`` into another error, so the recipes do not let
     SIGINT raise in the middle of an update: inside this context, SIGINT only
     sets :attr:`requested`, and the loop ends after the current update, saves
-    a checkpoint and shuts the collector down. A second SIGINT raises
-    ``KeyboardInterrupt`` as usual. Outside the main thread it does nothing.
+    a checkpoint and shuts the collector down. SIGTERM, which ``timeout``,
+    Slurm preemption and container stops send, is handled the same way, so a
+    preempted run also ends with a checkpoint and without residue. A second
+    signal raises ``KeyboardInterrupt`` as usual. Outside the main thread it
+    does nothing.
 
     Examples:
         >>> import os, signal
         >>> with GracefulStop() as stop:
-        ...     os.kill(os.getpid(), signal.SIGINT)
-        ...     stop.requested
-        True
+        ...     os.kill(os.getpid(), signal.SIGTERM)
+        ...     stop.requested, stop.signal_name
+        (True, 'SIGTERM')
     """
+
+    #: The signals handled.
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self.signal_name: str | None = None
+        self._previous: dict = {}
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        self.signal_name = signal.Signals(signum).name
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for signum, handler in self._previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        self._previous = {}

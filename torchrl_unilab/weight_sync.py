@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -27,9 +29,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from torchrl_unilab._residue import sweep_stale
+
 __all__ = ["SharedWeights", "WeightLayout", "layout_of"]
 
 _HEADER_BYTES = 64  # seq (int64), version (int64), padding to keep tensors aligned
+#: Blocks are named ``{prefix}{pid}_...`` after their creator, so blocks of killed processes can be swept.
+_NAME_PREFIX = "tul_w_"
+_SHM_DIR = "/dev/shm"
 _ALIGN = 64
 
 #: ``(name, shape, dtype)`` for each tensor of a ``state_dict``, in order.
@@ -110,6 +117,7 @@ class SharedWeights:
         self.owner = owner
         self.lock = lock
         self.loaded_version = 0
+        self._staging: list[torch.Tensor] | None = None
         offsets, size = _offsets(layout)
         if shm.size < size:
             raise ValueError(
@@ -131,10 +139,15 @@ class SharedWeights:
         name: str | None = None,
         lock: Any | None = None,
     ) -> SharedWeights:
-        """Allocates the block for ``module`` and publishes its current weights as version 1."""
+        """Allocates the block for ``module`` and publishes its current weights as version 1.
+
+        Blocks that killed processes left in ``/dev/shm`` are removed first.
+        """
         layout = layout_of(module)
         _, size = _offsets(layout)
-        name = name or f"tul_w_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        if name is None:
+            sweep_stale(_SHM_DIR, _NAME_PREFIX)
+            name = f"{_NAME_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
         shm = shared_memory.SharedMemory(name=name, create=True, size=size)
         self = cls(shm, layout, owner=True, lock=lock)
         self._header[:] = 0
@@ -178,21 +191,42 @@ class SharedWeights:
             values = list(source)
         if len(values) != len(self.layout):
             raise ValueError(f"expected {len(self.layout)} tensors (the published layout), got {len(values)}")
+        for value, (key, shape, _) in zip(values, self.layout):
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"weight {key!r} must be a torch.Tensor, got {type(value).__name__}")
+            if tuple(value.shape) != shape:
+                raise ValueError(f"weight {key!r} has shape {tuple(value.shape)}, the layout says {shape}")
         return values
 
     def publish(self, source: nn.Module | Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) -> int:
-        """Copies ``source``'s weights into the block and returns the new version."""
+        """Copies ``source``'s weights into the block and returns the new version.
+
+        Exception-safe: ``source`` is checked (types, shapes) and copied into
+        a private staging area before the block is touched, so a bad value or
+        a failing copy leaves the published weights and version as they were.
+        The copy into the block cannot fail, and SIGINT/SIGTERM arriving
+        during it are handled right after it, so readers never find the
+        sequence odd for good, nor a mix of old and new weights.
+        """
         values = self._tensors(source)
-        with self.lock if self.lock is not None else contextlib.nullcontext():
+        if self._staging is None:
+            self._staging = [torch.empty(shape, dtype=dtype) for _, shape, dtype in self.layout]
+        with torch.no_grad():
+            for staged, value in zip(self._staging, values):
+                staged.copy_(value.detach())
+        with self.lock if self.lock is not None else contextlib.nullcontext(), _signals_deferred():
             self._header[0] += 1  # odd: write in progress
-            with torch.no_grad():
-                for view, value, (key, shape, _) in zip(self._views, values, self.layout):
-                    if tuple(value.shape) != shape:
-                        self._header[0] += 1
-                        raise ValueError(f"weight {key!r} has shape {tuple(value.shape)}, the layout says {shape}")
-                    view.copy_(value.detach())
-            self._header[1] += 1
-            self._header[0] += 1  # even: consistent again
+            copied = 0
+            try:
+                for view, staged in zip(self._views, self._staging):
+                    view.copy_(staged)
+                    copied += 1
+            finally:
+                # Whatever happened, the block ends holding the whole staged set under a new version.
+                for view, staged in list(zip(self._views, self._staging))[copied:]:
+                    view.copy_(staged)
+                self._header[1] += 1
+                self._header[0] += 1  # even: consistent again
             return int(self._header[1])
 
     def read(self, *, since_version: int = 0, timeout: float = 5.0) -> tuple[int, list[torch.Tensor]] | None:
@@ -259,3 +293,29 @@ class SharedWeights:
         other = SharedWeights.attach(state["name"], state["layout"], lock=state["lock"])
         self.__dict__.update(other.__dict__)
         other._shm = None
+
+
+_DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """Holds SIGINT and SIGTERM until the block ends, then delivers them to their usual handlers.
+
+    Python runs signal handlers in the main thread only, between bytecodes; so
+    outside the main thread nothing can interrupt the block, and inside it the
+    handlers are swapped for one that only records the signal.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum))
+                for signum in _DEFERRED_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)

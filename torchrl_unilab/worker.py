@@ -155,33 +155,49 @@ def make_pack_slots(replay_buffer: ReplayBuffer, batch_size: int, num_slots: int
     return [row.expand(batch_size).clone().share_memory_() for _ in range(num_slots)]
 
 
+def _put_dropping_oldest(message_queue, message: dict, *, attempts: int) -> bool:
+    """Puts ``message`` without blocking, dropping the oldest messages to make room; True if none was dropped."""
+    for attempt in range(attempts + 1):
+        try:
+            message_queue.put_nowait(message)
+            return attempt == 0
+        except queue.Full:
+            with contextlib.suppress(queue.Empty):
+                message_queue.get_nowait()
+            if attempt:
+                time.sleep(0.01)  # messages still in our feeder thread reach the pipe meanwhile
+    return False
+
+
+def _post_error(message_queue, err: BaseException) -> None:
+    # The last message must get through whatever the queue holds: metrics messages give way to it.
+    message = {"type": "error", "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+    with contextlib.suppress(Exception):
+        _put_dropping_oldest(message_queue, message, attempts=500)
+
+
 class _MetricsReporter:
     """Puts periodic metrics dicts on a queue without ever blocking the collector."""
 
-    def __init__(self, metrics_queue, metrics: CollectorMetrics, replay_buffer, every_writes: int) -> None:
+    def __init__(self, metrics_queue, metrics: CollectorMetrics, replay_buffer, every_writes: int,
+                 index: int = 0) -> None:
         self.queue = metrics_queue
         self.metrics = metrics
+        self.index = index
         self.rb = replay_buffer
         self.every = max(1, every_writes)
         self.writes = 0
         self.dropped = 0
 
     def put(self, message: dict) -> None:
-        try:
-            self.queue.put_nowait(message)
-        except queue.Full:
-            # Drop the oldest message so the newest figures get through.
-            with contextlib.suppress(queue.Empty):
-                self.queue.get_nowait()
+        if not _put_dropping_oldest(self.queue, message, attempts=1):
             self.dropped += 1
-            with contextlib.suppress(queue.Full):
-                self.queue.put_nowait(message)
 
     def __call__(self) -> None:
         self.writes += 1
         if self.writes % self.every:
             return
-        w = self.metrics.worker(0)
+        w = self.metrics.worker(self.index)
         episodes = max(w["episodes"], 1)
         returns, lengths = w["episode_returns"], w["episode_lengths"]
         self.put({
@@ -309,6 +325,8 @@ def off_policy_collector_fn(
     collector_pack_request_queue=None,
     collector_pack_ready_queue=None,
     collector_pack_shared_slots: Sequence[TensorDictBase] | None = None,
+    collector_index: int | None = None,
+    num_collectors: int | None = None,
     **kwargs: Any,
 ) -> None:
     """Entry point of an off-policy collector subprocess (the original design's signature).
@@ -344,7 +362,15 @@ def off_policy_collector_fn(
             with an :class:`~torchrl_unilab.ObservationNormalizer` whose statistics the
             learner publishes through ``shared_obs_normalizer_stats`` (a ``SharedWeights``
             created from the normaliser). The buffer keeps raw observations.
-        seed: seeds envs (``seed + j``) and torch: lock-step runs are bit-identical.
+        seed: seeds envs (``seed + collector_index * num_envs + j``) and torch
+            (``seed + 7919 * collector_index``): lock-step runs are bit-identical.
+        collector_index, num_collectors: several collectors writing into one buffer
+            must differ in their trajectory ids and seeds. Collector ``i`` of ``n``
+            gives its trajectories the ids ``i, i + n, i + 2n, ...``. Without
+            ``collector_index``, each collector takes the next number of a counter
+            kept in the buffer (unique, but in start order: pass it for seeds that
+            repeat); without ``num_collectors``, ids are spaced by
+            ``MAX_COLLECTORS`` (1024).
         trace_enabled, trace_thread_time: write a Chrome/Perfetto trace (``True``: to
             ``$TORCHRL_UNILAB_TRACE_DIR`` or the working directory; or a file path).
         collector_pack_request_queue, collector_pack_ready_queue, collector_pack_shared_slots:
@@ -378,6 +404,7 @@ def off_policy_collector_fn(
         if storage_keys(replay_buffer) is None:
             raise ValueError("replay_buffer's storage is not laid out; call init_offpolicy_storage(replay_buffer, "
                              "env_name) in the learner's process before starting the collector")
+        index, stride = _collector_slot(replay_buffer, collector_index, num_collectors)
         env = _make_env(env_name, num_envs, sim_backend, env_cfg_override)
         actor = make_collector_actor(algo_type, env, obs_dim=obs_dim, action_dim=action_dim,
                                      actor_hidden_dim=actor_hidden_dim, use_layer_norm=use_layer_norm,
@@ -394,8 +421,9 @@ def off_policy_collector_fn(
             policy = TensorDictSequential(normalizer, policy)
             hooks.extra_syncs.append((shared_obs_normalizer_stats, normalizer))
         weights = SharedWeights.attach(weight_sync_name, weight_param_shapes, lock=weight_sync_lock)
-        metrics = CollectorMetrics(1)
-        reporter = _MetricsReporter(metrics_queue, metrics, replay_buffer, 1) if metrics_queue is not None else None
+        metrics = CollectorMetrics(index + 1)
+        reporter = (_MetricsReporter(metrics_queue, metrics, replay_buffer, 1, index)
+                    if metrics_queue is not None else None)
         if collector_pack_request_queue is not None:
             hooks.between_steps = _Packer(collector_pack_request_queue, collector_pack_ready_queue,
                                           collector_pack_shared_slots or [], replay_buffer, timer)
@@ -409,31 +437,50 @@ def off_policy_collector_fn(
 
         hooks.after_write = after_write
         config = WorkerConfig(
-            num_workers=1,
+            num_workers=stride,  # the trajectory-id stride
             frames_per_batch=num_envs * env_steps_per_sync,
             num_envs=num_envs,
-            random_frames=[learning_starts],
+            random_frames=[learning_starts] * stride,
             seed=seed,
             exploration_type=ExplorationType.RANDOM,
             row_keys=storage_keys(replay_buffer),
         )
-        loop = WorkerLoop(0, config, env, policy, replay_buffer, weights, metrics, None, stop_event, hooks,
+        loop = WorkerLoop(index, config, env, policy, replay_buffer, weights, metrics, None, stop_event, hooks,
                           sync_module=actor)
         loop.run()
         loop.close()
         loop = None
         if reporter is not None:
             # A last message tells the learner the loop ended cleanly, and when.
-            reporter.put({"type": "stopped", "total_steps": metrics.worker(0)["frames"], "time": time.time()})
+            reporter.put({"type": "stopped", "total_steps": metrics.worker(index)["frames"], "time": time.time()})
     except BaseException as err:
         if metrics_queue is not None:
-            with contextlib.suppress(Exception):
-                metrics_queue.put({"type": "error", "error": f"{type(err).__name__}: {err}",
-                                   "traceback": traceback.format_exc()}, timeout=1.0)
+            _post_error(metrics_queue, err)
         raise
     finally:
         if loop is not None:
             loop.close()
+
+
+#: Trajectory-id stride when ``num_collectors`` is not given: at most this many collectors per buffer.
+MAX_COLLECTORS = 1024
+
+
+def _collector_slot(replay_buffer, collector_index: int | None, num_collectors: int | None) -> tuple[int, int]:
+    if num_collectors is not None and (isinstance(num_collectors, bool) or not isinstance(num_collectors, int)
+                                       or num_collectors < 1):
+        raise ValueError(f"num_collectors must be an int >= 1 or None, got {num_collectors!r}")
+    stride = MAX_COLLECTORS if num_collectors is None else num_collectors
+    if collector_index is None:
+        next_id = getattr(replay_buffer.writer, "next_id", None)
+        if next_id is None:
+            raise ValueError("collector_index=None takes a number from the buffer's counter, which only buffers "
+                             "from make_replay_buffer() keep; pass collector_index")
+        collector_index = next_id()
+    if isinstance(collector_index, bool) or not isinstance(collector_index, int) or not 0 <= collector_index < stride:
+        raise ValueError(f"collector_index must be an int in [0, {stride}) (num_collectors={num_collectors}), "
+                         f"got {collector_index!r}")
+    return collector_index, stride
 
 
 class CollectorProcess:
@@ -488,10 +535,16 @@ class CollectorProcess:
         """Raises :class:`~torchrl_unilab.WorkerError` if the process died with an error."""
         code = self.process.exitcode
         if code not in (None, 0) and not self.stop_event.is_set():
-            with contextlib.suppress(queue.Empty, EOFError, OSError):
-                message = self.metrics_queue.get(timeout=0.5)
-                if message.get("type") == "error":
-                    raise WorkerError(0, message["error"], message["traceback"])
+            # The error is the process's last message: read everything it left, waiting a little for the pipe.
+            deadline = time.monotonic() + 1.0
+            with contextlib.suppress(EOFError, OSError):
+                while True:
+                    try:
+                        message = self.metrics_queue.get(timeout=max(deadline - time.monotonic(), 0.01))
+                    except queue.Empty:
+                        break
+                    if message.get("type") == "error":
+                        raise WorkerError(0, message["error"], message["traceback"])
             raise WorkerError(0, f"collector process exited with code {code}", "(no traceback)")
 
     def stop(self, timeout: float = 4.0) -> None:

@@ -1,0 +1,491 @@
+"""Faults survived: real SIGKILLs and SIGTERMs against the buffer, the collector and the recipe.
+
+Each case injects its fault for real and measures what the issue asks for:
+
+* ``buffer_kills``: a writer process extends the shared buffer with large
+  batches whose every column holds the row's id; it is SIGKILLed at a random
+  moment, again and again, while the learner samples all the time. Reported:
+  the kills that landed inside a write, the longest ``sample()`` call, and the
+  torn rows seen (a row whose columns disagree).
+* ``worker_kills``: an ``OffPolicyCollector`` worker is SIGKILLed at a random
+  moment while the learner samples; the longest time until the learner got
+  the ``WorkerError``, the longest ``sample()`` call, torn rows.
+* ``cycles``: create / collect / shutdown cycles; residue afterwards
+  (``/dev/shm`` entries, file descriptors, threads, child processes, temp dirs).
+* ``learner_kill``: the learner is SIGKILLed during collection; time until all
+  its workers are gone, and the residue once the next collector starts.
+* ``recipe_sigterm``: ``recipes/sac.py`` gets SIGTERM; exit time, checkpoint,
+  residue, and whether ``resume=`` restores the buffer exactly.
+
+Run ``python benchmarks/faults.py`` (CI variant, about 2 minutes) or
+``python benchmarks/faults.py --minutes 60`` for a soak (the kill cases repeat
+until the time is spent). The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from torchrl_unilab import make_replay_buffer  # noqa: E402
+
+CTX = mp.get_context("spawn")
+#: Columns of an id-stamped row: (key, per-row shape, dtype).
+ID_COLUMNS = (
+    ("observation", (256,), torch.float32),
+    ("action", (32,), torch.float64),
+    (("next", "observation"), (256,), torch.float32),
+    ("row_id", (), torch.int64),
+)
+
+
+def id_rows(first: int, count: int) -> TensorDict:
+    """``count`` rows whose every column holds the row's id (``first``, ``first + 1``, ... modulo 2**22).
+
+    Ids stay below 2**24, the largest range float32 columns hold exactly.
+    """
+    ids = torch.arange(first, first + count, dtype=torch.int64) % 2**22
+    out = TensorDict(batch_size=[count])
+    for key, shape, dtype in ID_COLUMNS:
+        out.set(key, ids.to(dtype).reshape(count, *[1] * len(shape)).expand(count, *shape).clone())
+    return out
+
+
+def torn_rows(batch: TensorDict) -> int:
+    """Rows of ``batch`` whose columns do not all hold the same id.
+
+    A collector's rows carry no id: there a row is torn when its
+    ``("next", "step_count")`` is not its ``step_count + 1`` (both are written
+    by the same ``extend``; a row half old, half new breaks the relation).
+    """
+    if "row_id" not in batch.keys():
+        step = batch.get("step_count")
+        return int((batch.get(("next", "step_count")) != step + 1).reshape(len(step), -1).any(-1).sum())
+    ids = batch.get("row_id").to(torch.float64)
+    bad = torch.zeros(len(ids), dtype=torch.bool)
+    for key, shape, _ in ID_COLUMNS:
+        values = batch.get(key).to(torch.float64).reshape(len(ids), -1)
+        bad |= (values != ids[:, None]).any(-1)
+    return int(bad.sum())
+
+
+def id_writer(replay_buffer, first: int, rows: int) -> None:
+    """Extends ``replay_buffer`` with id-stamped batches of ``rows`` until killed."""
+    while True:
+        replay_buffer.extend(id_rows(first, rows))
+        first += rows
+
+
+def _forker_main(replay_buffer, rows: int, commands) -> None:
+    # A spawned process forks the writers: a fork starts in milliseconds where a
+    # spawn re-imports torch (seconds), and this process has no other threads to
+    # break by forking. Killed children are reaped by the kernel (SIGCHLD ignored).
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    while True:
+        first = commands.recv()
+        if first is None:
+            return
+        pid = os.fork()
+        if pid == 0:
+            try:
+                id_writer(replay_buffer, first, rows)
+            finally:
+                os._exit(1)
+        commands.send(pid)
+
+
+class WriterForker:
+    """Starts id-writing processes on request (forked from one spawned helper), to be SIGKILLed."""
+
+    def __init__(self, replay_buffer, rows: int) -> None:
+        self._commands, child_end = CTX.Pipe()
+        self.process = CTX.Process(target=_forker_main, args=(replay_buffer, rows, child_end), daemon=True)
+        self.process.start()
+        child_end.close()
+
+    def start_writer(self, first_id: int) -> int:
+        """Starts a writer whose rows have ids from ``first_id``; returns its pid."""
+        self._commands.send(first_id)
+        if not self._commands.poll(120):
+            raise RuntimeError("the writer forker did not answer within 120 s")
+        return self._commands.recv()
+
+    def close(self) -> None:
+        self._commands.send(None)
+        self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        self._commands.close()
+
+    def __enter__(self) -> WriterForker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    """Waits until no process ``pid`` exists (the forker reaps its children at once)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def wait_gone_all(pids_now, timeout: float) -> bool:
+    """Waits until ``pids_now()`` returns nothing; True if it did within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while pids_now():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+class TimedSampler:
+    """Samples ``replay_buffer`` in a thread, all the time; records the longest call and torn rows."""
+
+    def __init__(self, replay_buffer, batch_size: int = 256) -> None:
+        self.rb, self.batch_size = replay_buffer, batch_size
+        self.longest_s = 0.0
+        self.samples = 0
+        self.torn = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._current_start: float | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._current_start = time.monotonic()
+                batch = self.rb.sample(self.batch_size)
+                self.longest_s = max(self.longest_s, time.monotonic() - self._current_start)
+                self._current_start = None
+                self.torn += torn_rows(batch)
+                self.samples += 1
+        except BaseException as err:  # noqa: BLE001 - reported by stop()
+            self.error = err
+
+    def blocked_s(self) -> float:
+        """How long the call in progress has been running (0 when none is)."""
+        start = self._current_start
+        return 0.0 if start is None else time.monotonic() - start
+
+    def __enter__(self) -> TimedSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10.0)
+        if self._thread.is_alive():
+            self.longest_s = max(self.longest_s, self.blocked_s())
+            raise TimeoutError(f"sample() has been blocked for {self.blocked_s():.1f}s")
+        if self.error is not None:
+            raise self.error
+
+
+def buffer_kills(kills: int, *, rows: int = 4000, capacity: int = 10_000, max_delay_s: float = 0.25,
+                 seed: int = 0, deadline: float | None = None) -> dict:
+    """SIGKILLs id-writing processes at random moments while this process samples all the time.
+
+    The buffer is full from the start, so every write overwrites rows that
+    ``sample()`` can return. Returns the figures (see the module docstring).
+    """
+    rng = random.Random(seed)
+    rb = make_replay_buffer(capacity)
+    rb.extend(id_rows(0, capacity))
+    counters = getattr(rb._writer, "counters", None)  # noqa: SLF001 - absent from TorchRL's own writer
+    mid_write = done = 0
+    with TimedSampler(rb) as sampler, WriterForker(rb, rows) as forker:
+        next_id = capacity
+        while done < kills and (deadline is None or time.monotonic() < deadline):
+            pid = forker.start_writer(next_id)
+            time.sleep(rng.uniform(0.0, max_delay_s))
+            os.kill(pid, signal.SIGKILL)
+            if not wait_gone(pid, 10):
+                raise RuntimeError(f"writer {pid} survived SIGKILL for 10 s")
+            # The mark a dead writer leaves: it died between marking its rows and committing them.
+            mid_write += counters is not None and counters[6] > 0
+            next_id += 1_000_000
+            done += 1
+            if sampler.blocked_s() > 5.0:
+                break
+        time.sleep(0.2)  # let the sampler run past the last kill
+    return {"kills": done, "kills_mid_write": int(mid_write), "samples": sampler.samples,
+            "longest_sample_s": round(sampler.longest_s, 4), "torn_rows": sampler.torn}
+
+
+ENV = "Pendulum-v1"
+
+
+def small_policy():
+    """A tanh-linear Pendulum actor: what the policy is does not matter to these faults."""
+    from tensordict.nn import TensorDictModule
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Tanh())
+    return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
+
+
+def make_collector(rb, **overrides):
+    from torchrl_unilab import OffPolicyCollector
+
+    kwargs = dict(num_workers=2, num_envs=4, frames_per_batch=256, replay_buffer=rb, seed=0)
+    kwargs.update(overrides)
+    return OffPolicyCollector(ENV, small_policy(), **kwargs)
+
+
+def worker_kills(kills: int, *, seed: int = 0, deadline: float | None = None) -> dict:
+    """SIGKILLs one ``OffPolicyCollector`` worker at a random moment, with the learner sampling all the time."""
+    from torchrl_unilab import WorkerError
+
+    rng = random.Random(seed)
+    latencies, longest_sample, torn, done = [], 0.0, 0, 0
+    while done < kills and (deadline is None or time.monotonic() < deadline):
+        rb = make_replay_buffer(20_000)
+        collector = make_collector(rb)
+        try:
+            collector.start()
+            collector.wait_for_frames(512, timeout=120)
+            with TimedSampler(rb) as sampler:
+                time.sleep(rng.uniform(0.0, 0.5))
+                victim = rng.choice(collector.procs)
+                os.kill(victim.pid, signal.SIGKILL)
+                killed = time.monotonic()
+                while True:
+                    try:
+                        collector.metrics()
+                    except WorkerError:
+                        latencies.append(time.monotonic() - killed)
+                        break
+                    if time.monotonic() - killed > 30:
+                        raise RuntimeError("the learner got no WorkerError within 30 s of a worker's SIGKILL")
+                    time.sleep(0.005)
+                time.sleep(0.2)
+            longest_sample, torn = max(longest_sample, sampler.longest_s), torn + sampler.torn
+        finally:
+            collector.shutdown(raise_on_error=False)
+        done += 1
+    return {"kills": done, "longest_error_latency_s": round(max(latencies, default=float("nan")), 3),
+            "longest_sample_s": round(longest_sample, 4), "torn_rows": torn}
+
+
+def residue_snapshot() -> dict:
+    """What this process and its children hold: /dev/shm entries, fds, threads, children, temp dirs."""
+    import gc
+
+    gc.collect()
+    mp.active_children()
+    me = os.getpid()
+    children = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] != "Z":
+                children.add(int(entry))
+    from multiprocessing import resource_tracker
+
+    children.discard(getattr(resource_tracker._resource_tracker, "_pid", None))  # noqa: SLF001 - not ours
+    return {
+        "shm": {e for e in os.listdir("/dev/shm") if e.startswith(f"tul_w_{me}_")},
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": threading.active_count(),
+        "children": children,
+        "tmp": {e for e in os.listdir(tempfile.gettempdir()) if e.startswith(f"torchrl_unilab_rb_{me}_")},
+    }
+
+
+def residue_since(before: dict, settle_s: float = 5.0) -> dict:
+    """Counts of what appeared since ``before`` (waiting up to ``settle_s`` for exiting children)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        after = residue_snapshot()
+        diff = {"shm": len(after["shm"] - before["shm"]), "fds": max(after["fds"] - before["fds"], 0),
+                "threads": max(after["threads"] - before["threads"], 0),
+                "children": len(after["children"] - before["children"]), "tmp": len(after["tmp"] - before["tmp"])}
+        if not any(diff.values()) or time.monotonic() > deadline:
+            return diff
+        time.sleep(0.1)
+
+
+def cycles(count: int, *, deadline: float | None = None) -> dict:
+    """Create / collect / shutdown cycles; the residue they leave."""
+    done = 0
+    warm = make_collector(make_replay_buffer(2000), num_workers=1)  # first use of lazily created helpers
+    warm.shutdown()
+    del warm
+    before = residue_snapshot()
+    while done < count and (deadline is None or time.monotonic() < deadline):
+        rb = make_replay_buffer(5000)
+        with make_collector(rb) as collector:
+            collector.start()
+            collector.wait_for_frames(512, timeout=120)
+        del rb, collector
+        done += 1
+    return {"cycles": done, "residue": residue_since(before)}
+
+
+_LEARNER_SCRIPT = """
+import sys, time
+sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
+import faults
+if __name__ == "__main__":
+    rb = faults.make_replay_buffer(20_000)
+    collector = faults.make_collector(rb)
+    collector.start()
+    collector.wait_for_frames(512, timeout=120)
+    print("WORKERS", *(p.pid for p in collector.procs), flush=True)
+    while True:
+        rb.sample(256)
+"""
+
+
+def learner_kill() -> dict:
+    """SIGKILLs a learner during collection: its workers must be gone within 5 s, its residue swept next start."""
+    import subprocess
+
+    script = _LEARNER_SCRIPT.format(root=str(ROOT), bench=str(ROOT / "benchmarks"))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    try:
+        line = ""
+        while not line.startswith("WORKERS"):
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError("the learner subprocess exited before reporting its workers")
+        workers = [int(pid) for pid in line.split()[1:]]
+        if not workers:
+            raise RuntimeError("the learner subprocess reported no workers")
+        os.kill(proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait(10)
+        gone = wait_gone_all(lambda: [pid for pid in workers if os.path.exists(f"/proc/{pid}")
+                                      and _state(pid) != "Z"], 30.0)
+        workers_gone_s = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    left_before = _residue_of_pid(proc.pid)
+    rb = make_replay_buffer(5000)
+    with make_collector(rb) as collector:
+        collector.start()
+        collector.wait_for_frames(256, timeout=120)
+    return {"workers": len(workers), "all_workers_gone": gone, "workers_gone_s": round(workers_gone_s, 2),
+            "residue_before_next_start": left_before, "residue_after_next_start": _residue_of_pid(proc.pid)}
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def _residue_of_pid(pid: int) -> int:
+    return (sum(e.startswith(f"torchrl_unilab_rb_{pid}_") for e in os.listdir(tempfile.gettempdir()))
+            + sum(e.startswith(f"tul_w_{pid}_") for e in os.listdir("/dev/shm")))
+
+
+def recipe_sigterm() -> dict:
+    """SIGTERM to ``recipes/sac.py``: exit time, checkpoint, residue; resume restores the buffer exactly."""
+    import subprocess
+
+    from torchrl_unilab.checkpoint import Checkpointer
+
+    tiny = ["env.name=Pendulum-v1", "network.hidden_dim=32", "optim.batch_size=64", "collector.num_envs=4",
+            "collector.frames_per_batch=64", "collector.init_random_frames=256", "collector.max_lead_frames=256",
+            "replay_buffer.size=20000", "logger.num_eval_envs=2", "logger.log_every=128", "logger.eval_every=100000",
+            "logger.checkpoint_every=0", "logger.progress_bar=false"]
+    with tempfile.TemporaryDirectory(prefix="faults_recipe_") as tmp:
+        run_dir = Path(tmp) / "run"
+        recipe = [sys.executable, str(ROOT / "recipes" / "sac.py"), *tiny, f"logger.log_dir={run_dir}"]
+        proc = subprocess.Popen([*recipe, "collector.total_frames=1000000"], cwd=tmp, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            logged = run_dir / "Pendulum-v1_SAC" / "scalars" / "utd" / "achieved.csv"
+            deadline = time.monotonic() + 180
+            while not (logged.exists() and logged.stat().st_size > 0) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            sent = time.monotonic()
+            out, _ = proc.communicate(timeout=120)
+            exit_s = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+        saved = torch.load(run_dir / "checkpoint" / "state.pt", weights_only=True)["counters"]
+        checkpointed = make_replay_buffer(20_000)
+        Checkpointer(run_dir / "checkpoint", modules={}).load(checkpointed)
+        expected = checkpointed[: len(checkpointed)]
+        # Resume for one more batch: the buffer (not full) keeps the checkpointed rows in place and appends.
+        subprocess.run([*recipe, f"resume={run_dir}", f"collector.total_frames={saved['frames'] + 64}"], cwd=tmp,
+                       capture_output=True, timeout=300, check=True)
+        resumed = make_replay_buffer(20_000)
+        Checkpointer(run_dir / "checkpoint", modules={}).load(resumed)
+        rows = len(checkpointed)
+        equal = (resumed.write_count == checkpointed.write_count + 64
+                 and bool((resumed[:rows] == expected).all()))
+        return {"exit_code": proc.returncode, "exit_s": round(exit_s, 2), "frames_at_stop": saved["frames"],
+                "checkpoint_saved": "Interrupted: checkpoint saved" in out, "residue": _residue_of_pid(proc.pid),
+                "resumed_buffer_equals_checkpoint": equal}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="soak: repeat the kill cases until this many minutes are spent")
+    parser.add_argument("--buffer-kills", type=int, default=40)
+    parser.add_argument("--worker-kills", type=int, default=3)
+    parser.add_argument("--cycles", type=int, default=5)
+    parser.add_argument("--skip-recipe", action="store_true", help="leave out the recipe SIGTERM case")
+    args = parser.parse_args()
+    started = time.monotonic()
+    results = {"load_1min_start": round(os.getloadavg()[0], 2)}
+    if args.minutes is None:
+        results["buffer_kills"] = buffer_kills(args.buffer_kills)
+        results["worker_kills"] = worker_kills(args.worker_kills)
+    else:  # the soak: half the time each
+        half = started + 30 * args.minutes
+        results["buffer_kills"] = buffer_kills(10**9, deadline=half)
+        results["worker_kills"] = worker_kills(10**9, deadline=started + 60 * args.minutes)
+    results["cycles"] = cycles(args.cycles)
+    results["learner_kill"] = learner_kill()
+    if not args.skip_recipe:
+        results["recipe_sigterm"] = recipe_sigterm()
+    results["seconds"] = round(time.monotonic() - started, 1)
+    results["load_1min_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""What a killed process leaves behind, and sweeping it up at the next start.
+
+A process killed by SIGKILL (or the OOM killer) runs no cleanup: its buffer's
+temporary scratch directory and its weight blocks in ``/dev/shm`` stay. Their
+names carry the creating process's id, so a later process can tell which ones
+belong to processes that no longer exist and remove them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+__all__ = ["pid_alive", "sweep_stale"]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with id ``pid`` exists (zombies included).
+
+    Examples:
+        >>> pid_alive(os.getpid())
+        True
+    """
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def sweep_stale(directory: str | os.PathLike, prefix: str) -> list[str]:
+    """Removes entries ``{prefix}{pid}_...`` of ``directory`` whose ``pid`` is dead; returns their names.
+
+    Only entries owned by this user are touched; a pid reused by an unrelated
+    live process keeps its entry (the safe side).
+
+    Examples:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     os.mkdir(f"{tmp}/rb_{2**22 + 1}_x")  # above Linux's pid_max: no such process
+        ...     os.mkdir(f"{tmp}/rb_{os.getpid()}_y")
+        ...     sweep_stale(tmp, "rb_"), os.listdir(tmp) == [f"rb_{os.getpid()}_y"]
+        (['rb_4194305_x'], True)
+    """
+    pattern = re.compile(re.escape(prefix) + r"(\d+)_")
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if match is None or pid_alive(int(match.group(1))):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(Path(entry.path))
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            continue  # another process swept it first, or it is not ours to remove
+        removed.append(entry.name)
+    return removed
