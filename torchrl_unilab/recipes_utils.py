@@ -243,6 +243,11 @@ def make_collector(
 ) -> OffPolicyCollector:
     """An :class:`~torchrl_unilab.OffPolicyCollector` from the ``env`` and ``collector`` sections.
 
+    ``collector.backend=ray`` builds a
+    :class:`~torchrl_unilab.ray_collector.RayOffPolicyCollector` instead, with
+    the same interface: ``collector.num_nodes`` nodes, each running
+    ``num_workers`` x ``num_envs`` (see ``docs/guide/ray.rst``).
+
     The collector gets the frames left in the run (``total_frames -
     frames_done``) and the random frames not yet collected; a resumed run
     reseeds its workers with ``env.seed + frames_done``, so it does not replay
@@ -276,6 +281,11 @@ def make_collector(
             "raise collector.total_frames to continue the run"
         )
     seed = cfg.env.get("seed")
+    backend = col.get("backend", "local")
+    if backend == "ray":
+        return _make_ray_collector(cfg, policy, replay_buffer, frames_done=frames_done)
+    if backend != "local":
+        raise ValueError(f"collector.backend must be one of ('local', 'ray'), got {backend!r}")
     return OffPolicyCollector(
         cfg.env.name,
         policy,
@@ -288,6 +298,39 @@ def make_collector(
         seed=None if seed is None else int(seed) + frames_done,
         exploration_type=ExplorationType.RANDOM,
         env_kwargs=env_kwargs(cfg),
+    )
+
+
+def _make_ray_collector(cfg: DictConfig, policy: TensorDictModuleBase, replay_buffer: ReplayBuffer, *,
+                        frames_done: int) -> Any:
+    """``collector.backend=ray``: ``collector.num_nodes`` Ray actors of ``num_workers`` x ``num_envs`` each.
+
+    ``collector.ray_address`` joins a running cluster (``"auto"`` or
+    ``"host:6379"``); ``null`` starts a local one, which the collector's
+    shutdown stops. Batches arrive in this process and go into ``replay_buffer``.
+    """
+    from torchrl_unilab.ray_collector import RayOffPolicyCollector  # Ray is an optional dependency
+
+    col = cfg.collector
+    if col.get("lockstep", False):
+        raise ValueError("collector.lockstep=true needs collector.backend=local: nodes deliver in arrival order")
+    if cfg.network.get("obs_norm", False):
+        raise ValueError("network.obs_norm=true needs collector.backend=local for now")
+    seed = cfg.env.get("seed")
+    address = col.get("ray_address")
+    return RayOffPolicyCollector(
+        cfg.env.name,
+        policy,
+        num_nodes=int(col.get("num_nodes", 2)),
+        num_workers=int(col.num_workers),
+        num_envs=int(col.num_envs),
+        frames_per_batch=int(col.frames_per_batch),
+        total_frames=int(col.total_frames) - frames_done,
+        init_random_frames=max(0, int(col.init_random_frames) - frames_done),
+        seed=None if seed is None else int(seed) + frames_done,
+        replay_buffer=replay_buffer,
+        collector_kwargs={"env_kwargs": env_kwargs(cfg)},
+        ray_init_config={"address": address} if address else {"include_dashboard": False},
     )
 
 

@@ -1,0 +1,186 @@
+"""Collection through Ray against the local collector, on one machine: the overhead of the Ray path.
+
+Prints one JSON line with, on HalfCheetah-v5 with the recipes' SAC actor (256x256):
+
+* ``local_fps``: :class:`~torchrl_unilab.OffPolicyCollector` with ``2 x num_envs``
+  envs over 2 workers, writing into a shared buffer in this machine;
+* ``ray_fps``: :class:`~torchrl_unilab.ray_collector.RayOffPolicyCollector`
+  with the same total: 2 nodes (Ray actors) x 1 worker x ``num_envs``, whose
+  batches this process receives and extends into its own buffer;
+* ``ray_buffer_fps``: the same nodes writing straight into a ``RayReplayBuffer``;
+* ``ray_over_local`` / ``ray_buffer_over_local``: medians of per-round ratios (target >= 0.8);
+* ``bytes_per_frame``: tensor bytes of one transition, and ``serialized_bytes_per_frame``
+  as Ray pickles a batch (what crosses the network from a remote node);
+* ``receive_us_per_frame``: learner-side cost of one received frame (``ray.get``
+  of a finished batch and the ``extend`` into the local buffer), measured during the
+  ``ray`` rounds; ``receive_us_per_frame_1000d``: the same for a batch of
+  1,000-dim observations, fetched from another actor;
+* ``sample_ms_local`` / ``sample_ms_ray_buffer``: one 256-row ``sample()`` from the
+  learner's local buffer and from the ``RayReplayBuffer`` actor.
+
+The three collectors stay alive side by side and are measured in alternating
+rounds (local, ray, ray_buffer, local, ...), each held back between its rounds
+with ``allow_frames``, so a shared machine's drifts weigh on all alike. A round
+times ``--frames`` frames from a batch boundary (``wait_for_frames``).
+
+Run: ``python benchmarks/ray_scaling.py [--rounds 5] [--frames 4096] [--num-envs 8]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import statistics
+import time
+
+import ray
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+from torchrl_unilab import OffPolicyCollector, make_replay_buffer
+from torchrl_unilab.exploration import make_exploration_policy
+from torchrl_unilab.models import make_actor
+from torchrl_unilab.ray_collector import RayOffPolicyCollector
+
+ENV = "HalfCheetah-v5"
+FRAMES_PER_BATCH = 64
+
+
+def sac_policy():
+    actor = make_actor("sac", 17, 6, hidden_dim=256)
+    return make_exploration_policy(actor, "sac", actor.spec)
+
+
+def timed_round(collector, frames: int) -> float:
+    """Frames per second over ``frames`` more frames, from a batch boundary."""
+    start_frames = collector.frames_written
+    target = start_frames + frames
+    start = time.perf_counter()
+    collector.allow_frames(target)
+    if not collector.wait_for_frames(target, timeout=600):
+        raise TimeoutError(f"{type(collector).__name__} did not reach {target} frames")
+    elapsed = time.perf_counter() - start
+    return (collector.frames_written - start_frames) / elapsed
+
+
+def tensor_bytes(td) -> int:
+    return sum(t.numel() * t.element_size() for t in td.values(include_nested=True, leaves_only=True))
+
+
+def synthetic_batch(rows: int, obs_dim: int) -> TensorDict:
+    """``rows`` transitions shaped as the collector writes them, with ``obs_dim``-dim observations."""
+    flag = functools.partial(torch.zeros, rows, 1, dtype=torch.bool)
+    return TensorDict({
+        "observation": torch.randn(rows, obs_dim), "action": torch.rand(rows, 6),
+        "step_count": torch.zeros(rows, 1, dtype=torch.int64), "policy_version": torch.ones(rows, dtype=torch.int64),
+        "collector": {"traj_ids": torch.zeros(rows, dtype=torch.int64)},
+        "next": {"observation": torch.randn(rows, obs_dim), "reward": torch.randn(rows, 1), "done": flag(),
+                 "terminated": flag(), "truncated": flag(), "step_count": torch.zeros(rows, 1, dtype=torch.int64)},
+    }, batch_size=[rows])
+
+
+@ray.remote(num_cpus=0)
+class _Source:
+    """Hands out one batch from another process, as a node would."""
+
+    def __init__(self, rows: int, obs_dim: int) -> None:
+        self.batch = synthetic_batch(rows, obs_dim)
+
+    def get(self) -> TensorDict:
+        return self.batch
+
+
+def receive_cost(obs_dim: int, rows: int = FRAMES_PER_BATCH, repeats: int = 200) -> float:
+    """Learner-side microseconds per frame to fetch a finished batch from another actor and extend a buffer."""
+    source = _Source.remote(rows, obs_dim)
+    rb = make_replay_buffer(repeats * rows)
+    rb.extend(ray.get(source.get.remote()))
+    times = []
+    for _ in range(repeats):
+        ref = source.get.remote()
+        ray.wait([ref])
+        start = time.perf_counter()
+        rb.extend(ray.get(ref))
+        times.append(time.perf_counter() - start)
+    ray.kill(source)
+    return statistics.median(times) / rows * 1e6
+
+
+def sample_ms(buffer, repeats: int = 50) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buffer.sample(256)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--frames", type=int, default=4096, help="frames timed per round")
+    parser.add_argument("--num-envs", type=int, default=8, help="envs per worker")
+    args = parser.parse_args()
+    n = args.num_envs
+    ray.init(num_cpus=2, include_dashboard=False)
+    common = dict(frames_per_batch=FRAMES_PER_BATCH, total_frames=-1, seed=0)
+    local_rb, ray_rb = make_replay_buffer(1_000_000), make_replay_buffer(1_000_000)
+    ray_buffer = ReplayBuffer(storage=functools.partial(LazyTensorStorage, 1_000_000), batch_size=256,
+                              service_backend="ray", service_backend_options={"remote_config": {"num_cpus": 0}})
+    node_cfg = dict(num_nodes=2, num_workers=1, num_envs=n, remote_configs={"num_cpus": 0.5}, **common)  # 4 actors on 2 CPUs
+    collectors = {
+        "local": OffPolicyCollector(ENV, sac_policy(), num_workers=2, num_envs=n, replay_buffer=local_rb, **common),
+        "ray": RayOffPolicyCollector(ENV, sac_policy(), replay_buffer=ray_rb, **node_cfg),
+        "ray_buffer": RayOffPolicyCollector(ENV, sac_policy(), replay_buffer=ray_buffer, **node_cfg),
+    }
+    try:
+        for collector in collectors.values():  # warm-up: workers started, first batches through
+            timed_round(collector, 4 * FRAMES_PER_BATCH)
+        rates: dict[str, list[float]] = {name: [] for name in collectors}
+        ray_receive_s, ray_frames = 0.0, 0
+        for _ in range(args.rounds):
+            for name, collector in collectors.items():
+                before = (collector.receive_s, collector.frames_written) if name == "ray" else None
+                rates[name].append(timed_round(collector, args.frames))
+                if before is not None:
+                    ray_receive_s += collector.receive_s - before[0]
+                    ray_frames += collector.frames_written - before[1]
+        batch = ray_rb[:FRAMES_PER_BATCH]
+        result = {
+            "benchmark": "ray_scaling",
+            "env": ENV,
+            "num_envs_per_worker": n,
+            "workers_total": 2,
+            "rounds": args.rounds,
+            "local_fps": statistics.median(rates["local"]),
+            "ray_fps": statistics.median(rates["ray"]),
+            "ray_buffer_fps": statistics.median(rates["ray_buffer"]),
+            "ray_over_local": statistics.median(r / l for r, l in zip(rates["ray"], rates["local"])),
+            "ray_buffer_over_local": statistics.median(
+                r / l for r, l in zip(rates["ray_buffer"], rates["local"])),
+            "ray_over_local_per_round": [round(r / l, 3) for r, l in zip(rates["ray"], rates["local"])],
+            "bytes_per_frame": tensor_bytes(batch) / FRAMES_PER_BATCH,
+            "serialized_bytes_per_frame": len(ray.cloudpickle.dumps(batch.clone())) / FRAMES_PER_BATCH,
+            "receive_us_per_frame": ray_receive_s / max(ray_frames, 1) * 1e6,
+            "receive_us_per_frame_17d": receive_cost(17),
+            "receive_us_per_frame_1000d": receive_cost(1000),
+            "bytes_per_frame_1000d": tensor_bytes(synthetic_batch(FRAMES_PER_BATCH, 1000)) / FRAMES_PER_BATCH,
+            "sample_ms_local": sample_ms(ray_rb),
+            "sample_ms_ray_buffer": sample_ms(ray_buffer),
+            "load_avg_1m": os.getloadavg()[0],
+            "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        }
+    finally:
+        for collector in collectors.values():
+            collector.shutdown()
+        ray_buffer.shutdown()
+        ray.shutdown()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

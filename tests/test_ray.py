@@ -1,0 +1,271 @@
+"""Collection across Ray nodes: real Ray (a local cluster), real worker processes, real envs.
+
+One Ray cluster serves the whole module (``ray.init(num_cpus=2)``): Ray takes
+seconds to start on a busy 2-core machine. Each "node" is a Ray actor running a
+:class:`~torchrl_unilab.ray_collector.RayNodeCollector`; on one machine they
+stand in for collector machines. Faults are real: an env that raises inside a
+worker, and ``ray.kill`` of a node's actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+import cloudpickle  # noqa: E402
+from conftest import linear_policy, wait_until  # noqa: E402
+from torchrl.data import LazyTensorStorage, ReplayBuffer  # noqa: E402
+from torchrl.envs import Transform, TransformedEnv  # noqa: E402
+
+from torchrl_unilab import BatchedGymEnv, make_replay_buffer  # noqa: E402
+from torchrl_unilab.ray_collector import NodeError, RayOffPolicyCollector  # noqa: E402
+
+# Ray actors unpickle this module's env factory without importing the test module.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+NODE = {"num_cpus": 1}  # two nodes fill the 2-CPU test cluster
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """``{pid: (parent pid, state)}`` of every live process, from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                table[int(entry)] = (int(fields[1]), fields[0])
+    return table
+
+
+def descendants(pid: int) -> list[int]:
+    table, out, frontier = _proc_table(), [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, (ppid, _) in table.items() if ppid == parent]
+        out += children
+        frontier += children
+    return out
+
+
+def cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode(errors="replace")
+    return ""
+
+
+def node_processes(collector: RayOffPolicyCollector) -> list[int]:
+    """PIDs of every node actor and of its worker processes."""
+    actors = [int(host.rsplit("pid ", 1)[1].rstrip(")")) for host in collector.node_hosts]
+    return actors + [child for pid in actors for child in descendants(pid)]
+
+
+def gone(pids: list[int]) -> bool:
+    table = _proc_table()
+    return all(pid not in table or table[pid][1] == "Z" for pid in pids)
+
+
+def test_two_nodes_fill_the_learner_buffer_and_a_publish_reaches_them():
+    """2 nodes x 1 worker: whole transitions, ids unique over nodes, exact random frames, weights by Ray."""
+    rb = make_replay_buffer(100_000)
+    random_frames, frames = 96, 1024
+    collector = RayOffPolicyCollector(
+        "Pendulum-v1", linear_policy(3, 1), num_nodes=2, num_workers=1, num_envs=4, frames_per_batch=32,
+        init_random_frames=random_frames, seed=0, replay_buffer=rb, remote_configs=NODE,
+    )
+    pids = node_processes(collector)
+    assert len(pids) >= 4, "each node runs its own worker process"
+    try:
+        # first ready, first served: a node that started late may deliver late, so collect until both delivered
+        def rows_per_node() -> list[int]:
+            node = rb[: len(rb)]["collector", "traj_ids"] % 2  # trajectory id % num_nodes = node
+            return [int((node == k).sum()) for k in range(2)]
+
+        deadline = time.monotonic() + 180  # a node's worker may take long to start on a loaded machine
+        while True:
+            collector.allow_frames(frames)
+            assert collector.wait_for_frames(frames, timeout=120)
+            if min(rows_per_node()) >= 64 or time.monotonic() > deadline:
+                break
+            frames = min(frames + 256, rb.storage.max_size - 1024)
+        assert min(rows_per_node()) >= 64, (rows_per_node(), collector.metrics()["nodes"])
+        data = rb[: len(rb)]
+        traj = data["collector", "traj_ids"]
+        # exact random frames over all nodes and workers: each node's first 48 rows (its share) and no more
+        random_rows = data["policy_version"] == -1
+        assert [int(random_rows[traj % 2 == k].sum()) for k in range(2)] == [random_frames // 2] * 2
+        # every trajectory is one chain of whole transitions: consecutive steps, obs' -> obs
+        for tid in traj.unique().tolist():
+            rows = data[traj == tid]
+            order = rows["step_count"].squeeze(-1).argsort()
+            rows = rows[order]
+            steps = rows["step_count"].squeeze(-1)
+            assert torch.equal(steps, torch.arange(int(steps[0]), int(steps[0]) + len(steps))), \
+                f"trajectory {tid} has repeated or missing steps: two nodes would share an id"
+            assert torch.equal(rows["next", "observation"][:-1], rows["observation"][1:])
+
+        # a publish reaches the remote workers through Ray, then the node's shared memory
+        policy = collector.policy
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.zero_()
+            policy.module[0].bias.fill_(0.5)
+        collector.update_policy_weights_()
+        assert collector.policy_version == 2
+        target = collector.frames_written + 512
+        collector.allow_frames(target)
+        assert collector.wait_for_frames(target, timeout=120)
+        data = rb[: len(rb)]
+        new = data["policy_version"] == 2
+        assert new.any(), "no row collected with the published weights"
+        assert torch.allclose(data["action"][new], torch.tanh(torch.tensor(0.5)))
+        old = data["policy_version"] == 1
+        assert not torch.allclose(data["action"][old], torch.tanh(torch.tensor(0.5)))
+        assert int(data["policy_version"].max()) == 2
+    finally:
+        collector.shutdown()
+    # no node actor and no worker process outlives the shutdown
+    assert wait_until(lambda: gone(pids), timeout=15), [p for p in pids if not gone([p])]
+
+
+def test_nodes_write_to_a_ray_replay_buffer_and_lost_nodes_are_reported():
+    """RayReplayBuffer path; a killed node is reported within 10 s: warned under "continue", raised under "raise"."""
+    rrb = ReplayBuffer(storage=functools.partial(LazyTensorStorage, 10_000), batch_size=64, service_backend="ray",
+                       service_backend_options={"remote_config": {"num_cpus": 0}})
+    collector = RayOffPolicyCollector(
+        "Pendulum-v1", linear_policy(3, 1), num_nodes=2, num_workers=1, num_envs=4, frames_per_batch=32,
+        init_random_frames=64, seed=1, replay_buffer=rrb, on_node_failure="continue", remote_configs=NODE,
+    )
+    pids = node_processes(collector)
+    try:
+        collector.allow_frames(256)
+        assert collector.wait_for_frames(256, timeout=120)
+        assert len(rrb) >= 256 and rrb.sample()["observation"].shape == (64, 3)
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ray.kill(collector.remote_collectors[0])
+            start = time.monotonic()
+            assert wait_until(lambda: collector.lost_nodes == [0], timeout=10), "lost node not reported within 10 s"
+            assert time.monotonic() - start < 10
+        assert any("collector node 0" in str(w.message) and "was lost" in str(w.message) for w in caught)
+        # the other node goes on, and still receives weights
+        collector.update_policy_weights_()
+        target = collector.frames_written + 256
+        collector.allow_frames(target)
+        assert collector.wait_for_frames(target, timeout=60)
+
+        collector.on_node_failure = "raise"
+        ray.kill(collector.remote_collectors[1])
+        start = time.monotonic()
+        collector.allow_frames(None)
+        with pytest.raises(NodeError, match="collector node 1 on .* failed: its Ray actor was lost"):
+            collector.wait_for_frames(10**9, timeout=10)
+        assert time.monotonic() - start < 10
+    finally:
+        collector.shutdown(raise_on_error=False)
+        rrb.shutdown()
+        # a killed actor cannot remove its scratch buffer directory: the test does, by the actor's pid
+        for host in collector.node_hosts:
+            pid = host.rsplit("pid ", 1)[1].rstrip(")")
+            for path in Path(tempfile.gettempdir()).glob(f"torchrl_unilab_rb_{pid}_*"):
+                shutil.rmtree(path, ignore_errors=True)
+    assert wait_until(lambda: gone(pids), timeout=15)
+
+
+class CrashAfter(Transform):
+    """Raises from the env's step after ``steps`` steps: a real fault inside a remote worker."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.steps = steps
+
+    def _step(self, tensordict, next_tensordict):
+        self.steps -= 1
+        if self.steps < 0:
+            raise RuntimeError("boom from the env on the remote node")
+        return next_tensordict
+
+
+def crashing_env():
+    return TransformedEnv(BatchedGymEnv("Pendulum-v1", 2), CrashAfter(40))
+
+
+def test_a_remote_worker_crash_reaches_the_learner_with_its_traceback():
+    collector = RayOffPolicyCollector(
+        crashing_env, linear_policy(3, 1), num_nodes=1, num_workers=1, num_envs=2, frames_per_batch=16,
+        total_frames=10_000, seed=0, remote_configs=NODE,
+    )
+    pids = node_processes(collector)
+    try:
+        with pytest.raises(NodeError) as info:
+            for _ in collector:
+                pass
+    finally:
+        collector.shutdown(raise_on_error=False)
+    err = info.value
+    assert (err.node_idx, err.worker_idx) == (0, 0)
+    text = str(err)
+    assert text.startswith(f"collector node 0 on {collector.node_hosts[0]}, worker 0 failed:")
+    assert "boom from the env on the remote node" in text
+    assert "Remote traceback" in text and "in _step" in text, text
+    assert wait_until(lambda: gone(pids), timeout=15)
+
+
+def test_sac_recipe_runs_with_the_ray_backend(tmp_path):
+    from test_recipes import run_recipe, scalars
+
+    summary = run_recipe(
+        "sac", tmp_path, "collector.backend=ray", "collector.num_nodes=2", "collector.num_workers=1",
+        "collector.num_envs=4", "collector.total_frames=2048", "collector.sync_every=64",
+    )
+    assert summary["frames"] == 2048 and not summary["interrupted"]
+    versions = [value for _, value in scalars(tmp_path, "learner/policy_lag")]
+    assert versions, "the learner logged the policy lag of the rows it trained on"
+    assert (tmp_path / "checkpoint" / "replay_buffer").is_dir()
+
+
+def test_the_core_package_imports_without_ray():
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import torchrl_unilab, torchrl_unilab.ray_collector as rc\n"
+        "try:\n"
+        "    rc.RayOffPolicyCollector('Pendulum-v1', None, frames_per_batch=8)\n"
+        "except ImportError as err:\n"
+        "    print(err)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 0, out.stderr
+    assert 'pip install -e ".[ray]"' in out.stdout
+
+
+def test_no_ray_process_is_left_after_ray_shutdown():
+    """Last in the module: the cluster this module started goes away with ``ray.shutdown()``."""
+    # raylet, gcs_server, ray:: workers; node workers are checked by the tests above
+    ray_procs = {pid: cmdline(pid)[:100] for pid in descendants(os.getpid()) if "ray" in cmdline(pid)}
+    assert ray_procs, "ray.init started its processes as our children"
+    ray.shutdown()
+    assert wait_until(lambda: gone(list(ray_procs)), timeout=60), \
+        {pid: cmd for pid, cmd in ray_procs.items() if not gone([pid])}
