@@ -186,15 +186,24 @@ class BufferLock:
         self._pid = None
         self._fd = -1
         self._thread_lock = threading.Lock()
+        self._open_guard = threading.Lock()
         self.held = False
 
     def _ensure_open(self) -> None:
-        if self._pid != os.getpid():
-            # A forked child shares the parent's open file description, and with it the parent's flock.
-            self._thread_lock = threading.Lock()
+        pid = os.getpid()
+        if self._pid == pid:
+            return
+        # Two threads' first acquisitions must not each open a descriptor and make a thread lock of their own.
+        with self._open_guard:
+            if self._pid == pid:
+                return
+            if self._pid is not None:
+                # A forked child shares the parent's open file description, and with it the parent's flock;
+                # the parent's thread lock may be held by a thread the child does not have.
+                self._thread_lock = threading.Lock()
             self._fd = os.open(self.counters.path, os.O_RDWR | os.O_CLOEXEC)
-            self._pid = os.getpid()
             self.held = False
+            self._pid = pid
 
     def acquire(self, timeout: float | None = None) -> None:
         """Takes the lock, waiting at most ``timeout`` (default :attr:`timeout`) seconds."""
@@ -284,6 +293,7 @@ class BufferLock:
         self.on_acquire = state["on_acquire"]
         self._pid, self._fd, self.held = None, -1, False
         self._thread_lock = threading.Lock()
+        self._open_guard = threading.Lock()
 
     def __del__(self) -> None:
         if self._fd >= 0 and self._pid == os.getpid():
