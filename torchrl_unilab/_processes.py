@@ -59,7 +59,12 @@ class WorkerError(RuntimeError):
     def __init__(self, worker_idx: int, message: str, worker_traceback: str) -> None:
         self.worker_idx = worker_idx
         self.worker_traceback = worker_traceback
+        self._message = message
         super().__init__(f"collector worker {worker_idx} failed: {message}\n\nWorker traceback:\n{worker_traceback}")
+
+    def __reduce__(self):
+        # Exceptions pickle their args; these are the constructor's (Ray and multiprocessing send errors pickled).
+        return type(self), (self.worker_idx, self._message, self.worker_traceback)
 
 
 class _InheritedFd:

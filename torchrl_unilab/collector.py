@@ -464,6 +464,10 @@ class OffPolicyCollector(MultiAsyncCollector):
             raise RuntimeError("a collector with total_frames=-1 does not stop, so it has no length")
         return int(self.total_frames) // self.frames_per_batch
 
+    def __bool__(self) -> bool:
+        # Without it, bool() would call __len__, which raises for a collector with no frame limit.
+        return True
+
     def start(self) -> None:
         """Lets every worker collect into ``replay_buffer`` in the background until ``total_frames``."""
         self._require_buffer("start()")

@@ -368,6 +368,14 @@ class RayOffPolicyCollector(RayCollector):
         ]
         super().add_collectors(create_env_fn, num_envs, policy, collector_kwargs, remote_configs)
 
+    def __len__(self) -> int:
+        if self.total_frames == float("inf"):
+            raise RuntimeError("a collector with total_frames=-1 does not stop, so it has no length")
+        return -(-int(self.total_frames) // self.frames_per_batch)
+
+    def __bool__(self) -> bool:
+        return True
+
     # --------------------------------------------------------------- iteration
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """Yields batches as nodes deliver them; extends the local ``replay_buffer`` instead when one was given."""
