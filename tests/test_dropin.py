@@ -401,3 +401,24 @@ def test_startup_failure_names_the_main_guard_and_shows_worker_stderr(tmp_path):
     assert "WorkerError" in out.stderr and 'if __name__ == "__main__":' in out.stderr, out.stderr[-3000:]
     assert "worker stderr while starting" in out.stderr
     assert "bootstrapping phase" in out.stderr, "the worker's own error text is shown"
+
+
+class DictObsEnv(gym.Env):
+    """A gymnasium env with a Dict observation space, which the gymnasium-id fast path cannot store."""
+
+    observation_space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (2,))})
+    action_space = gym.spaces.Box(-1, 1, (1,))
+
+
+class ImageObsEnv(gym.Env):
+    observation_space = gym.spaces.Box(0, 1, (4, 4))
+    action_space = gym.spaces.Box(-1, 1, (1,))
+
+
+@pytest.mark.parametrize(("env_cls", "what"), [(DictObsEnv, "observation"), (ImageObsEnv, "observation")])
+def test_unsupported_spaces_are_refused_at_construction(env_cls, what):
+    env_id = f"{env_cls.__name__}-v0"
+    if env_id not in gym.registry:
+        gym.register(id=env_id, entry_point=env_cls)
+    with pytest.raises(TypeError, match=f"supports 1-D Box {what} spaces.*{env_id}"):
+        OffPolicyCollector(env_id, linear_policy(2, 1), num_envs=2, frames_per_batch=2)
