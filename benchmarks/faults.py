@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from torchrl_unilab import make_replay_buffer  # noqa: E402
+from torchrl_unilab._residue import live_processes  # noqa: E402
 
 CTX = mp.get_context("spawn")
 #: Columns of an id-stamped row: (key, per-row shape, dtype).
@@ -299,16 +300,7 @@ def residue_snapshot() -> dict:
     gc.collect()
     mp.active_children()
     me = os.getpid()
-    children = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == me and fields[0] != "Z":
-                children.add(int(entry))
+    children = live_processes(parent=me)
     from multiprocessing import resource_tracker
 
     children.discard(getattr(resource_tracker._resource_tracker, "_pid", None))  # noqa: SLF001 - not ours

@@ -12,21 +12,12 @@ import pytest
 import torch
 from tensordict.nn import TensorDictModule
 
+from torchrl_unilab._residue import live_processes
+
 
 def child_pids() -> set[int]:
     """PIDs of live (non-zombie) processes whose parent is this process."""
-    me, out = os.getpid(), set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == me and fields[0] != "Z":
-            out.add(int(entry))
-    return out
+    return live_processes(parent=os.getpid())
 
 
 def shm_entries() -> set[str]:

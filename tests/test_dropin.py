@@ -104,6 +104,7 @@ def test_sync_pattern_yields_torchrl_batches(parallel, no_leaks):
     with pytest.raises(RuntimeError, match="before collection starts"):
         collector.set_seed(0)
     collector.shutdown()
+    assert collector.policy_version == 5, "one publish per batch, readable after shutdown"
     assert i == 3 and len(replay_buffer) == 400
     versions = torch.cat(versions)
     assert int((versions == -1).sum()) == 100, "init_random_frames is exact"
@@ -225,6 +226,9 @@ def test_inherited_api_works_or_says_why(no_leaks):
     finally:
         collector.async_shutdown()
     assert collector.closed
+    assert collector.get_policy_version() == 2, "the version stays readable after shutdown"
+    with pytest.raises(RuntimeError, match="shut down"):
+        collector.update_policy_weights_()
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import faults  # noqa: E402
 
 from torchrl_unilab import make_replay_buffer  # noqa: E402
+from torchrl_unilab._residue import live_processes  # noqa: E402
 from torchrl_unilab.normalization import ObservationNormalizer  # noqa: E402
 
 
@@ -287,17 +288,7 @@ def test_checkpoint_survives_an_interrupted_swap(tmp_path, monkeypatch, fail_at,
 
 
 def _session_pids(sid: int) -> set[int]:
-    out = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid and fields[0] != "Z":
-                out.add(int(entry))
-    return out
+    return live_processes(session=sid)
 
 
 def _residue_of(pid: int) -> dict:
@@ -311,32 +302,16 @@ def _residue_of(pid: int) -> dict:
 
 
 def test_sigterm_saves_a_checkpoint_leaves_no_residue_and_the_run_resumes(tmp_path, no_leaks):
-    import subprocess
-
-    from test_recipes import RECIPES, TINY, check_run, run_recipe, saved_counters
+    from test_recipes import check_run, run_recipe, running_sac, saved_counters
 
     from torchrl_unilab.checkpoint import Checkpointer
 
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, str(RECIPES / "sac.py"), *TINY, f"logger.log_dir={run_dir}",
-           "collector.total_frames=100000", "logger.checkpoint_every=0"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        logged = run_dir / "Pendulum-v1_SAC" / "scalars" / "utd" / "achieved.csv"
-        while not (logged.exists() and logged.stat().st_size > 0):
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the recipe logged nothing within 120 s"
-            time.sleep(0.2)
+    with running_sac(tmp_path, run_dir) as proc:
         proc.send_signal(signal.SIGTERM)  # the learner only, as `timeout` and `docker stop` do
         sent = time.monotonic()
         out, _ = proc.communicate(timeout=60)
         took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
     assert proc.returncode == 0, out
     assert took < 15.0, f"exited {took:.1f}s after SIGTERM"
     assert "Interrupted: checkpoint saved" in out, out

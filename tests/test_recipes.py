@@ -7,6 +7,7 @@ Ctrl-C test runs ``python recipes/sac.py`` in a subprocess and interrupts it.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import os
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -96,11 +98,11 @@ def test_td3_runs_end_to_end_and_resumes(tmp_path, no_leaks):
     assert resumed[: len(evals)] == evals and min(resumed[len(evals):]) > 512
 
 
-def test_sac_ctrl_c_saves_a_checkpoint_and_the_run_resumes(tmp_path, no_leaks):
-    run_dir = tmp_path / "run"
+@contextlib.contextmanager
+def running_sac(tmp_path: Path, run_dir: Path) -> Iterator[subprocess.Popen]:
+    """``recipes/sac.py`` in a session of its own, yielded once it has logged; killed on the way out if still running."""
     cmd = [sys.executable, str(RECIPES / "sac.py"), *TINY, f"logger.log_dir={run_dir}",
            "collector.total_frames=100000", "logger.checkpoint_every=0"]
-    # A process group of its own, signalled as a whole, as a terminal's Ctrl-C does (workers included).
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -110,12 +112,19 @@ def test_sac_ctrl_c_saves_a_checkpoint_and_the_run_resumes(tmp_path, no_leaks):
             assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() < deadline, "the recipe logged nothing within 120 s"
             time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        yield proc
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
+
+
+def test_sac_ctrl_c_saves_a_checkpoint_and_the_run_resumes(tmp_path, no_leaks):
+    run_dir = tmp_path / "run"
+    with running_sac(tmp_path, run_dir) as proc:
+        # The whole process group, as a terminal's Ctrl-C signals it (workers included).
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "Interrupted: checkpoint saved" in out, out
     stopped = saved_counters(run_dir)

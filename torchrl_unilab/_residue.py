@@ -13,7 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
-__all__ = ["pid_alive", "sweep_stale"]
+__all__ = ["live_processes", "pid_alive", "sweep_stale"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -32,6 +32,31 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's live process
     return True
+
+
+def live_processes(*, parent: int | None = None, session: int | None = None) -> set[int]:
+    """Ids of live (non-zombie) processes, optionally those of one ``parent`` or one ``session``.
+
+    Read from ``/proc/<pid>/stat`` (Linux): the tests and the faults benchmark use
+    it to find processes left behind.
+
+    Examples:
+        >>> os.getpid() in live_processes(session=os.getsid(0))
+        True
+    """
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, ppid, _pgrp, sid = f.read().rsplit(")", 1)[1].split()[:4]
+        except (OSError, ValueError):
+            continue
+        if state == "Z" or (parent is not None and int(ppid) != parent) or (session is not None and int(sid) != session):
+            continue
+        out.add(int(entry))
+    return out
 
 
 def sweep_stale(directory: str | os.PathLike, prefix: str) -> list[str]:

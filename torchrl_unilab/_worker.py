@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import traceback
 from collections.abc import Callable
@@ -360,6 +361,8 @@ def worker_main(worker_idx: int, cfg: WorkerConfig, env_sources: list, policy_by
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     else:
         cfg = dataclasses.replace(cfg, num_threads=0, seed_torch=False)
+        # A handle of its own, as a process gets by unpickling: closing it must not close the collector's.
+        weights = pickle.loads(pickle.dumps(weights))
     loop, code = None, 0
     try:
         extras = cloudpickle.loads(extras_bytes)

@@ -102,12 +102,15 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
         >>> scheme.version
         2
         >>> scheme.shutdown()
+        >>> scheme.version
+        2
     """
 
     def __init__(self, strategy: str = "state_dict") -> None:
         super().__init__(strategy="tensordict")
         self.shared: SharedWeights | None = None
         self._sender_model: nn.Module | None = None
+        self._final_version: int | None = None
 
     def _init_on_sender_impl(self, model_id: str = "policy", context: Any = None, model: nn.Module | None = None,
                              **kwargs: Any) -> None:
@@ -135,7 +138,9 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
 
     @property
     def version(self) -> int:
-        """The latest published version (1: the weights at construction)."""
+        """The latest published version (1: the weights at construction); still readable after :meth:`shutdown`."""
+        if self._final_version is not None:
+            return self._final_version
         return self.shared.version
 
     def prepare_weights(self, weights: Any, model_id: str | None = None, strategy: Any = None,
@@ -149,6 +154,8 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
         """Publishes ``weights`` (``None``: the sender's model as it is now) to every worker."""
         if self.shared is None:
             raise RuntimeError("SeqlockWeightSyncScheme must be initialised on the sender (init_on_sender) first")
+        if self._final_version is not None:
+            raise RuntimeError("the weight sync is shut down (the collector was shut down); nothing can be published")
         if worker_ids is not None:
             raise ValueError("worker_ids must be None: all workers read one shared copy of the weights")
         state = self.prepare_weights(weights)
@@ -167,8 +174,10 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
         self.shared = state["shared"]
         self._model_id = state["_model_id"]
         self._sender_model = None
+        self._final_version = None
 
     def shutdown(self) -> None:
         """Closes the shared block (the sender also removes it)."""
-        if self.shared is not None:
+        if self.shared is not None and self._final_version is None:
+            self._final_version = self.shared.version
             self.shared.close()
