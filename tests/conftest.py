@@ -54,6 +54,21 @@ def linear_policy(obs_dim: int, action_dim: int, seed: int = 0) -> TensorDictMod
     return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
 
 
+@pytest.fixture(autouse=True)
+def torch_state():
+    """Seeds torch for each test, and fails a test that leaves the thread's autograd mode switched.
+
+    Seeding keeps a test's random initialisation from depending on which
+    tests ran before it; a leaked ``no_grad`` broke every later backward.
+    """
+    torch.manual_seed(0)
+    before = torch.is_grad_enabled()
+    yield
+    after = torch.is_grad_enabled()
+    torch.set_grad_enabled(before)
+    assert after == before, f"the test left torch.is_grad_enabled() == {after}"
+
+
 @pytest.fixture
 def no_leaks():
     """Asserts the test leaves no child process, /dev/shm entry or temp dir behind."""

@@ -205,6 +205,7 @@ def test_failing_publishes_leave_weights_consistent_and_readers_alive(no_leaks):
             signal.signal(signal.SIGINT, previous)
         # A publish interrupted inside its copy completes it first: the version still advances.
         assert interrupted > 0 and weights.version > 1
+        assert torch.is_grad_enabled(), "an interrupted publish left the caller's thread with gradients off"
         assert weights._header[0] % 2 == 0  # noqa: SLF001
         assert weights.publish(_constant_weights(net, 12345.0)) == weights.version
         time.sleep(0.5)  # the reader polls every 0.5 ms

@@ -211,9 +211,11 @@ class SharedWeights:
         values = self._tensors(source)
         if self._staging is None:
             self._staging = [torch.empty(shape, dtype=dtype) for _, shape, dtype in self.layout]
-        with torch.no_grad():
-            for staged, value in zip(self._staging, values):
-                staged.copy_(value.detach())
+        # No ``torch.no_grad()`` here: a signal landing between its enter and
+        # exit left the caller's thread with gradients off for good. Detached
+        # values into plain tensors record no graph anyway.
+        for staged, value in zip(self._staging, values):
+            staged.copy_(value.detach())
         with self.lock if self.lock is not None else contextlib.nullcontext(), _signals_deferred():
             self._header[0] += 1  # odd: write in progress
             copied = 0
