@@ -49,7 +49,7 @@ from torchrl.collectors import Collector
 from torchrl.envs import DoubleToFloat, GymEnv, TransformedEnv
 
 from torchrl_unilab import EnvPoolEnv, OffPolicyCollector, make_replay_buffer
-from torchrl_unilab.models import make_actor
+from torchrl_unilab.modules.models import make_actor
 
 ENV = "HalfCheetah-v5"
 NUM_ENVS = 16

@@ -33,8 +33,17 @@ import torch
 from tensordict.nn import TensorDictModule
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.data import LazyTensorStorage, ReplayBuffer
-from torchrl.envs import Compose, DoubleToFloat, EnvCreator, GymEnv, InitTracker, RewardSum, SerialEnv, \
-    StepCounter, TransformedEnv
+from torchrl.envs import (
+    Compose,
+    DoubleToFloat,
+    EnvCreator,
+    GymEnv,
+    InitTracker,
+    RewardSum,
+    SerialEnv,
+    StepCounter,
+    TransformedEnv,
+)
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal
 from torchrl.modules.distributions import NormalParamExtractor
 

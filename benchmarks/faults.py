@@ -411,7 +411,7 @@ def recipe_sigterm() -> dict:
     """SIGTERM to ``recipes/sac.py``: exit time, checkpoint, residue; resume restores the buffer exactly."""
     import subprocess
 
-    from torchrl_unilab.checkpoint import Checkpointer
+    from torchrl_unilab.trainers.checkpoint import Checkpointer
 
     tiny = ["env.name=Pendulum-v1", "network.hidden_dim=32", "optim.batch_size=64", "collector.num_envs=4",
             "collector.frames_per_batch=64", "collector.init_random_frames=256", "collector.max_lead_frames=256",

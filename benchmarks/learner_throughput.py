@@ -4,8 +4,8 @@ In one run, on one torch thread, batch 256, 256x256 networks, HalfCheetah-v5 siz
 
 * ``plain``: the loop of TorchRL's ``sota-implementations/sac`` -- ``rb.sample()``,
   ``SACLoss``, three ``Adam`` optimizers (actor, critic, alpha), ``SoftUpdate``;
-* ``recipe_loss_module``: the recipe's :class:`~torchrl_unilab.training.BufferSampler`
-  and :class:`~torchrl_unilab.training.UpdateStep` (one fused Adam) calling ``SACLoss`` itself;
+* ``recipe_loss_module``: the recipe's :class:`~torchrl_unilab.trainers.training.BufferSampler`
+  and :class:`~torchrl_unilab.trainers.training.UpdateStep` (one fused Adam) calling ``SACLoss`` itself;
 * ``recipe``: the same with the tensor-level loss (``fast_loss=True``, the default);
 * ``recipe_compiled``: the same with ``compile=True`` (``--no-compile`` skips it);
 * ``e2e``: ``recipes/sac.py`` on HalfCheetah-v5 at ``utd_ratio=1``, env
@@ -40,8 +40,8 @@ from tensordict import TensorDict
 from torchrl.objectives import SACLoss, SoftUpdate
 
 from torchrl_unilab import make_replay_buffer
-from torchrl_unilab.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
-from torchrl_unilab.training import BufferSampler, UpdateStep
+from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
+from torchrl_unilab.trainers.training import BufferSampler, UpdateStep
 
 ROOT = Path(__file__).resolve().parents[1]
 OBS, ACT, BATCH, HIDDEN = 17, 6, 256, 256  # HalfCheetah-v5

@@ -4,7 +4,7 @@ Prints one JSON line with, on HalfCheetah-v5 with the recipes' SAC actor (256x25
 
 * ``local_fps``: :class:`~torchrl_unilab.OffPolicyCollector` with ``2 x num_envs``
   envs over 2 workers, writing into a shared buffer in this machine;
-* ``ray_fps``: :class:`~torchrl_unilab.ray_collector.RayOffPolicyCollector`
+* ``ray_fps``: :class:`~torchrl_unilab.collectors.ray_collector.RayOffPolicyCollector`
   with the same total: 2 nodes (Ray actors) x 1 worker x ``num_envs``, whose
   batches this process receives and extends into its own buffer;
 * ``ray_buffer_fps``: the same nodes writing straight into a ``RayReplayBuffer``;
@@ -42,9 +42,9 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from torchrl_unilab import OffPolicyCollector, make_replay_buffer
-from torchrl_unilab.exploration import make_exploration_policy
-from torchrl_unilab.models import make_actor
-from torchrl_unilab.ray_collector import RayOffPolicyCollector
+from torchrl_unilab.collectors.ray_collector import RayOffPolicyCollector
+from torchrl_unilab.modules.exploration import make_exploration_policy
+from torchrl_unilab.modules.models import make_actor
 
 ENV = "HalfCheetah-v5"
 FRAMES_PER_BATCH = 64

@@ -61,7 +61,7 @@ napoleon_use_ivar = True
 nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(?!torchrl_unilab).*"),
-    # Private modules (``torchrl_unilab._worker``) are not documented; a docstring
+    # Private modules (``torchrl_unilab.collectors._worker``) are not documented; a docstring
     # may still name their objects.
     (r"py:.*", r"torchrl_unilab\._\w+\..*"),
 ]
@@ -141,7 +141,7 @@ def _documented_module(name: str, obj) -> str:
     import pkgutil
 
     public = sorted(
-        info.name for info in pkgutil.iter_modules(torchrl_unilab.__path__, "torchrl_unilab.")
+        info.name for info in pkgutil.walk_packages(torchrl_unilab.__path__, "torchrl_unilab.")
         if not info.name.rsplit(".", 1)[1].startswith("_")
     )
     home = getattr(obj, "__module__", None)
@@ -166,7 +166,7 @@ def _reexports_directive():
                 obj = getattr(torchrl_unilab, name)
                 module = _documented_module(name, obj)
                 role = "class" if isinstance(obj, type) else "func" if callable(obj) else "data"
-                lines += [f"   * - :py:{role}:`~{module}.{name}`", f"     - :doc:`{module.rsplit('.', 1)[1]}`"]
+                lines += [f"   * - :py:{role}:`~{module}.{name}`", f"     - :doc:`{module.split('.')[1]}`"]
             container = nodes.container()
             self.state.nested_parse(StringList(lines, source="reexports"), self.content_offset, container)
             return container.children

@@ -18,8 +18,8 @@ import torch
 from tqdm import tqdm
 
 from torchrl_unilab import BatchedGymEnv, OffPolicyCollector, make_replay_buffer
-from torchrl_unilab.exploration import make_exploration_policy
-from torchrl_unilab.models import make_actor
+from torchrl_unilab.modules.exploration import make_exploration_policy
+from torchrl_unilab.modules.models import make_actor
 
 
 def main() -> None:

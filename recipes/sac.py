@@ -23,10 +23,11 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from torchrl_unilab.checkpoint import Checkpointer
-from torchrl_unilab.logging_utils import LearningCurve, RunLogger, make_logger
-from torchrl_unilab.normalization import normalize_batch
-from torchrl_unilab.recipes_utils import (
+from torchrl_unilab import WorkerError
+from torchrl_unilab.modules.normalization import normalize_batch
+from torchrl_unilab.trainers.checkpoint import Checkpointer
+from torchrl_unilab.trainers.logging_utils import LearningCurve, RunLogger, make_logger
+from torchrl_unilab.trainers.recipes_utils import (
     Evaluator,
     env_info,
     env_kwargs,
@@ -37,8 +38,7 @@ from torchrl_unilab.recipes_utils import (
     make_replay_buffer,
     run_dir,
 )
-from torchrl_unilab import WorkerError
-from torchrl_unilab.training import (
+from torchrl_unilab.trainers.training import (
     BufferSampler,
     Every,
     GracefulStop,
@@ -47,6 +47,7 @@ from torchrl_unilab.training import (
     policy_lag,
     update_normalizer,
 )
+
 
 def train(cfg: DictConfig, algo: str = "sac") -> dict:
     """Trains ``algo`` ("sac" or "td3", which shares this loop) and returns a summary dict."""

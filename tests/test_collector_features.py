@@ -16,8 +16,8 @@ from torchrl_unilab import (
     PrivilegedInfoTransform,
     make_replay_buffer,
 )
-from torchrl_unilab.models import make_actor
-from torchrl_unilab.privileged import resolve_collector_actor_dims, resolve_offpolicy_actor_priv_info
+from torchrl_unilab.envs.privileged import resolve_collector_actor_dims, resolve_offpolicy_actor_priv_info
+from torchrl_unilab.modules.models import make_actor
 
 
 def per_traj_std(rows, min_len: int) -> dict[int, torch.Tensor]:

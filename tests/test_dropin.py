@@ -39,7 +39,7 @@ from torchrl.modules import MLP, AdditiveGaussianModule, ProbabilisticActor, Tan
 from torchrl.modules.distributions import NormalParamExtractor
 
 from torchrl_unilab import OffPolicyCollector, WorkerError, make_actor, make_replay_buffer
-from torchrl_unilab.weight_sync_scheme import SeqlockWeightSyncScheme
+from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme
 
 TORCHRL_KEYS = {"observation", "action", "done", "terminated", "truncated", "is_init", "step_count",
                 "episode_reward", ("next", "observation"), ("next", "reward"), ("next", "done"),

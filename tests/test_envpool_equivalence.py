@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from torchrl_unilab import BatchedGymEnv, EnvPoolEnv
-from torchrl_unilab.envpool_env import envpool, envpool_task_ids
+from torchrl_unilab.envs.envpool_env import envpool, envpool_task_ids
 
 V5_TASKS = sorted(t for t in envpool_task_ids() if t.endswith("-v5"))
 # Tasks whose solver warm start (absent from any observation) changes the next state slightly when

@@ -8,13 +8,13 @@ from torchrl.data import Bounded, Composite
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import TanhNormal
 
-from torchrl_unilab.exploration import (
+from torchrl_unilab.modules.exploration import (
     ActionProjection,
     PerEnvMixedNoise,
     make_exploration_policy,
     sample_offpolicy_actions,
 )
-from torchrl_unilab.models import make_actor
+from torchrl_unilab.modules.models import make_actor
 
 OBS_DIM, ACT_DIM, N = 4, 3, 6
 LOW = torch.tensor([-1.0, -2.0, 0.0])

@@ -10,10 +10,10 @@ from torch import nn
 from torchrl.modules import ValueOperator
 from torchrl.objectives import SACLoss, SoftUpdate, ValueEstimators
 
-from torchrl_unilab._fast_loss import tensor_loss
-from torchrl_unilab.models import make_actor, make_critic
-from torchrl_unilab.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
-from torchrl_unilab.training import UpdateStep
+from torchrl_unilab.modules.models import make_actor, make_critic
+from torchrl_unilab.objectives._fast_loss import tensor_loss
+from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
+from torchrl_unilab.trainers.training import UpdateStep
 
 OBS, PRIV, ACT, B = 5, 3, 2, 64
 

@@ -9,10 +9,10 @@ from tensordict.nn import TensorDictModule
 from torchrl.data import Bounded
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from torchrl_unilab._fast_policy import tensor_policy
-from torchrl_unilab.exploration import make_exploration_policy
-from torchrl_unilab.models import make_actor
-from torchrl_unilab.normalization import ObservationNormalizer
+from torchrl_unilab.modules._fast_policy import tensor_policy
+from torchrl_unilab.modules.exploration import make_exploration_policy
+from torchrl_unilab.modules.models import make_actor
+from torchrl_unilab.modules.normalization import ObservationNormalizer
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])

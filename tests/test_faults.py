@@ -21,7 +21,7 @@ import faults  # noqa: E402
 
 from torchrl_unilab import make_replay_buffer  # noqa: E402
 from torchrl_unilab._residue import live_processes  # noqa: E402
-from torchrl_unilab.normalization import ObservationNormalizer  # noqa: E402
+from torchrl_unilab.modules.normalization import ObservationNormalizer  # noqa: E402
 
 
 def test_sigkill_inside_extend_never_blocks_sampling_nor_tears_a_row(no_leaks):
@@ -123,7 +123,7 @@ def _constant_weights(module: torch.nn.Module, value: float) -> dict:
 
 def _weight_reader(name: str, layout, ready, stop, results) -> None:
     """A worker's side of the weight sync: load every new version, check it is not a mix."""
-    from torchrl_unilab.weight_sync import SharedWeights
+    from torchrl_unilab.weight_update.weight_sync import SharedWeights
 
     reader = SharedWeights.attach(name, layout)
     module = _publisher_net()
@@ -149,7 +149,7 @@ def _publisher_net() -> torch.nn.Module:
 
 
 def test_failing_publishes_leave_weights_consistent_and_readers_alive(no_leaks):
-    from torchrl_unilab.weight_sync import SharedWeights, layout_of
+    from torchrl_unilab.weight_update.weight_sync import SharedWeights, layout_of
 
     net = _publisher_net()
     weights = SharedWeights.create(_constant_weights(net, 0.0))
@@ -230,7 +230,7 @@ class _PlantedPickle:
 
 
 def _saved_run(tmp_path, rows: int = 5):
-    from torchrl_unilab.checkpoint import Checkpointer
+    from torchrl_unilab.trainers.checkpoint import Checkpointer
 
     net = torch.nn.Linear(3, 2)
     rb = make_replay_buffer(16)
@@ -245,7 +245,7 @@ def _saved_run(tmp_path, rows: int = 5):
 def test_checkpoint_load_reads_no_pickle(tmp_path, where, no_leaks):
     import pickle
 
-    from torchrl_unilab.checkpoint import Checkpointer
+    from torchrl_unilab.trainers.checkpoint import Checkpointer
 
     net, _, _ = _saved_run(tmp_path)
     marker = tmp_path / "pwned"
@@ -262,7 +262,7 @@ def test_checkpoint_load_reads_no_pickle(tmp_path, where, no_leaks):
 def test_checkpoint_survives_an_interrupted_swap(tmp_path, monkeypatch, fail_at, no_leaks):
     import pathlib
 
-    from torchrl_unilab.checkpoint import Checkpointer
+    from torchrl_unilab.trainers.checkpoint import Checkpointer
 
     net, rb, ckpt = _saved_run(tmp_path, rows=5)
     rb.extend(faults.id_rows(5, 3))
@@ -305,7 +305,7 @@ def _residue_of(pid: int) -> dict:
 def test_sigterm_saves_a_checkpoint_leaves_no_residue_and_the_run_resumes(tmp_path, no_leaks):
     from test_recipes import check_run, run_recipe, running_sac, saved_counters
 
-    from torchrl_unilab.checkpoint import Checkpointer
+    from torchrl_unilab.trainers.checkpoint import Checkpointer
 
     run_dir = tmp_path / "run"
     with running_sac(tmp_path, run_dir) as proc:
@@ -333,7 +333,7 @@ def test_sigterm_saves_a_checkpoint_leaves_no_residue_and_the_run_resumes(tmp_pa
 def test_startup_sweeps_what_a_killed_process_left(no_leaks):
     import tempfile
 
-    from torchrl_unilab.weight_sync import SharedWeights
+    from torchrl_unilab.weight_update.weight_sync import SharedWeights
 
     read, write = os.pipe()
     pid = os.fork()

@@ -7,7 +7,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import ProbabilisticActor
 from torchrl.objectives import SACLoss, SoftUpdate, TD3Loss
 
-from torchrl_unilab.models import ALGOS, make_actor, make_critic
+from torchrl_unilab.modules.models import ALGOS, make_actor, make_critic
 
 OBS_DIM, ACT_DIM, BATCH = 5, 3, 8
 

@@ -8,9 +8,9 @@ from tensordict.nn import TensorDictSequential
 from torchrl.data import ReplayBuffer, TensorStorage
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from torchrl_unilab.exploration import make_exploration_policy
-from torchrl_unilab.models import make_actor
-from torchrl_unilab.normalization import ObservationNormalizer, normalize_batch
+from torchrl_unilab.modules.exploration import make_exploration_policy
+from torchrl_unilab.modules.models import make_actor
+from torchrl_unilab.modules.normalization import ObservationNormalizer, normalize_batch
 
 OBS_DIM = 4
 

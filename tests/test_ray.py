@@ -2,7 +2,7 @@
 
 One Ray cluster serves the whole module (``ray.init(num_cpus=2)``): Ray takes
 seconds to start on a busy 2-core machine. Each "node" is a Ray actor running a
-:class:`~torchrl_unilab.ray_collector.RayNodeCollector`; on one machine they
+:class:`~torchrl_unilab.collectors.ray_collector.RayNodeCollector`; on one machine they
 stand in for collector machines. Faults are real: an env that raises inside a
 worker, and ``ray.kill`` of a node's actor.
 """
@@ -31,7 +31,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer  # noqa: E402
 from torchrl.envs import Transform, TransformedEnv  # noqa: E402
 
 from torchrl_unilab import BatchedGymEnv, make_replay_buffer  # noqa: E402
-from torchrl_unilab.ray_collector import NodeError, RayOffPolicyCollector  # noqa: E402
+from torchrl_unilab.collectors.ray_collector import NodeError, RayOffPolicyCollector  # noqa: E402
 
 # Ray actors unpickle this module's env factory without importing the test module.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -249,7 +249,7 @@ def test_sac_recipe_runs_with_the_ray_backend(tmp_path):
 def test_the_core_package_imports_without_ray():
     code = (
         "import sys; sys.modules['ray'] = None\n"
-        "import torchrl_unilab, torchrl_unilab.ray_collector as rc\n"
+        "import torchrl_unilab, torchrl_unilab.collectors.ray_collector as rc\n"
         "try:\n"
         "    rc.RayOffPolicyCollector('Pendulum-v1', None, frames_per_batch=8)\n"
         "except ImportError as err:\n"

@@ -8,10 +8,10 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from torchrl_unilab import make_replay_buffer
-from torchrl_unilab.checkpoint import Checkpointer
-from torchrl_unilab.normalization import ObservationNormalizer
-from torchrl_unilab.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
-from torchrl_unilab.training import BufferSampler, UpdateStep, UTDController
+from torchrl_unilab.modules.normalization import ObservationNormalizer
+from torchrl_unilab.trainers.checkpoint import Checkpointer
+from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
+from torchrl_unilab.trainers.training import BufferSampler, UpdateStep, UTDController
 
 
 class FakeCollector:
@@ -145,3 +145,43 @@ def test_checkpoint_round_trip_restores_everything(tmp_path):
 def test_checkpoint_refuses_a_missing_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="resume= takes the run directory"):
         Checkpointer(tmp_path / "nope", modules={}, normalizer=ObservationNormalizer(1)).load()
+
+
+def test_sampling_beside_a_thread_extending_the_same_buffer_does_not_deadlock():
+    """The Ray learner extends its buffer from a receive thread while the main thread samples.
+
+    TorchRL's ``extend`` takes ``_replay_lock`` then ``_write_lock``; a sampler
+    taking the write lock and then ``len(rb)`` (``_replay_lock``) deadlocked.
+    """
+    import threading
+
+    from torchrl_unilab.trainers.training import update_normalizer
+
+    rb = make_replay_buffer(512, lock_timeout=5.0)
+    row = TensorDict({"observation": torch.ones(16, 3), "action": torch.ones(16, 1),
+                      ("next", "observation"): torch.ones(16, 3), ("next", "reward"): torch.ones(16, 1),
+                      ("next", "terminated"): torch.zeros(16, 1, dtype=torch.bool),
+                      ("next", "done"): torch.zeros(16, 1, dtype=torch.bool)}, [16])
+    rb.extend(row)
+    sample = BufferSampler(rb, 8, keys=("observation", "action"))
+    stop, errors, extends = threading.Event(), [], [0]
+
+    def extend_forever():
+        try:
+            while not stop.is_set():
+                rb.extend(row)
+                extends[0] += 1
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    thread = threading.Thread(target=extend_forever)
+    thread.start()
+    try:
+        for _ in range(3000):
+            sample()
+            if _ % 100 == 0:
+                update_normalizer(ObservationNormalizer(3), rb)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive() and errors == [] and extends[0] > 0

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from torchrl_unilab import BatchedGymEnv, SharedWeights, WorkerError, layout_of, make_replay_buffer
-from torchrl_unilab.trace import TRACE_PHASES
+from torchrl_unilab.collectors.trace import TRACE_PHASES
 from torchrl_unilab.worker import (
     CollectorProcess,
     init_offpolicy_storage,

@@ -5,23 +5,26 @@ step a batch of MuJoCo environments and write transitions straight into a
 shared replay buffer, while the learner trains at the same time.
 """
 
-from torchrl_unilab._processes import WorkerError
-from torchrl_unilab.batched_env import BatchedGymEnv, make_gym_env
-from torchrl_unilab.collector import OffPolicyCollector
-from torchrl_unilab.envpool_env import EnvPoolEnv, make_gym_id_env, select_engine
-from torchrl_unilab.exploration import (
+from torchrl_unilab.collectors import CollectorMetrics, OffPolicyCollector, WorkerError
+from torchrl_unilab.data import init_storage, make_replay_buffer
+from torchrl_unilab.envs import (
+    BatchedGymEnv,
+    EnvPoolEnv,
+    PrivilegedInfoTransform,
+    make_gym_env,
+    make_gym_id_env,
+    select_engine,
+)
+from torchrl_unilab.modules import (
     ActionProjection,
+    ObservationNormalizer,
     PerEnvMixedNoise,
+    make_actor,
+    make_critic,
     make_exploration_policy,
     sample_offpolicy_actions,
 )
-from torchrl_unilab.metrics import CollectorMetrics
-from torchrl_unilab.models import make_actor, make_critic
-from torchrl_unilab.normalization import ObservationNormalizer
-from torchrl_unilab.privileged import PrivilegedInfoTransform
-from torchrl_unilab.replay_buffer import init_storage, make_replay_buffer
-from torchrl_unilab.weight_sync import SharedWeights, layout_of
-from torchrl_unilab.weight_sync_scheme import SeqlockWeightSyncScheme
+from torchrl_unilab.weight_update import SeqlockWeightSyncScheme, SharedWeights, layout_of
 
 __all__ = [
     "ActionProjection",

@@ -38,17 +38,17 @@ from tensordict.nn import TensorDictSequential
 from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType
 
-from torchrl_unilab._processes import WorkerError
-from torchrl_unilab._worker import LoopHooks, WorkerConfig, WorkerLoop, _parent_alive, probe_row
-from torchrl_unilab.batched_env import BatchedGymEnv
-from torchrl_unilab.exploration import make_exploration_policy, sample_offpolicy_actions
-from torchrl_unilab.metrics import PHASES, CollectorMetrics
-from torchrl_unilab.models import ALGOS, make_actor
-from torchrl_unilab.normalization import ObservationNormalizer
-from torchrl_unilab.privileged import resolve_collector_actor_dims, resolve_offpolicy_actor_priv_info
-from torchrl_unilab.replay_buffer import init_storage, storage_keys
-from torchrl_unilab.trace import PhaseTimer
-from torchrl_unilab.weight_sync import SharedWeights
+from torchrl_unilab.collectors._processes import WorkerError
+from torchrl_unilab.collectors._worker import LoopHooks, WorkerConfig, WorkerLoop, _parent_alive, probe_row
+from torchrl_unilab.collectors.metrics import PHASES, CollectorMetrics
+from torchrl_unilab.collectors.trace import PhaseTimer
+from torchrl_unilab.data.replay_buffer import buffer_lock, init_storage, storage_keys
+from torchrl_unilab.envs.batched_env import BatchedGymEnv
+from torchrl_unilab.envs.privileged import resolve_collector_actor_dims, resolve_offpolicy_actor_priv_info
+from torchrl_unilab.modules.exploration import make_exploration_policy, sample_offpolicy_actions
+from torchrl_unilab.modules.models import ALGOS, make_actor
+from torchrl_unilab.modules.normalization import ObservationNormalizer
+from torchrl_unilab.weight_update.weight_sync import SharedWeights
 
 __all__ = [
     "MAX_COLLECTORS",
@@ -90,7 +90,7 @@ def make_collector_actor(
 ):
     """Builds the actor exactly as the learner does (same builder, same dims).
 
-    Returns the bare actor of :func:`~torchrl_unilab.models.make_actor`; the
+    Returns the bare actor of :func:`~torchrl_unilab.modules.models.make_actor`; the
     learner publishes its weights, the collector wraps it with exploration.
 
     Examples:
@@ -246,7 +246,7 @@ class _Packer:
             generator = torch.Generator().manual_seed(int(request["seed"]))
             # The writer lock keeps other writers out while rows are copied; rows
             # this process wrote are complete already, so no torn row is packed.
-            with self.rb._write_lock:  # noqa: SLF001
+            with buffer_lock(self.rb):
                 size = len(self.rb)
                 index = torch.randint(size, (batch_size,), generator=generator)
                 slot.update_(self.rb.storage.get(index).select(*slot.keys(True, True)))

@@ -1,0 +1,435 @@
+"""The loop each collector worker process runs.
+
+One code path for every batched TorchRL ``EnvBase``: pick actions (uniformly
+at random during the worker's share of ``init_random_frames``, else with the
+exploration policy), call ``env.step_and_maybe_reset``, tag each row with its
+trajectory id, step count and policy version, and write one whole batch of
+flat transitions into the shared replay buffer at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import cloudpickle
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.envs import EnvBase, SerialEnv
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from torchrl_unilab.collectors._batches import BatchSlots, SlotWriter
+from torchrl_unilab.collectors._control import FrameControl
+from torchrl_unilab.collectors._processes import restore_stderr, worker_started
+from torchrl_unilab.collectors.metrics import CollectorMetrics
+from torchrl_unilab.collectors.trace import PhaseTimer
+from torchrl_unilab.modules._fast_policy import tensor_policy
+from torchrl_unilab.weight_update.weight_sync import SharedWeights
+
+#: Keys the worker adds to every row, beside the env's own.
+TRAJ_KEY = ("collector", "traj_ids")
+STEP_KEY = "step_count"
+NEXT_STEP_KEY = ("next", "step_count")
+VERSION_KEY = "policy_version"
+#: Policy version stored on rows whose action was drawn uniformly at random.
+RANDOM_VERSION = -1
+
+
+#: Accepted values of ``nonfinite``.
+NONFINITE_MODES = ("raise", "drop")
+
+
+class NonFiniteError(ValueError):
+    """A worker's env produced NaN or infinite values."""
+
+
+@dataclass
+class WorkerConfig:
+    """What every worker loop needs to know, gathered once and handed down."""
+
+    num_workers: int
+    frames_per_batch: int
+    num_envs: int
+    random_frames: list[int]
+    seed: int | None
+    exploration_type: ExplorationType
+    row_keys: list
+    nonfinite: str = "raise"
+    #: torch threads of a worker process; 0 leaves the setting alone (a thread worker shares the learner's).
+    num_threads: int = 1
+    #: seed the process-wide torch RNG (not in a thread worker: that RNG is the learner's).
+    seed_torch: bool = True
+
+    def env_seed(self, worker_idx: int) -> int | None:
+        """Env ``j`` of worker ``i`` is seeded ``seed + i * num_envs + j``: all distinct."""
+        return None if self.seed is None else self.seed + worker_idx * self.num_envs
+
+
+@dataclass
+class LoopHooks:
+    """Optional behaviour around the worker loop (the function-level API uses these).
+
+    Attributes:
+        timer: times the phases, and writes a trace when it has a path.
+        extra_syncs: further ``(SharedWeights, module)`` pairs refreshed with the weights,
+            e.g. observation-normaliser statistics.
+        between_steps: called after every env step (collector-side batch packing).
+        after_write: called after every buffer write; returns False to end the loop
+            (lock-step handshake, metrics messages).
+    """
+
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
+    extra_syncs: list = field(default_factory=list)
+    between_steps: Callable[[], None] | None = None
+    after_write: Callable[[], bool] | None = None
+    before_batch: Callable[[], None] | None = None
+    postproc: Callable[[TensorDictBase], TensorDictBase] | None = None
+    after_batch: Callable[[TensorDictBase], None] | None = None
+
+
+def add_collector_keys(transition: TensorDictBase, step_count, traj_ids, version) -> TensorDictBase:
+    """Tags transitions with trajectory ids, step counts and the policy version per row.
+
+    Works on one step (batch ``[num_envs]``) or stacked steps (``[T, num_envs]``).
+    The tensors are stored as they are: callers must not modify them in place afterwards.
+    """
+    transition.set(STEP_KEY, step_count)
+    transition.set(NEXT_STEP_KEY, step_count + 1)
+    transition.set(TRAJ_KEY, traj_ids)
+    transition.set(VERSION_KEY, version)
+    return transition
+
+
+class WorkerLoop:
+    """The collection loop of one worker: act, step, tag, write, repeat.
+
+    Args:
+        worker_idx: this worker's index (trajectory ids and seeds derive from it).
+        cfg: the shared :class:`WorkerConfig`.
+        env: a batched TorchRL env, batch size ``[num_envs]``.
+        policy: the exploration policy; ``weights`` are loaded into ``sync_module``.
+        replay_buffer: the shared buffer rows are written into.
+        weights: the learner's published weights.
+        metrics: shared counters this worker updates.
+        control: frame allowance; ``None`` collects without limit.
+        stop_event: ends the loop when set.
+        hooks: optional extras (:class:`LoopHooks`).
+        sync_module: the module the weights belong to; ``policy`` by default.
+    """
+
+    def __init__(self, worker_idx: int, cfg: WorkerConfig, env: EnvBase, policy, replay_buffer,
+                 weights: SharedWeights, metrics: CollectorMetrics, control: FrameControl | None, stop_event,
+                 hooks: LoopHooks | None = None, sync_module=None) -> None:
+        self.idx = worker_idx
+        self.cfg = cfg
+        self.env = env
+        self.policy = policy
+        self.rb = replay_buffer
+        self.metrics = metrics
+        self.control = control
+        self.stop_event = stop_event
+        self.hooks = hooks or LoopHooks()
+        self.timer = self.hooks.timer
+        self.syncs = [(weights, sync_module if sync_module is not None else policy), *self.hooks.extra_syncs]
+        self.fast_policy = tensor_policy(policy) if cfg.exploration_type == ExplorationType.RANDOM else None
+        self.random_left = cfg.random_frames[worker_idx]
+        n = cfg.num_envs
+        self.steps_per_batch = cfg.frames_per_batch // n
+        self.step_count = torch.zeros(n, 1, dtype=torch.int64)
+        # Trajectory ids are unique across workers without any coordination.
+        self.traj_ids = torch.arange(n, dtype=torch.int64) * cfg.num_workers + worker_idx
+        self.next_traj = n
+        self.ep_return = torch.zeros(n, dtype=torch.float64)
+        self._action_shape = tuple(env.action_spec.shape)
+        self._version_rows = (self.version, torch.full((n,), self.version, dtype=torch.int64))
+
+    @property
+    def version(self) -> int:
+        """Version of the actor weights in use."""
+        return self.syncs[0][0].loaded_version
+
+    def sync_weights(self) -> None:
+        for i, (weights, module) in enumerate(self.syncs):
+            # Each handle remembers the version it loaded last, so this is one header read.
+            if weights.load_into(module) is not None and i == 0:
+                self.metrics.set(self.idx, policy_version=self.version)
+
+    def act(self, td: TensorDictBase) -> torch.Tensor:
+        n = self.cfg.num_envs
+        n_random = min(self.random_left, n)
+        if n_random < n:
+            # A shallow copy: modules such as an observation normaliser may
+            # overwrite keys, and the buffer must keep the env's raw values.
+            is_init = self.step_count == 0
+            if self.fast_policy is not None:  # only built for ExplorationType.RANDOM
+                values = dict(td.items())
+                values["is_init"] = is_init
+                action = self.fast_policy(values)
+            else:
+                with torch.no_grad(), set_exploration_type(self.cfg.exploration_type):
+                    policy_td = td.copy()
+                    policy_td.set("is_init", is_init)
+                    action = self.policy(policy_td).get("action")
+            if tuple(action.shape) != self._action_shape:
+                raise ValueError(
+                    f"policy returned an action of shape {tuple(action.shape)}, the env's action_spec is "
+                    f"{self._action_shape}"
+                )
+            action = action.detach().clone()
+        else:
+            action = None
+        if self._version_rows[0] != self.version:
+            self._version_rows = (self.version, torch.full((n,), self.version, dtype=torch.int64))
+        version = self._version_rows[1]  # stored in every row as is: replaced, never modified in place
+        if n_random:
+            random_action = self.env.action_spec.rand()
+            action = random_action if action is None else torch.cat([random_action[:n_random], action[n_random:]])
+            self.random_left -= n_random
+            version = version.clone()
+            version[:n_random] = RANDOM_VERSION
+        td.set("action", action)
+        return version
+
+    def end_episodes(self, transition: TensorDictBase) -> None:
+        # numpy views of the step's tensors: a few element-wise ops cost less there than in torch.
+        done = transition.get(("next", "done")).numpy().reshape(-1)
+        ep_return = self.ep_return.numpy()
+        ep_return += transition.get(("next", "reward")).numpy().reshape(-1)
+        if done.any():
+            idx = np.flatnonzero(done)
+            self.metrics.record_episodes(
+                self.idx,
+                returns=ep_return[idx].tolist(),
+                lengths=(self.step_count.numpy()[idx, 0] + 1).tolist(),
+                terminated=transition.get(("next", "terminated")).numpy().reshape(-1)[idx].tolist(),
+            )
+            ep_return[idx] = 0
+            # New tensors, never in-place updates: the stored rows hold the old ones.
+            new_ids = np.arange(self.next_traj, self.next_traj + len(idx), dtype=np.int64)
+            traj_ids = self.traj_ids.clone()
+            traj_ids.numpy()[idx] = new_ids * self.cfg.num_workers + self.idx
+            self.traj_ids = traj_ids
+            self.next_traj += len(idx)
+            step_count = self.step_count + 1
+            step_count.numpy()[idx] = 0
+            self.step_count = step_count
+        else:
+            self.step_count = self.step_count + 1
+
+    def should_stop(self) -> bool:
+        """True once ``stop_event`` is set or the parent process is gone (no orphaned workers)."""
+        return self.stop_event.is_set() or not _parent_alive()
+
+    def wait_for_claim(self) -> bool:
+        if self.control is None:
+            return not self.should_stop()
+        frames = self.cfg.frames_per_batch
+        return self.control.wait(
+            lambda: self.should_stop() or self.control.claim(frames, self.idx), timeout=None, on_poll=lambda: None
+        ) and not self.should_stop()
+
+    def finite_rows(self, batch: TensorDictBase) -> TensorDictBase:
+        """Raises on non-finite values (``nonfinite="raise"``), or drops the rows holding them ("drop").
+
+        One ``isfinite`` per float key of the whole ``[steps, num_envs]`` batch: cheap next to the env steps.
+        """
+        bad = None
+        for key, value in batch.items(include_nested=True, leaves_only=True):
+            if not value.is_floating_point():
+                continue
+            ok = torch.isfinite(value).reshape(*batch.shape, -1).all(-1)
+            if bool(ok.all()):
+                continue
+            if self.cfg.nonfinite == "raise":
+                step, env = (int(i) for i in (~ok).nonzero()[0])
+                raise NonFiniteError(
+                    f"non-finite value in key {key!r} from env {env} of worker {self.idx}, step {step} of the batch "
+                    f"(frames written before it: {self.metrics.worker(self.idx)['frames']}); pass "
+                    "nonfinite='drop' to drop such transitions instead"
+                )
+            bad = ~ok if bad is None else bad | ~ok
+        if bad is None:
+            return batch
+        self.metrics.add(self.idx, nonfinite_dropped=int(bad.sum()))
+        return batch[~bad]
+
+    def run(self) -> None:
+        """Collects until ``stop_event`` is set (or a hook ends the loop)."""
+        with torch.no_grad():  # once for the loop rather than once per step: nothing here backpropagates
+            self._run()
+
+    def _run(self) -> None:
+        cfg, env, phase, hooks = self.cfg, self.env, self.timer, self.hooks
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        if cfg.seed is not None:
+            if cfg.seed_torch:
+                torch.manual_seed(cfg.seed + 7919 * self.idx)
+            env.set_seed(cfg.env_seed(self.idx))
+        self.sync_weights()
+        td = env.reset()
+        self.metrics.start(self.idx)
+        while self.wait_for_claim():
+            if hooks.before_batch is not None:
+                hooks.before_batch()
+            rows, tags = [], []
+            for _ in range(self.steps_per_batch):
+                if self.stop_event.is_set():
+                    return
+                with phase("weight check"):
+                    self.sync_weights()
+                with phase("actor inference"):
+                    version = self.act(td)
+                with phase("env step"):
+                    transition, td = env.step_and_maybe_reset(td)
+                    rows.append(transition)
+                    # Tagged once per batch below: a TensorDict set per key and step costs more than the stacking.
+                    tags.append((self.step_count, self.traj_ids, version))
+                    self.end_episodes(transition)
+                if self.hooks.between_steps is not None:
+                    self.hooks.between_steps()
+            with phase("buffer write"):
+                step_counts, traj_ids, versions = (torch.stack(tag) for tag in zip(*tags))
+                batch = add_collector_keys(torch.stack(rows), step_counts, traj_ids, versions)
+                batch = self.finite_rows(batch.select(*cfg.row_keys, strict=True)).reshape(-1)
+                if hooks.postproc is not None:
+                    batch = hooks.postproc(batch)
+                self.rb.extend(batch)
+            if hooks.after_batch is not None:
+                hooks.after_batch(batch)
+            if self.control is not None:
+                self.control.written_(cfg.frames_per_batch)
+            totals = phase.take_totals()
+            self.metrics.add(
+                self.idx,
+                frames=cfg.frames_per_batch,
+                random_frames=int((versions == RANDOM_VERSION).sum()),
+                **{f"time_{name}": totals.get(label, 0.0) for name, label in _METRIC_PHASES.items()},
+            )
+            if self.hooks.after_write is not None and not self.hooks.after_write():
+                return
+
+    def close(self, close_env: bool = True) -> None:
+        """Closes the env (unless its owner does), the shared-memory handles, and writes the trace."""
+        if close_env:
+            with contextlib.suppress(Exception):  # best effort while exiting
+                self.env.close()
+        for weights, _ in self.syncs:
+            weights.close()
+        self.timer.save()
+
+
+def _parent_alive() -> bool:
+    parent = mp.parent_process()
+    return parent is None or parent.is_alive()
+
+
+#: Metrics counter name -> trace phase name.
+_METRIC_PHASES = {
+    "env_step": "env step",
+    "policy": "actor inference",
+    "buffer_write": "buffer write",
+    "weight_sync": "weight check",
+    "pack": "pack",
+    "wait": "wait",
+}
+
+
+def worker_main(worker_idx: int, cfg: WorkerConfig, env_sources: list, policy_bytes: bytes, extras_bytes: bytes,
+                sink, weights: SharedWeights, metrics: CollectorMetrics, control: FrameControl, stop_event,
+                error_queue, started, stderr_fd: int | None) -> None:
+    """:class:`~torchrl_unilab.OffPolicyCollector`'s worker entry point; reports any exception to the parent.
+
+    A process worker gets its env factory as cloudpickled bytes and ``stderr_fd``;
+    a thread worker (``stderr_fd is None``) gets a live env instance and leaves
+    process-wide settings (signals, torch threads, exit) alone.
+    """
+    in_process = stderr_fd is not None
+    worker_started(started, worker_idx)
+    if in_process:
+        restore_stderr(stderr_fd)
+        # A terminal's Ctrl-C reaches the whole process group; the parent decides when
+        # workers stop, so that none dies in the middle of a buffer write.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:
+        cfg = dataclasses.replace(cfg, num_threads=0, seed_torch=False)
+        # A handle of its own, as a process gets by unpickling: closing it must not close the collector's.
+        weights = pickle.loads(pickle.dumps(weights))
+    loop, code = None, 0
+    try:
+        extras = cloudpickle.loads(extras_bytes)
+        if extras.get("init_fn") is not None:
+            extras["init_fn"]()
+        source = env_sources[worker_idx]
+        env = as_batched_env(cloudpickle.loads(source)() if in_process else source)
+        policy = cloudpickle.loads(policy_bytes)
+        hooks = LoopHooks(before_batch=extras.get("pre_collect_hook"), postproc=extras.get("postproc"),
+                          after_batch=extras.get("post_collect_hook"))
+        if isinstance(sink, BatchSlots):
+            sink = SlotWriter(sink, worker_idx, lambda: stop_event.is_set() or not _parent_alive())
+        loop = WorkerLoop(worker_idx, cfg, env, policy, sink, weights, metrics, control, stop_event, hooks)
+        loop.run()
+    except BaseException as err:  # noqa: BLE001 - everything must reach the parent
+        code = 1
+        error_queue.put((worker_idx, f"{type(err).__name__}: {err}", traceback.format_exc()))
+    finally:
+        if loop is not None:
+            with contextlib.suppress(Exception):
+                # A thread's env instance belongs to the collector, which closes it once the thread is done.
+                loop.close(close_env=in_process)
+    if not in_process:
+        if code:
+            raise SystemExit(code)
+        return
+    error_queue.close()
+    error_queue.join_thread()
+    # Everything shared is closed and the report is flushed; skip the interpreter's
+    # slow teardown so that shutdown() does not wait for torch and MuJoCo to unload.
+    os._exit(code)
+
+
+def as_batched_env(env: EnvBase) -> EnvBase:
+    """``env`` with one batch dimension: an unbatched env becomes a ``SerialEnv`` of one.
+
+    Examples:
+        >>> from torchrl.envs import GymEnv
+        >>> as_batched_env(GymEnv("Pendulum-v1")).batch_size
+        torch.Size([1])
+    """
+    if env.batch_dims == 1:
+        return env
+    if env.batch_dims == 0:
+        return SerialEnv(1, lambda: env)
+    raise ValueError(f"the env must have at most one batch dimension, got batch_size {tuple(env.batch_size)}")
+
+
+def probe_row(env: EnvBase, policy, exploration_type: ExplorationType) -> TensorDict:
+    """Runs one step of ``env`` with ``policy`` in the parent and returns one flat row.
+
+    The row holds every key a worker will write, so the shared storage can be
+    laid out before any worker starts. ``env`` must have batch size ``[num_envs]``.
+    """
+    td = env.reset()
+    n = env.batch_size[0]
+    policy_td = td.copy().set("is_init", torch.ones(n, 1, dtype=torch.bool))
+    with torch.no_grad(), set_exploration_type(exploration_type):
+        action = policy(policy_td).get("action")
+    expected = tuple(env.action_spec.shape)
+    if tuple(action.shape) != expected:
+        raise ValueError(
+            f"policy's action shape {tuple(action.shape)} differs from the env's action_spec shape {expected}; "
+            "the policy must read 'observation' and write 'action' for the whole batch"
+        )
+    td.set("action", env.action_spec.zero())
+    transition, _ = env.step_and_maybe_reset(td)
+    zeros = torch.zeros(n, dtype=torch.int64)
+    add_collector_keys(transition, zeros.unsqueeze(-1), zeros, zeros)
+    return transition[0].clone()

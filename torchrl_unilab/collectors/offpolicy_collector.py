@@ -1,0 +1,960 @@
+"""``OffPolicyCollector``: batched MuJoCo workers filling a shared replay buffer."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import inspect
+import multiprocessing as mp
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import cloudpickle
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase, TensorDictSequential
+from torch import nn
+from torchrl.collectors import MultiAsyncCollector
+from torchrl.data import ReplayBuffer
+from torchrl.envs import EnvBase, StepCounter, TransformedEnv
+from torchrl.envs.utils import ExplorationType, RandomPolicy
+
+from torchrl_unilab.collectors._batches import BatchSlots
+from torchrl_unilab.collectors._control import FrameControl, split_random_frames
+from torchrl_unilab.collectors._processes import WorkerError, WorkerPool, shut_down_at_exit
+from torchrl_unilab.collectors._worker import NONFINITE_MODES, WorkerConfig, as_batched_env, probe_row, worker_main
+from torchrl_unilab.collectors.metrics import CollectorMetrics
+from torchrl_unilab.data.replay_buffer import init_storage, storage_keys
+from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
+from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
+from torchrl_unilab.modules.exploration import make_exploration_policy
+from torchrl_unilab.modules.normalization import ObservationNormalizer
+from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme
+
+__all__ = ["OffPolicyCollector", "WorkerError"]
+
+_TORCHRL_PARAMS = inspect.signature(MultiAsyncCollector.__mro__[1].__init__).parameters
+
+#: ``MultiAsyncCollector`` parameters this collector takes only at some values: name -> (accepted values, why).
+_RESTRICTED = {
+    "reset_at_each_iter": ((False,), "workers keep their episodes running across batches; bound episodes "
+                                      "with max_frames_per_traj"),
+    "split_trajs": ((None, False), "batches are flat transitions; call torchrl.collectors.utils.split_trajectories "
+                                   "on a yielded batch"),
+    "reset_when_done": ((True,), "off-policy transitions need episodes that reset when done"),
+    "compile_policy": ((None, False), "workers act on CPU through a fast tensor path; torch.compile does not speed "
+                                      "it up there"),
+    "cudagraph_policy": ((None, False), "workers act on CPU, where CUDA graphs do not exist"),
+    "collector_class": ((None,), "OffPolicyCollector runs its own worker loop"),
+    "weight_updater": ((None,), "pass weight_sync_schemes={'policy': SeqlockWeightSyncScheme()} (the default)"),
+    "weight_recv_schemes": ((None,), "workers receive weights through the SeqlockWeightSyncScheme"),
+    "preemptive_threshold": ((None,), "preemption applies to synchronous collectors; this one is asynchronous"),
+    "num_threads": ((None,), "the learner's thread count is yours to set with torch.set_num_threads; workers "
+                             "take num_sub_threads"),
+    "trajs_per_batch": ((None,), "batches are flat transitions; split them with "
+                                 "torchrl.collectors.utils.split_trajectories"),
+    "trajs_per_write": ((None,), "workers write whole batches of transitions"),
+    "traj_format": ((None,), "batches are flat transitions"),
+    "compact_obs": ((False,), "rows store observation and next observation in full"),
+    "auto_register_policy_transforms": ((None, False), "the policy is used as given"),
+}
+#: Accepted, with no effect on how this collector works (the docstring says why).
+_ACCEPTED = ("set_truncated", "use_buffers", "cat_results", "no_cuda_sync", "trust_policy", "worker_idx")
+_CPU_PARAMS = ("device", "storing_device", "env_device", "policy_device")
+
+
+class OffPolicyCollector(MultiAsyncCollector):
+    """TorchRL's asynchronous multi-process collector, rebuilt for off-policy training.
+
+    Each of ``num_workers`` workers steps a batch of environments, picks actions
+    with ``policy`` under ``exploration_type`` (uniformly at random for the first
+    ``init_random_frames`` frames), and either writes flat transitions straight
+    into ``replay_buffer`` or, without one, hands each batch of
+    ``frames_per_batch`` transitions to the iterating process, as
+    ``MultiAsyncCollector`` does. :meth:`update_policy_weights_` publishes new
+    weights to every worker through shared memory (a
+    :class:`~torchrl_unilab.weight_update.weight_sync_scheme.SeqlockWeightSyncScheme`).
+
+    Workers start lazily, on the first iteration, :meth:`start`,
+    :meth:`allow_frames` or :meth:`wait_for_frames`, so :meth:`set_seed` may be
+    called after construction, as TorchRL's scripts do.
+
+    Each row holds the env's keys (``"observation"``, ``("next", "reward")``,
+    ``("next", "terminated")``, ..., and whatever its transforms add), ``"action"``,
+    ``("collector", "traj_ids")`` (unique across workers), ``"step_count"`` /
+    ``("next", "step_count")`` and ``"policy_version"`` (``-1`` for uniformly random actions).
+
+    Args:
+        create_env_fn: a gymnasium id (``"HalfCheetah-v5"``, or ``"module:Env-vN"``),
+            run with ``num_envs`` envs per worker on the engine ``engine`` selects
+            (:class:`~torchrl_unilab.EnvPoolEnv` or :class:`~torchrl_unilab.BatchedGymEnv`); a callable (or ``EnvCreator``) returning a batched or
+            unbatched TorchRL ``EnvBase``, run in each worker process; a live
+            ``EnvBase`` instance, stepped by a thread of this process (a started
+            ``ParallelEnv`` cannot be pickled into another process, and its own
+            processes do the physics); or a list of those, one per worker.
+        policy: a ``TensorDictModule`` reading the env's observation keys and writing
+            ``"action"`` for the whole batch. ``None`` with no ``policy_factory``:
+            TorchRL's ``RandomPolicy``.
+
+    Keyword Args:
+        num_workers: workers (``>= 1``); inferred from a list ``create_env_fn``. Default 1.
+        num_envs: environments per worker for a gymnasium id; otherwise taken from the env.
+        frames_per_batch: frames each worker collects per batch; rounded up to a
+            multiple of the env's batch size, as TorchRL does.
+        total_frames: total frames to collect, ``-1`` for no limit.
+        replay_buffer: a shared TorchRL ``ReplayBuffer``: our
+            :func:`~torchrl_unilab.make_replay_buffer` (the fast path), or TorchRL's own
+            ``ReplayBuffer(storage=LazyTensorStorage|LazyMemmapStorage, shared=True)``,
+            laid out or not. Workers write into it and iteration yields ``None``.
+            Without one, iteration yields each batch.
+        init_random_frames: frames (counted exactly, over all workers) whose actions are
+            uniform over the action spec. Each worker owns a fixed share, and the
+            batches it needs for it are reserved, so the count is exact whatever the
+            timing and a seeded run is reproducible.
+        seed: env ``j`` of worker ``i`` gets seed ``seed + i * num_envs + j``
+            (:meth:`set_seed` sets it after construction).
+        exploration_type: ``ExplorationType`` the policy runs under. Default ``RANDOM``.
+        env_kwargs: keyword arguments for ``gymnasium.make`` (gymnasium ids only).
+        stagger_resets: stagger the first episode ends of a batch (gymnasium ids only).
+        engine: what steps a gymnasium id: ``"auto"`` (default) runs gymnasium's MuJoCo tasks on
+            EnvPool's C++ implementation where it can, anything else on gymnasium;
+            ``"envpool"`` or ``"gymnasium"`` insist on one (see :func:`~torchrl_unilab.select_engine`).
+        threads_per_worker: EnvPool threads per worker (EnvPool engine only). Default 1.
+        metrics_window: finished episodes kept per worker for :meth:`metrics` (``>= 1``).
+        algo: ``"sac"`` or ``"td3"`` to wrap ``policy`` (the bare actor from
+            :func:`~torchrl_unilab.modules.models.make_actor`) with its exploration module.
+        td3_noise, td3_std_min, td3_std_max, td3_std: TD3 exploration options, used when ``algo="td3"``.
+        privileged: a :class:`~torchrl_unilab.PrivilegedInfoTransform` (or a dict of its
+            arguments) appended to every worker's env.
+        obs_norm: ``True`` or an :class:`~torchrl_unilab.modules.normalization.ObservationNormalizer`
+            put in front of the policy; the learner is the single writer of its statistics.
+        nonfinite: ``"raise"`` (default: a NaN or infinite value from an env fails the
+            worker, naming the env, step and key) or ``"drop"`` (such transitions are
+            dropped and counted in ``metrics()["nonfinite_dropped"]``).
+        policy_factory: a callable building the policy in each worker (TorchRL's
+            argument); weights still come from ``policy`` when given.
+        create_env_kwargs: keyword arguments for ``create_env_fn`` (one dict, or one per worker).
+        max_frames_per_traj: truncate episodes after this many steps.
+        postproc: applied to each batch: in the worker before it is written into
+            ``replay_buffer``, or in this process to each yielded batch.
+        update_at_each_batch: publish the policy's weights before each yielded batch.
+        extend_buffer: accepted (both values): workers always write whole batches.
+        weight_sync_schemes: ``{"policy": SeqlockWeightSyncScheme()}`` (the default).
+        num_sub_threads: torch threads per worker process. Default 1.
+        init_fn: called in each worker before its env is built.
+        pre_collect_hook, post_collect_hook: called in each worker before a batch is
+            collected and with each batch once written; set them before collection starts.
+        device, storing_device, env_device, policy_device: CPU devices only: workers
+            act and store on CPU. A learner on CUDA passes its weights to
+            :meth:`update_policy_weights_`, which copies them to the shared CPU block.
+        **torchrl_kwargs: the other ``MultiAsyncCollector`` parameters: accepted where
+            they make sense for this collector (``set_truncated``, ``use_buffers``,
+            ``cat_results``, ``no_cuda_sync``, ``trust_policy``, ``track_policy_version``,
+            ``worker_idx``), otherwise only at their defaults; any other value raises a
+            ``ValueError`` that says why and what to use instead.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict.nn import TensorDictModule
+        >>> from torchrl_unilab import OffPolicyCollector, make_replay_buffer
+        >>> policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+        >>> rb = make_replay_buffer(capacity=10_000, batch_size=64)
+        >>> with OffPolicyCollector("Pendulum-v1", policy, num_workers=1, num_envs=4,
+        ...                         frames_per_batch=64, total_frames=256, replay_buffer=rb,
+        ...                         init_random_frames=64, seed=0) as collector:
+        ...     for _ in collector:
+        ...         pass
+        >>> len(rb)
+        256
+        >>> with OffPolicyCollector("Pendulum-v1", policy, num_envs=4, frames_per_batch=64,
+        ...                         total_frames=128) as collector:
+        ...     batches = [batch for batch in collector]
+        >>> [batch.shape for batch in batches]
+        [torch.Size([64]), torch.Size([64])]
+    """
+
+    def __init__(
+        self,
+        create_env_fn: str | EnvBase | Callable[[], EnvBase] | Sequence[str | EnvBase | Callable[[], EnvBase]],
+        policy: TensorDictModuleBase | nn.Module | None = None,
+        *,
+        num_workers: int | None = None,
+        num_envs: int = 16,
+        frames_per_batch: int,
+        total_frames: int | None = -1,
+        replay_buffer: ReplayBuffer | None = None,
+        init_random_frames: int | None = 0,
+        seed: int | None = None,
+        exploration_type: ExplorationType = ExplorationType.RANDOM,
+        env_kwargs: Mapping[str, Any] | None = None,
+        stagger_resets: bool = True,
+        engine: str = "auto",
+        threads_per_worker: int = 1,
+        metrics_window: int = 100,
+        algo: str | None = None,
+        td3_noise: str = "mixed",
+        td3_std_min: float = 0.001,
+        td3_std_max: float = 0.4,
+        td3_std: float = 0.1,
+        privileged: PrivilegedInfoTransform | Mapping[str, Any] | None = None,
+        obs_norm: bool | ObservationNormalizer | None = None,
+        nonfinite: str = "raise",
+        policy_factory: Callable[[], TensorDictModuleBase] | None = None,
+        create_env_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        max_frames_per_traj: int | None = None,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        update_at_each_batch: bool = False,
+        extend_buffer: bool = True,
+        weight_sync_schemes: Mapping[str, SeqlockWeightSyncScheme] | None = None,
+        track_policy_version: bool = False,
+        num_sub_threads: int = 1,
+        init_fn: Callable[[], None] | None = None,
+        pre_collect_hook: Callable[[], None] | None = None,
+        post_collect_hook: Callable[[TensorDictBase], None] | None = None,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        **torchrl_kwargs: Any,
+    ) -> None:
+        # MultiCollector.__init__ would start TorchRL's own worker loop; this class
+        # replaces that loop, so it sets the parent's fields here instead.
+        self.closed = True
+        self._shutdown_complete = False
+        self._pool: WorkerPool | None = None
+        self._scheme: SeqlockWeightSyncScheme | None = None
+        self._probe_env: EnvBase | None = None
+        _check_torchrl_kwargs(torchrl_kwargs)
+        for name, value in zip(_CPU_PARAMS, (device, storing_device, env_device, policy_device)):
+            _check_cpu(name, value)
+        if nonfinite not in NONFINITE_MODES:
+            raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
+        self.metrics_window = _check_int("metrics_window", metrics_window, 1)
+        self.num_sub_threads = _check_int("num_sub_threads", num_sub_threads, 1)
+        if max_frames_per_traj is not None:
+            max_frames_per_traj = _check_int("max_frames_per_traj", max_frames_per_traj, 1)
+        if total_frames is not None and total_frames < 0 and total_frames != -1:
+            raise ValueError(f"total_frames must be -1 (no limit) or an int >= 1, got {total_frames!r}")
+        init_random_frames = _check_int("init_random_frames", 0 if init_random_frames is None else init_random_frames, 0)
+        if isinstance(privileged, Mapping):
+            privileged = PrivilegedInfoTransform(**privileged)
+        if privileged is not None and not isinstance(privileged, PrivilegedInfoTransform):
+            raise TypeError(
+                "privileged must be a PrivilegedInfoTransform or a dict of its keyword arguments, "
+                f"got {type(privileged).__name__}"
+            )
+        gym_ids = dict(num_envs=num_envs, env_kwargs=env_kwargs, stagger_resets=stagger_resets, engine=engine,
+                       threads=_check_int("threads_per_worker", threads_per_worker, 1))
+        self._worker_envs, self.num_workers = _resolve_envs(
+            create_env_fn, num_workers, gym_ids, create_env_kwargs, max_frames_per_traj, privileged,
+        )
+        probe = self._worker_envs[0] if isinstance(self._worker_envs[0], EnvBase) else self._worker_envs[0]()
+        probe = as_batched_env(probe)
+        self._probe_env = probe
+        self.num_envs = probe.batch_size[0]
+        frames_per_batch = _check_int("frames_per_batch", frames_per_batch, 1)
+        if frames_per_batch % self.num_envs:
+            rounded = -(-frames_per_batch // self.num_envs) * self.num_envs
+            warnings.warn(
+                f"frames_per_batch ({frames_per_batch}) is not a multiple of the env's batch size "
+                f"({self.num_envs}); it has been updated to {rounded}", stacklevel=2,
+            )
+            frames_per_batch = rounded
+        self.frames_per_batch = self.requested_frames_per_batch = frames_per_batch
+        if policy is None and policy_factory is not None:
+            policy = policy_factory()
+        if policy is None:
+            policy = RandomPolicy(probe.full_action_spec_unbatched)
+        self._user_policy = policy
+        policy, self.obs_norm = _assemble_policy(
+            _on_cpu(policy), probe, algo, obs_norm,
+            dict(td3_noise=td3_noise, td3_std_min=td3_std_min, td3_std_max=td3_std_max, td3_std=td3_std),
+        )
+        with contextlib.ExitStack() as on_error:
+            on_error.callback(self._close_probe)
+            row = probe_row(probe, policy, exploration_type)
+            if postproc is not None:
+                row = postproc(row.unsqueeze(0))[0]
+            on_error.pop_all()
+        self._row = row
+        self.total_frames = _round_total_frames(total_frames, self.frames_per_batch)
+        self.init_random_frames = min(init_random_frames, self.total_frames)
+        self.exploration_type = exploration_type
+        self.policy = policy
+        self.policy_factory = policy_factory
+        self.seed = seed
+        self.nonfinite = nonfinite
+        self.replay_buffer = replay_buffer
+        self._row_keys = self._prepare_buffer(replay_buffer, row)
+        self.extend_buffer = extend_buffer
+        self.postproc = postproc
+        self.update_at_each_batch = update_at_each_batch
+        self.max_frames_per_traj = max_frames_per_traj or 0
+        self.track_policy_version = track_policy_version
+        self.split_trajs = False
+        self.reset_at_each_iter = False
+        self.reset_when_done = True
+        self.trajs_per_batch = self.trajs_per_write = self.traj_format = None
+        self.init_fn = init_fn
+        self._pre_collect_hook, self._post_collect_hook = pre_collect_hook, post_collect_hook
+        self.storing_device = self.env_device = self.policy_device = [torch.device("cpu")] * self.num_workers
+        self.worker_idx = torchrl_kwargs.get("worker_idx")
+        self._weight_updater = None
+        self._profile_config = None
+        self._iterator = None
+        self._frames = 0
+        self._iter = -1
+        self._running_free = False
+        self._started = False
+        self._weight_sync_schemes = self._setup_scheme(weight_sync_schemes)
+        self._scheme = self._weight_sync_schemes["policy"]
+        self._metrics = CollectorMetrics(self.num_workers, self.metrics_window)
+        self._random_shares = split_random_frames(self.init_random_frames, self.num_workers, self.frames_per_batch)
+        self._control = FrameControl(mp.get_context("spawn"), self._random_shares, self.frames_per_batch,
+                                     None if self.total_frames == float("inf") else int(self.total_frames))
+        self.closed = False
+        shut_down_at_exit(self)
+
+    # ------------------------------------------------------------ set-up bits
+    def _prepare_buffer(self, replay_buffer: ReplayBuffer | None, row: TensorDictBase) -> list:
+        """Lays out (or checks) the buffer's storage; returns the keys each worker writes."""
+        all_keys = list(row.keys(include_nested=True, leaves_only=True))
+        if replay_buffer is None:
+            return all_keys
+        if not isinstance(replay_buffer, ReplayBuffer):
+            raise TypeError(f"replay_buffer must be a torchrl ReplayBuffer, got {type(replay_buffer).__name__}")
+        capacity = replay_buffer.storage.max_size
+        if capacity < self.frames_per_batch:
+            raise ValueError(
+                f"replay_buffer capacity {capacity} is below one batch (frames_per_batch={self.frames_per_batch}); "
+                "use a capacity >= frames_per_batch"
+            )
+        if not getattr(replay_buffer, "shared", False):
+            raise ValueError(
+                "replay_buffer must be shared between processes: build it with make_replay_buffer() or "
+                "ReplayBuffer(..., shared=True)"
+            )
+        have = storage_keys(replay_buffer)
+        if have is None:
+            init_storage(replay_buffer, row)
+            if not replay_buffer.storage._storage.is_shared() and not replay_buffer.storage._storage.is_memmap():
+                replay_buffer.storage._storage.share_memory_()
+            return all_keys
+        # A buffer laid out by the user (TorchRL's own pre-initialisation) gets the
+        # keys it has; a key it needs that the rows lack is an error, not a zero.
+        names = {str(k): k for k in all_keys}
+        missing = sorted(str(k) for k in have if str(k) not in names)
+        if missing:
+            raise ValueError(
+                f"replay_buffer's storage is laid out with keys the collector's rows do not have: {missing}; "
+                f"the rows have {sorted(names)}. Lay the storage out from the same env and policy, or pass an "
+                "empty buffer and let the collector lay it out"
+            )
+        return [names[str(k)] for k in have]
+
+    def _setup_scheme(self, schemes: Mapping[str, Any] | None) -> dict[str, SeqlockWeightSyncScheme]:
+        schemes = dict(schemes or {})
+        unknown = sorted(set(schemes) - {"policy"})
+        if unknown:
+            raise ValueError(f"weight_sync_schemes syncs the 'policy' model only, got keys {unknown}")
+        scheme = schemes.get("policy") or SeqlockWeightSyncScheme()
+        if not isinstance(scheme, SeqlockWeightSyncScheme):
+            raise ValueError(
+                f"weight_sync_schemes['policy'] must be a SeqlockWeightSyncScheme (workers read one shared-memory "
+                f"block without acknowledgements), got {type(scheme).__name__}"
+            )
+        scheme.init_on_sender(model_id="policy", context=self, model=self.policy)
+        return {"policy": scheme}
+
+    def _ensure_started(self) -> None:
+        """Starts the workers on first use: iteration, start(), allow_frames() or wait_for_frames()."""
+        if self._started:
+            return
+        if self.closed:
+            raise RuntimeError("the collector is shut down")
+        self._started = True
+        config = WorkerConfig(
+            num_workers=self.num_workers,
+            frames_per_batch=self.frames_per_batch,
+            num_envs=self.num_envs,
+            random_frames=self._random_shares,
+            seed=self.seed,
+            exploration_type=self.exploration_type,
+            row_keys=self._row_keys,
+            nonfinite=self.nonfinite,
+            num_threads=self.num_sub_threads,
+        )
+        in_thread = [isinstance(env, EnvBase) for env in self._worker_envs]
+        if not all(in_thread):
+            self._close_probe()  # the processes build their own envs
+        sources = [env if isinstance(env, EnvBase) else cloudpickle.dumps(env) for env in self._worker_envs]
+        worker_policy = self.policy_factory() if self.policy_factory is not None and self.policy is None else self.policy
+        extras = dict(init_fn=self.init_fn, pre_collect_hook=self._pre_collect_hook,
+                      post_collect_hook=self._post_collect_hook, postproc=self.postproc if self.replay_buffer else None)
+        sink = self.replay_buffer
+        if sink is None:
+            self._slots = BatchSlots(self._row.select(*self._row_keys), self.num_workers, self.frames_per_batch)
+            sink = self._slots
+        self._pool = WorkerPool(
+            mp.get_context("spawn"),
+            target=worker_main,
+            args=(config, sources, cloudpickle.dumps(worker_policy), cloudpickle.dumps(extras), sink,
+                  self._scheme.shared, self._metrics, self._control),
+            num_workers=self.num_workers,
+            in_thread=in_thread,
+        )
+        self.procs = self._pool.procs
+        self._pool.start()
+
+    def _close_probe(self) -> None:
+        probe, self._probe_env = self._probe_env, None
+        if probe is not None and not isinstance(self._worker_envs[0], EnvBase):
+            with contextlib.suppress(Exception):
+                probe.close(raise_if_closed=False)
+
+    # -------------------------------------------------------------- iteration
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Yields each batch of ``frames_per_batch`` transitions, or ``None`` with a ``replay_buffer``.
+
+        With a replay buffer, as with TorchRL collectors that own one, the data
+        is in the buffer, not in the yielded value. Workers run at most one batch
+        ahead of the consumer, unless :meth:`start` lets them run free.
+        """
+        self._ensure_started()
+        fpb = self.frames_per_batch
+        self._allow_ahead()
+        while self._frames < self.total_frames:
+            if self.replay_buffer is None:
+                out = self._take_batch()
+            else:
+                target = self._frames + fpb
+                self._wait(lambda: self._control.written >= target)
+                out = None
+            self._frames += fpb
+            self._iter += 1
+            if self.update_at_each_batch:
+                self.update_policy_weights_()
+            self._allow_ahead()
+            yield out
+
+    def _take_batch(self) -> TensorDictBase:
+        out = None
+        while out is None:
+            out = self._slots.take(timeout=None, on_poll=self._raise_if_failed)
+        if self.postproc is not None:
+            out = self.postproc(out)
+        return out
+
+    def _allow_ahead(self) -> None:
+        if not self._running_free:
+            self._control.allow(_cap(min(self.total_frames, self._frames + self.num_workers * self.frames_per_batch)))
+
+    def _wait(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+        return self._control.wait(predicate, timeout=timeout, on_poll=self._raise_if_failed)
+
+    def _raise_if_failed(self) -> None:
+        if self._pool is not None:
+            self._pool.raise_if_failed()
+
+    def __len__(self) -> int:
+        if self.total_frames == float("inf"):
+            raise RuntimeError("a collector with total_frames=-1 does not stop, so it has no length")
+        return int(self.total_frames) // self.frames_per_batch
+
+    def __bool__(self) -> bool:
+        # Without it, bool() would call __len__, which raises for a collector with no frame limit.
+        return True
+
+    def start(self) -> None:
+        """Lets every worker collect into ``replay_buffer`` in the background until ``total_frames``."""
+        self._require_buffer("start()")
+        self._ensure_started()
+        self._raise_if_failed()
+        self._running_free = True
+        self._control.allow(_cap(self.total_frames))
+
+    def allow_frames(self, frames: int | None) -> None:
+        """Caps the total frames workers may write (``None``: up to ``total_frames``).
+
+        Workers that reach the cap wait (they are paused, no data is dropped);
+        learners use this to bound how far collection runs ahead of training.
+        """
+        self._require_buffer("allow_frames()")
+        self._ensure_started()
+        self._raise_if_failed()
+        self._running_free = True
+        self._control.allow(_cap(self.total_frames if frames is None else min(frames, self.total_frames)))
+
+    def _require_buffer(self, what: str) -> None:
+        if self.replay_buffer is None:
+            raise RuntimeError(
+                f"{what} lets workers collect in the background into a replay buffer; this collector has none "
+                "(replay_buffer=None), so iterate over it instead"
+            )
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Context manager: no new batch starts inside it, and batches in flight are written first."""
+        if not self._started:
+            yield
+            return
+        previous = self._control.freeze()
+        self._wait(lambda: self._control.written >= self._control.claimed)
+        try:
+            yield
+        finally:
+            self._control.allow(previous)
+
+    def wait_for_frames(self, frames: int, timeout: float | None = None) -> bool:
+        """Blocks until ``frames`` frames are written; False on timeout. Raises a worker's error.
+
+        Starts the workers if they have not started. A wait that could never end
+        raises ``ValueError`` instead: ``frames`` above ``total_frames``, or above
+        what the workers are allowed to collect (call :meth:`start` or
+        :meth:`allow_frames` first).
+        """
+        if frames > self.total_frames:
+            raise ValueError(f"wait_for_frames({frames}) can never return: total_frames is {self.total_frames}")
+        self._ensure_started()
+        allowed = self._control.allowed
+        if frames > allowed and not self._running_free:
+            raise ValueError(
+                f"wait_for_frames({frames}) can never return: workers may collect {allowed} frames so far; "
+                "call start() or allow_frames() first (or iterate over the collector)"
+            )
+        return self._wait(lambda: self._control.written >= frames, timeout)
+
+    @property
+    def frames_written(self) -> int:
+        """Frames collected by all workers so far (written into the buffer or handed over)."""
+        return self._control.written
+
+    # ------------------------------------------------------------ weights etc.
+    def update_policy_weights_(
+        self,
+        policy_or_weights: TensorDictBase | nn.Module | Mapping[str, torch.Tensor] | None = None,
+        *,
+        worker_ids: int | list[int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Publishes new weights; every worker loads them before its next step.
+
+        Args:
+            policy_or_weights: a module, a ``state_dict`` or a TensorDict of weights
+                (``TensorDict.from_module(actor)``), for the policy given to the
+                constructor or any of its submodules: names are resolved under
+                whatever the collector wrapped around it (``algo=``, ``obs_norm=``),
+                and the rest (normaliser statistics) is published as it is now.
+                ``None`` publishes the ``policy`` given to the constructor, which
+                the learner typically trains in place. CUDA tensors are copied to
+                the shared CPU block.
+            worker_ids: accepted for TorchRL compatibility; all workers share one
+                copy of the weights, so it must be ``None``.
+        """
+        if "policy_weights" in kwargs:
+            policy_or_weights = kwargs.pop("policy_weights")
+        if kwargs:
+            raise TypeError(f"update_policy_weights_() got unexpected keyword arguments {sorted(kwargs)}")
+        self._raise_if_failed()
+        if policy_or_weights is self._user_policy:
+            policy_or_weights = None
+        self._scheme.send(policy_or_weights, worker_ids=worker_ids)
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the latest published weights (1 = the initial policy)."""
+        return self._scheme.version
+
+    def get_policy_version(self) -> int:
+        """Same as :attr:`policy_version`."""
+        return self.policy_version
+
+    def increment_version(self) -> None:
+        """Publishes the constructor's policy again, as a new version (versions count publishes here)."""
+        self.update_policy_weights_()
+
+    def get_model(self, model_id: str) -> nn.Module:
+        """The model synced under ``model_id``; only ``"policy"`` exists."""
+        if model_id != "policy":
+            raise KeyError(f"model_id must be 'policy', got {model_id!r}")
+        return self.policy
+
+    def get_cached_weights(self, model_id: str) -> TensorDictBase:
+        """The weights last published for ``model_id`` (``"policy"``), as a TensorDict."""
+        self.get_model(model_id)
+        version_and_tensors = self._scheme.shared.read()
+        names = [name for name, _, _ in self._scheme.shared.layout]
+        return TensorDict(dict(zip(names, version_and_tensors[1])), []).unflatten_keys(".")
+
+    def metrics(self) -> dict[str, Any]:
+        """Collection figures, readable at any time from the main process.
+
+        Returns a dict with ``frames`` (collected), ``fps``, ``random_frames``,
+        ``nonfinite_dropped``, ``episodes``, ``terminated``, ``truncated``,
+        ``mean_return`` and ``mean_length`` over the recent-episode windows,
+        ``time`` (seconds per worker phase), ``policy_version`` (the oldest any
+        worker acts with), ``published_version``, ``buffer_size`` (``None``
+        without a replay buffer) and ``workers`` (the same figures per worker).
+        Raises :class:`~torchrl_unilab.WorkerError` if a worker failed.
+        """
+        self._raise_if_failed()
+        out = self._metrics.summary()
+        out["frames"] = self._control.written
+        out["buffer_size"] = len(self.replay_buffer) if self.replay_buffer is not None else None
+        out["published_version"] = self.policy_version
+        return out
+
+    def stats(self, workers: str = "aggregate") -> dict[str, int | float | bool]:
+        """TorchRL's progress snapshot, from :meth:`metrics`.
+
+        Args:
+            workers: ``"aggregate"`` (default), ``"per_worker"`` (entries named
+                ``"worker_<idx>/<metric>"``) or ``"both"``.
+        """
+        if workers not in ("aggregate", "per_worker", "both"):
+            raise ValueError(f"workers must be one of 'aggregate', 'per_worker' or 'both', got {workers!r}")
+        metrics = self.metrics()
+        out: dict[str, int | float | bool] = {}
+        if workers in ("aggregate", "both"):
+            out.update(super().stats())
+            out.update(frames_written=metrics["frames"], fps=metrics["fps"], episodes=metrics["episodes"],
+                       random_frames=metrics["random_frames"])
+        out["workers"] = self.num_workers
+        out["workers_alive"] = self._pool.alive() if self._pool is not None else 0
+        if workers in ("per_worker", "both"):
+            for idx, worker in enumerate(metrics["workers"]):
+                for key, value in worker.items():
+                    if isinstance(value, (int, float, bool)):
+                        out[f"worker_{idx}/{key}"] = value
+        return out
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seeds the workers' envs; call it before collection starts. Returns the next free seed.
+
+        Env ``j`` of worker ``i`` gets ``seed + i * num_envs + j``, so the next
+        free seed is ``seed + num_workers * num_envs``.
+        """
+        if static_seed:
+            raise ValueError("static_seed=True is not supported: every env of every worker gets its own seed")
+        if self._started:
+            raise RuntimeError(
+                "set_seed() must be called before collection starts (the first iteration, start(), "
+                "allow_frames() or wait_for_frames()); pass seed= to the constructor, or call it earlier"
+            )
+        self.seed = int(seed)
+        return self.seed + self.num_workers * self.num_envs
+
+    def state_dict(self) -> OrderedDict:
+        """Counters in TorchRL's collector shape (``"worker<i>"``, ``"frames"``, ``"iter"``), for checkpoints.
+
+        Per worker: frames collected and the policy version it acts with. Env
+        states stay in the workers; a resumed run starts new episodes.
+        """
+        state = OrderedDict()
+        for idx, worker in enumerate(self._metrics.summary()["workers"]):
+            state[f"worker{idx}"] = {"frames": worker["frames"], "policy_version": worker["policy_version"]}
+        state.update(frames=self._frames, iter=self._iter, frames_written=self._control.written,
+                     policy_version=self.policy_version)
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restores the consumer-side counters saved by :meth:`state_dict`."""
+        self._frames = int(state_dict.get("frames", 0))
+        self._iter = int(state_dict.get("iter", -1))
+
+    def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
+        """Not supported: workers reset their envs as episodes end; bound episodes with ``max_frames_per_traj``."""
+        raise NotImplementedError(
+            "OffPolicyCollector workers reset their envs themselves as episodes end; bound episode length "
+            "with max_frames_per_traj"
+        )
+
+    def getattr_policy(self, attr: str) -> Any:
+        """An attribute of the policy the workers run (this process holds the same module)."""
+        return getattr(self.policy, attr)
+
+    def getattr_env(self, attr: str) -> Any:
+        """An attribute of the env: its specs and batch size are read from a copy built here.
+
+        Other attributes live in the worker processes (an env instance stepped by
+        a thread of this process answers them all).
+        """
+        env = self._probe_env if self._probe_env is not None else None
+        if env is None and isinstance(self._worker_envs[0], EnvBase):
+            env = self._worker_envs[0]
+        if env is None and not (attr.endswith("_spec") or attr.endswith("_spec_unbatched")
+                                or attr in ("batch_size", "specs")):
+            raise NotImplementedError(
+                f"getattr_env({attr!r}): the envs live in the worker processes; specs and batch_size are "
+                "available here, other attributes are not"
+            )
+        if env is None:
+            env = self._spec_env()
+        return getattr(env, attr)
+
+    def _spec_env(self) -> EnvBase:
+        env = self._worker_envs[0]()
+        try:
+            self._spec_snapshot = as_batched_env(env)
+            return self._spec_snapshot
+        finally:
+            with contextlib.suppress(Exception):
+                env.close(raise_if_closed=False)
+
+    def getattr_rb(self, attr: str) -> Any:
+        """An attribute of the replay buffer."""
+        if self.replay_buffer is None:
+            raise RuntimeError("this collector has no replay_buffer")
+        return getattr(self.replay_buffer, attr)
+
+    def fake_tensordict(self) -> TensorDictBase:
+        """One batch of zeroed rows with every key a worker writes (for laying out a storage)."""
+        return self._row.select(*self._row_keys).expand(self.num_envs).clone().zero_()
+
+    def map_fn(self, method_name: str, list_of_args=None, list_of_kwargs=None) -> list[Any]:
+        """Not supported: workers run our loop, not TorchRL collectors with methods to call."""
+        raise NotImplementedError(
+            "OffPolicyCollector workers run a batched loop, not TorchRL collectors; read metrics() or "
+            "stats('per_worker') for per-worker figures"
+        )
+
+    def get_distant_attr(self, attr: str) -> list[Any]:
+        """Not supported: see :meth:`map_fn`."""
+        return self.map_fn("get_distant_attr")
+
+    def cascade_execute(self, attr_path: str, *args: Any, **kwargs: Any) -> Any:
+        """Calls ``attr_path`` (dotted) on this collector, as TorchRL's remote helpers do."""
+        target: Any = self
+        for name in attr_path.split("."):
+            target = getattr(target, name)
+        return target(*args, **kwargs) if callable(target) else target
+
+    def enable_profile(self, **kwargs: Any) -> None:
+        """Not supported: use the worker trace and per-phase timings instead."""
+        raise NotImplementedError(
+            "OffPolicyCollector workers are profiled with their phase timers: metrics()['time'] gives seconds per "
+            "phase, and torchrl_unilab.worker.off_policy_collector_fn(trace_enabled=True) writes a Perfetto trace"
+        )
+
+    def disable_profile(self) -> None:
+        """Not supported: see :meth:`enable_profile`."""
+        self.enable_profile()
+
+    def receive_weights(self, *args: Any, **kwargs: Any) -> None:
+        """Not supported: this collector sends weights to its workers; it receives none."""
+        raise NotImplementedError("OffPolicyCollector is a weight sender; call update_policy_weights_()")
+
+    def register_scheme_receiver(self, *args: Any, **kwargs: Any) -> None:
+        """Not supported: see :meth:`receive_weights`."""
+        self.receive_weights()
+
+    @property
+    def pre_collect_hook(self) -> Callable[[], None] | None:
+        """Called in each worker before a batch; set it before collection starts."""
+        return self._pre_collect_hook
+
+    @pre_collect_hook.setter
+    def pre_collect_hook(self, hook: Callable[[], None] | None) -> None:
+        self._check_not_started("pre_collect_hook")
+        self._pre_collect_hook = hook
+
+    @property
+    def post_collect_hook(self) -> Callable[[TensorDictBase], None] | None:
+        """Called in each worker with each batch once written; set it before collection starts."""
+        return self._post_collect_hook
+
+    @post_collect_hook.setter
+    def post_collect_hook(self, hook: Callable[[TensorDictBase], None] | None) -> None:
+        self._check_not_started("post_collect_hook")
+        self._post_collect_hook = hook
+
+    def _check_not_started(self, what: str) -> None:
+        if getattr(self, "_started", False):
+            raise RuntimeError(f"{what} must be set before collection starts: workers take it when they start")
+
+    # ---------------------------------------------------------------- closing
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+        """Stops every worker within ``timeout`` seconds (default 4) and frees shared resources.
+
+        Rows already written stay in the replay buffer. A worker error not yet
+        raised is raised here when ``raise_on_error`` is true.
+        """
+        if getattr(self, "_shutdown_complete", True):
+            return
+        self._shutdown_complete = True
+        self.closed = True
+        if self._pool is not None:
+            self._pool.stop(timeout=4.0 if timeout is None else timeout)
+        if self._scheme is not None:
+            self._scheme.shutdown()
+        self._close_probe()
+        if close_env:
+            for env in self._worker_envs:
+                if isinstance(env, EnvBase):
+                    with contextlib.suppress(Exception):
+                        env.close(raise_if_closed=False)
+        if raise_on_error:
+            self._raise_if_failed()
+
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Same as :meth:`shutdown` (it returns once the workers are gone)."""
+        self.shutdown(timeout=timeout, close_env=close_env)
+
+    def __enter__(self) -> OffPolicyCollector:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.shutdown(raise_on_error=exc_type is None)
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown(raise_on_error=False)
+        except Exception:  # noqa: BLE001 - interpreter teardown may have freed modules
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_workers={self.num_workers}, num_envs={self.num_envs}, "
+            f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, "
+            f"frames_written={self._control.written if not self.closed else 'closed'})"
+        )
+
+
+def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_env_kwargs, max_frames_per_traj,
+                  privileged) -> tuple[list, int]:
+    """One env source per worker: a factory (run in a process) or a live instance (run in a thread).
+
+    ``gym_ids`` holds the options of gymnasium ids: ``num_envs``, ``env_kwargs``,
+    ``stagger_resets``, ``engine`` and ``threads``.
+    """
+    many = isinstance(create_env_fn, Sequence) and not isinstance(create_env_fn, str)
+    items = list(create_env_fn) if many else None
+    if many:
+        if not items:
+            raise ValueError("create_env_fn as a list must not be empty")
+        if num_workers is not None and num_workers != len(items):
+            raise ValueError(f"num_workers={num_workers} does not match the {len(items)} envs in create_env_fn")
+        num_workers = len(items)
+    num_workers = _check_int("num_workers", 1 if num_workers is None else num_workers, 1)
+    if not many:
+        if isinstance(create_env_fn, EnvBase) and num_workers > 1:
+            raise ValueError(
+                "an env instance cannot be shared by several workers; pass a factory (callable) or a list of "
+                f"num_workers={num_workers} env instances"
+            )
+        items = [create_env_fn] * num_workers
+    if isinstance(create_env_kwargs, Mapping) or create_env_kwargs is None:
+        kwargs_list = [dict(create_env_kwargs or {})] * num_workers
+    else:
+        kwargs_list = [dict(k) for k in create_env_kwargs]
+        if len(kwargs_list) != num_workers:
+            raise ValueError(f"create_env_kwargs holds {len(kwargs_list)} dicts for {num_workers} workers")
+    out = []
+    for item, kwargs in zip(items, kwargs_list):
+        if isinstance(item, str):
+            if kwargs:
+                raise ValueError("create_env_kwargs applies to env factories; for a gymnasium id use env_kwargs")
+            options = dict(gym_ids)
+            _check_int("num_envs", options["num_envs"], 1)
+            if max_frames_per_traj:
+                options["env_kwargs"] = {**(options["env_kwargs"] or {}), "max_episode_steps": max_frames_per_traj}
+            options["engine"] = select_engine(item, options["engine"], options["env_kwargs"], privileged)
+            source = functools.partial(make_gym_id_env, item, options.pop("num_envs"), **options)
+            max_steps = None
+        elif isinstance(item, EnvBase):
+            if kwargs:
+                raise ValueError("create_env_kwargs cannot apply to an env instance; pass a factory instead")
+            source, max_steps = item, max_frames_per_traj
+        elif callable(item):
+            source = functools.partial(item, **kwargs) if kwargs else item
+            max_steps = max_frames_per_traj
+        else:
+            raise TypeError(
+                "create_env_fn must be a gymnasium id (str), an EnvBase, a callable returning an EnvBase "
+                f"(an EnvCreator, say), or a list of those; got {type(item).__name__}"
+            )
+        transforms = ([StepCounter(max_steps=max_steps)] if max_steps else []) + ([privileged] if privileged else [])
+        if transforms and isinstance(source, EnvBase):
+            source = _with_transforms(lambda env=source: env, transforms)
+        elif transforms:
+            source = functools.partial(_with_transforms, source, transforms)
+        out.append(source)
+    return out, num_workers
+
+
+def _with_transforms(env_fn: Callable[[], EnvBase], transforms: list) -> EnvBase:
+    env = env_fn()
+    for transform in transforms:
+        env = TransformedEnv(env, transform.clone())
+    return env
+
+
+def _on_cpu(policy: nn.Module) -> nn.Module:
+    """``policy``, or a CPU copy of it if any of its tensors lives elsewhere (workers act on CPU)."""
+    tensors = list(policy.parameters()) + list(policy.buffers()) if isinstance(policy, nn.Module) else []
+    if all(t.device.type == "cpu" for t in tensors):
+        return policy
+    return copy.deepcopy(policy).to("cpu")
+
+
+def _assemble_policy(policy, env: EnvBase, algo: str | None, obs_norm, exploration: dict[str, Any]):
+    """Wraps the actor with its exploration module and an observation normaliser, as asked."""
+    if algo is not None:
+        policy = make_exploration_policy(policy, algo, env.action_spec_unbatched, **exploration)
+    normalizer = None
+    if obs_norm is True:
+        normalizer = ObservationNormalizer(env.observation_spec["observation"].shape[-1])
+    elif isinstance(obs_norm, ObservationNormalizer):
+        normalizer = obs_norm
+    elif obs_norm not in (None, False):
+        raise TypeError(f"obs_norm must be True, False, None or an ObservationNormalizer, got {obs_norm!r}")
+    if normalizer is not None:
+        policy = TensorDictSequential(normalizer, policy)
+    return policy, normalizer
+
+
+def _cap(frames: int | float) -> int | None:
+    return None if frames == float("inf") else int(frames)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_cpu(name: str, value: Any) -> None:
+    if value is None:
+        return
+    values = value if isinstance(value, (list, tuple)) else [value]
+    for v in values:
+        if torch.device(v).type != "cpu":
+            raise ValueError(
+                f"{name} must be a CPU device (or None), got {value!r}: workers act and store on CPU. Keep the "
+                "learner on CUDA and pass its weights to update_policy_weights_(), which copies them to the "
+                "shared CPU block"
+            )
+
+
+def _round_total_frames(total_frames: int | None, frames_per_batch: int) -> int | float:
+    if total_frames is None or total_frames < 0:
+        return float("inf")
+    _check_int("total_frames", total_frames, 1)
+    return -(-total_frames // frames_per_batch) * frames_per_batch
+
+
+def _check_torchrl_kwargs(kwargs: Mapping[str, Any]) -> None:
+    for name, value in kwargs.items():
+        if name not in _TORCHRL_PARAMS:
+            raise TypeError(f"OffPolicyCollector() got an unexpected keyword argument {name!r}")
+        if name in _ACCEPTED:
+            continue
+        accepted, why = _RESTRICTED.get(name, ((_TORCHRL_PARAMS[name].default,), "not supported"))
+        if not any(value is a or (type(value) is type(a) and value == a) for a in accepted):
+            raise ValueError(
+                f"OffPolicyCollector takes the MultiAsyncCollector parameter {name!r} only as one of "
+                f"{list(accepted)}, got {value!r}: {why}"
+            )

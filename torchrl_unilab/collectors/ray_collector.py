@@ -1,0 +1,613 @@
+"""Collection across machines: one :class:`~torchrl_unilab.OffPolicyCollector` per Ray node, driven by TorchRL's ``RayCollector``.
+
+Ray does the cluster work (placement, transport, actor lifecycle) and TorchRL's
+``RayCollector`` the coordination; this module only adapts our collector to
+both. :class:`RayNodeCollector` is the ``collector_class`` each Ray actor runs:
+its worker processes, batched envs and shared-memory weights stay on its
+machine. :class:`RayOffPolicyCollector` is the learner-side ``RayCollector``
+that adds what off-policy training needs: exact random frames and distinct
+seeds over all nodes, globally unique trajectory ids, two-level weight sync
+(TorchRL's ``RayWeightSyncScheme`` to the nodes, our seqlock to their workers),
+failures that name the node, and the ``allow_frames`` / ``wait_for_frames``
+pacing the recipes' :class:`~torchrl_unilab.trainers.training.UTDController` drives.
+
+Ray is an optional dependency (``pip install -e ".[ray]"``): importing this
+module works without it, building a collector does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torchrl.collectors import BaseCollector
+from torchrl.collectors.distributed import RayCollector
+from torchrl.data import ReplayBuffer
+from torchrl.envs.utils import ExplorationType
+
+from torchrl_unilab.collectors._processes import WorkerError
+from torchrl_unilab.collectors._worker import TRAJ_KEY
+from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
+from torchrl_unilab.data.replay_buffer import init_storage
+
+__all__ = ["NodeError", "RayNodeCollector", "RayOffPolicyCollector"]
+
+ON_NODE_FAILURE = ("raise", "continue")
+
+# RayCollector passes these MultiAsyncCollector arguments to every remote
+# collector, at its own defaults; a node only takes them at those values.
+_RAY_PASSED_DEFAULTS = {
+    "max_frames_per_traj": -1, "reset_at_each_iter": False, "split_trajs": False, "trust_policy": None,
+    "device": None, "storing_device": None, "env_device": None, "policy_device": None,
+}
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as err:  # pragma: no cover - exercised by the no-Ray import test
+        raise ImportError('Ray is not installed; install the extra with: pip install -e ".[ray]"') from err
+    return ray
+
+
+class NodeError(WorkerError):
+    """A collector node failed: a worker on it raised, or its Ray actor was lost.
+
+    Attributes:
+        node_idx: index of the node (the Ray actor) in :class:`RayOffPolicyCollector`.
+        node_host: host name and process id of the node's actor.
+        worker_idx: index of the worker on that node, ``None`` when the whole node was lost.
+        worker_traceback: the remote traceback (or Ray's account of the actor's death).
+
+    Examples:
+        >>> err = NodeError(1, "host-b (pid 42)", "ValueError: boom", "Traceback ...", worker_idx=0)
+        >>> err.node_idx, err.worker_idx
+        (1, 0)
+        >>> print(str(err).splitlines()[0])
+        collector node 1 on host-b (pid 42), worker 0 failed: ValueError: boom
+    """
+
+    def __init__(self, node_idx: int, node_host: str, message: str, remote_traceback: str, *,
+                 worker_idx: int | None = None) -> None:
+        self.node_idx = node_idx
+        self.node_host = node_host
+        where = f"collector node {node_idx} on {node_host}" + ("" if worker_idx is None else f", worker {worker_idx}")
+        RuntimeError.__init__(self, f"{where} failed: {message}\n\nRemote traceback:\n{remote_traceback}")
+        self.worker_idx = worker_idx
+        self.worker_traceback = remote_traceback
+        self._message = message
+
+    def __reduce__(self):
+        # Ray pickles a node's exception to the learner; the base class would replay only str(self)
+        return _rebuild_node_error, (self.node_idx, self.node_host, self._message, self.worker_traceback,
+                                     self.worker_idx)
+
+
+def _rebuild_node_error(node_idx, node_host, message, remote_traceback, worker_idx) -> NodeError:
+    return NodeError(node_idx, node_host, message, remote_traceback, worker_idx=worker_idx)
+
+
+class RayNodeCollector(OffPolicyCollector):
+    """The :class:`~torchrl_unilab.OffPolicyCollector` one Ray actor runs: a ``RayCollector`` ``collector_class``.
+
+    It takes the arguments ``RayCollector`` hands every remote collector (a list
+    of env makers, one per worker, ``worker_idx`` and TorchRL's defaults) and
+    yields each batch of ``frames_per_batch`` transitions with trajectory ids
+    made unique over all nodes (``local_id * num_nodes + node``). Given a
+    ``RayReplayBuffer`` client as ``replay_buffer`` (``RayCollector`` passes one
+    when its own ``replay_buffer`` is a ``RayReplayBuffer``), it writes each batch
+    there and yields ``None``. Weights arriving through TorchRL's
+    ``RayWeightSyncScheme`` land in ``policy`` as given and are published to the
+    node's workers through shared memory, so ``policy_version`` counts the
+    learner's publishes on every node.
+
+    Args:
+        create_env_fn: what :class:`~torchrl_unilab.OffPolicyCollector` takes,
+            or ``RayCollector``'s list of the same env maker once per worker.
+        policy: the policy module; the learner's weights are loaded into it by name.
+
+    Keyword Args:
+        worker_idx: this node's index (``RayCollector`` sets it).
+        num_nodes: how many nodes collect, for globally unique trajectory ids.
+        replay_buffer: ``None``, or a ``RayReplayBuffer`` client to write into.
+        **kwargs: :class:`~torchrl_unilab.OffPolicyCollector` keyword arguments.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict.nn import TensorDictModule
+        >>> policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+        >>> node = RayNodeCollector(["Pendulum-v1"], policy, worker_idx=1, num_nodes=2, num_workers=1,
+        ...                         num_envs=2, frames_per_batch=32, init_random_frames=32, seed=0)
+        >>> batch = node.next()
+        >>> batch.shape, bool((batch["collector", "traj_ids"] % 2 == 1).all())
+        (torch.Size([32]), True)
+        >>> node.shutdown()
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: TensorDictModuleBase | None = None,
+        *,
+        worker_idx: int | None = 0,
+        num_nodes: int = 1,
+        replay_buffer: Any = None,
+        frames_per_batch: int,
+        num_workers: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        for name, default in _RAY_PASSED_DEFAULTS.items():
+            value = kwargs.pop(name, default)
+            if value != default and not (name.endswith("device") and str(value) == "cpu"):
+                raise ValueError(f"RayNodeCollector supports {name!r} only at {default!r}, got {value!r}")
+        if isinstance(create_env_fn, list) and create_env_fn and all(isinstance(f, str) for f in create_env_fn):
+            create_env_fn = create_env_fn[0]  # RayCollector repeats the gymnasium id once per worker
+        self.num_nodes = int(num_nodes)
+        self.node_host = f"{socket.gethostname()} (pid {os.getpid()})"
+        self._remote_buffer = replay_buffer
+        super().__init__(create_env_fn, policy, num_workers=num_workers, frames_per_batch=frames_per_batch,
+                         replay_buffer=None, **kwargs)
+        self.worker_idx = 0 if worker_idx is None else int(worker_idx)
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Yields each batch of ``frames_per_batch`` transitions (``None`` once written to a ``RayReplayBuffer``)."""
+        error = None
+        try:
+            for batch in super().iterator():
+                batch[TRAJ_KEY] = batch[TRAJ_KEY] * self.num_nodes + self.worker_idx
+                if self._remote_buffer is None:
+                    yield batch
+                else:
+                    self._remote_buffer.extend(batch)
+                    yield None
+        except WorkerError as err:
+            error = NodeError(self.worker_idx, self.node_host, str(err).splitlines()[0], err.worker_traceback,
+                              worker_idx=err.worker_idx)
+        if error is not None:
+            raise error  # outside the handler: Ray pickles the context too, and WorkerError does not unpickle
+
+    # RayCollector connects each node's receiver by a path with a subscript,
+    # "_receiver_schemes['policy'].connect", which TorchRL's own resolver reads.
+    cascade_execute = BaseCollector.cascade_execute
+
+    def register_scheme_receiver(self, weight_recv_schemes: Mapping[str, Any], *,
+                                 synchronize_weights: bool = True) -> None:
+        """Binds TorchRL's receiving scheme to the policy as the learner sent it, then registers it.
+
+        The policy the workers run may wrap that module (exploration, observation
+        normaliser); the learner's weights are the module's own.
+        """
+        for model_id, scheme in weight_recv_schemes.items():
+            if model_id == "policy" and not scheme.initialized_on_receiver:
+                scheme.init_on_receiver(model_id=model_id, context=self, worker_idx=self.worker_idx,
+                                        model=self._user_policy)
+        # OffPolicyCollector refuses to receive weights from a parent (it is the top sender on one
+        # machine); a node does receive them, so it takes TorchRL's own receiver set-up.
+        BaseCollector.register_scheme_receiver(self, weight_recv_schemes, synchronize_weights=synchronize_weights)
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, model_id: str | None = None,
+                               worker_ids: Any = None, **kwargs: Any) -> None:
+        """Publishes the node's policy to its workers (seqlock) after the Ray scheme has loaded new weights.
+
+        Called by TorchRL's ``RayWeightSyncScheme`` with ``model_id="policy"``
+        once the learner's tensors are in :attr:`policy`; a direct call behaves
+        as :meth:`OffPolicyCollector.update_policy_weights_`.
+        """
+        if model_id not in (None, "policy"):
+            raise ValueError(f"RayNodeCollector syncs only model_id='policy', got {model_id!r}")
+        super().update_policy_weights_(policy_or_weights, worker_ids=worker_ids, **kwargs)
+
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = False) -> None:
+        """Stops the node's workers. A worker's error is not raised again here: :meth:`next` already sent it
+        to the learner as a :class:`NodeError` (TorchRL's ``__iter__`` shuts down on the way out of an error)."""
+        super().shutdown(timeout=timeout, close_env=close_env, raise_on_error=raise_on_error)
+
+    def __bool__(self) -> bool:
+        # Ray tests the actor's truth when it stores a task error; without this
+        # it falls back to __len__, which has no integer value for a collector
+        # without total_frames, and Ray loses the remote traceback.
+        return True
+
+    def layout_row(self) -> TensorDictBase:
+        """One zero row with every key and dtype this node writes, to lay out the learner's buffer."""
+        return self._row.select(*self._row_keys).clone()
+
+    def host(self) -> str:
+        """Host name and actor process id of this node, for error messages."""
+        return self.node_host
+
+    def node_metrics(self) -> dict[str, Any]:
+        """:meth:`~torchrl_unilab.OffPolicyCollector.metrics` plus the node's host and frames read so far."""
+        out = self.metrics()
+        out["host"] = self.node_host
+        out["frames_yielded"] = self._frames
+        return out
+
+
+class RayOffPolicyCollector(RayCollector):
+    """TorchRL's ``RayCollector`` with one :class:`RayNodeCollector` per node, for off-policy training.
+
+    Each of ``num_nodes`` Ray actors runs a :class:`RayNodeCollector` with
+    ``num_workers`` processes of ``num_envs`` envs. Where the data goes depends
+    on ``replay_buffer``:
+
+    * ``None``: iterating yields each node's batches, first ready first served,
+      as ``RayCollector`` does; the learner ``extend``-s its own buffer.
+    * a local TorchRL ``ReplayBuffer`` (e.g. :func:`~torchrl_unilab.make_replay_buffer`):
+      the collector extends it as batches arrive and yields ``None``; with
+      :meth:`start` / :meth:`allow_frames` a thread does so in the background,
+      so this class paces like :class:`~torchrl_unilab.OffPolicyCollector`.
+    * a ``RayReplayBuffer``: nodes write straight into it, and the learner
+      receives nothing but a frame count.
+
+    Args:
+        create_env_fn: a gymnasium id or a callable returning a batched env, as
+            :class:`~torchrl_unilab.OffPolicyCollector` takes.
+        policy: the policy module; :meth:`update_policy_weights_` sends its
+            weights with TorchRL's ``RayWeightSyncScheme``.
+
+    Keyword Args:
+        num_nodes: Ray actors (collector nodes), ``>= 1``.
+        num_workers: worker processes per node. num_envs: envs per worker.
+        frames_per_batch: frames of one batch (one worker's write).
+        total_frames: frames to collect over all nodes, ``-1`` for no limit.
+        init_random_frames: uniformly random frames over all nodes and workers,
+            split exactly (node ``i`` takes ``n // num_nodes`` plus one if ``i < n % num_nodes``).
+        seed: node ``i`` is seeded ``seed + i * num_workers * num_envs``, so every
+            env of every node gets its own seed.
+        replay_buffer: see above.
+        on_node_failure: ``"raise"`` (default) raises :class:`NodeError` when a
+            node's worker fails or its actor is lost; ``"continue"`` warns on a
+            lost node and goes on with the others (a worker error still raises).
+        collector_kwargs: other :class:`~torchrl_unilab.OffPolicyCollector` keyword arguments for every node.
+        remote_configs: ``ray.remote`` options of each node actor (default
+            ``{"num_cpus": 1, "scheduling_strategy": "SPREAD"}``).
+        ray_init_config: ``ray.init`` keyword arguments when Ray is not started
+            yet (``{"address": "auto"}`` joins a cluster made with ``ray start``).
+
+    Examples:
+        >>> import ray, torch
+        >>> from tensordict.nn import TensorDictModule
+        >>> _ = ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+        >>> policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+        >>> collector = RayOffPolicyCollector("Pendulum-v1", policy, num_nodes=1, num_workers=1, num_envs=2,
+        ...                                   frames_per_batch=32, total_frames=128, init_random_frames=64, seed=0)
+        >>> batches = list(collector)
+        >>> len(batches), int(sum((b["policy_version"] == -1).sum() for b in batches))
+        (4, 64)
+        >>> collector.shutdown()
+        >>> ray.shutdown()
+    """
+
+    def __init__(
+        self,
+        create_env_fn: str | Callable[[], Any],
+        policy: TensorDictModuleBase,
+        *,
+        num_nodes: int = 2,
+        num_workers: int = 1,
+        num_envs: int = 16,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        init_random_frames: int = 0,
+        seed: int | None = None,
+        replay_buffer: ReplayBuffer | None = None,
+        on_node_failure: str = "raise",
+        exploration_type: ExplorationType = ExplorationType.RANDOM,
+        collector_kwargs: Mapping[str, Any] | None = None,
+        remote_configs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        ray_init_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        ray = _ray()
+        for name, value, minimum in (("num_nodes", num_nodes, 1), ("num_workers", num_workers, 1),
+                                     ("num_envs", num_envs, 1), ("init_random_frames", init_random_frames, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        if on_node_failure not in ON_NODE_FAILURE:
+            raise ValueError(f"on_node_failure must be one of {ON_NODE_FAILURE}, got {on_node_failure!r}")
+        kwargs = dict(collector_kwargs or {})
+        if kwargs.get("obs_norm"):
+            raise ValueError("obs_norm is not supported with RayOffPolicyCollector yet: its statistics live on the "
+                             "learner; normalise in the env instead")
+        self.on_node_failure = on_node_failure
+        self._local_buffer = None
+        if replay_buffer is not None and getattr(replay_buffer, "service_backend", None) != "ray":
+            self._local_buffer, replay_buffer = replay_buffer, None
+        share, rem = divmod(init_random_frames, num_nodes)
+        self._node_random_frames = [share + (i < rem) for i in range(num_nodes)]
+        self._node_seeds = [None if seed is None else seed + i * num_workers * num_envs for i in range(num_nodes)]
+        kwargs.update(num_workers=num_workers, num_envs=num_envs, num_nodes=num_nodes)
+        self._lost: dict[int, str] = {}
+        self._pending: dict[Any, int] = {}  # the next() call in flight on each node -> node index
+        self._fetched: dict[Any, TensorDictBase | None] = {}  # finished calls, in arrival order
+        self._pump_error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._written = 0
+        self._allowed: float = 0
+        self._write_lock = threading.Lock()
+        self.published_version = 1
+        self.receive_s = 0.0
+        super().__init__(
+            [create_env_fn] * num_nodes if isinstance(create_env_fn, str) else create_env_fn,
+            policy,
+            frames_per_batch=frames_per_batch,
+            total_frames=total_frames if total_frames >= 0 else float("inf"),  # RayCollector stops at -1
+            init_random_frames=0,  # split exactly over the nodes in add_collectors
+            exploration_type=exploration_type,
+            collector_class=RayNodeCollector,
+            collector_kwargs=kwargs,
+            num_workers_per_collector=num_workers,
+            num_collectors=num_nodes,
+            sync=False,
+            replay_buffer=replay_buffer,
+            remote_configs=dict(remote_configs or {"num_cpus": 1, "scheduling_strategy": "SPREAD"})
+            if not isinstance(remote_configs, Sequence) else list(remote_configs),
+            ray_init_config=dict(ray_init_config) if ray_init_config is not None else None,
+        )
+        self.node_hosts = ray.get([c.host.remote() for c in self.remote_collectors])
+        self._nodes = list(self.remote_collectors)  # RayCollector's list shrinks on shutdown; indices stay
+        if self._local_buffer is not None:
+            init_storage(self._local_buffer, ray.get(self._nodes[0].layout_row.remote()))
+        self._lazy_initialize_weight_sync()
+
+    # ------------------------------------------------------------ construction
+    def add_collectors(self, create_env_fn, num_envs, policy, collector_kwargs, remote_configs) -> None:
+        """RayCollector's hook, with each node's exact share of random frames and its own seed."""
+        collector_kwargs = [
+            dict(kw, init_random_frames=frames, seed=seed)
+            for kw, frames, seed in zip(collector_kwargs, self._node_random_frames, self._node_seeds)
+        ]
+        super().add_collectors(create_env_fn, num_envs, policy, collector_kwargs, remote_configs)
+
+    def __len__(self) -> int:
+        if self.total_frames == float("inf"):
+            raise RuntimeError("a collector with total_frames=-1 does not stop, so it has no length")
+        return -(-int(self.total_frames) // self.frames_per_batch)
+
+    def __bool__(self) -> bool:
+        return True
+
+    # --------------------------------------------------------------- iteration
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Yields batches as nodes deliver them; extends the local ``replay_buffer`` instead when one was given."""
+        for out in super().iterator():
+            if self._local_buffer is not None and out is not None:
+                start = time.perf_counter()
+                with self._write_lock:
+                    self._local_buffer.extend(out)
+                self.receive_s += time.perf_counter() - start
+                out = None
+            with self._cond:
+                self._written += self.frames_per_batch
+                self._cond.notify_all()
+            yield out
+
+    def _async_iterator(self) -> Iterator[TensorDictBase | None]:
+        """``RayCollector``'s first-ready-first-served loop, with node failures reported as :class:`NodeError`."""
+        ray = _ray()
+        self._pending = {c.next.remote(): i for i, c in enumerate(self._nodes) if i not in self._lost}
+        while self.collected_frames < self.total_frames and not self._stop_event.is_set():
+            if not self._pending:
+                raise NodeError(-1, "all nodes", "every collector node was lost", "\n".join(self._lost.values()))
+            if not self._fetched:
+                self._fetch(ray.wait(list(self._pending), timeout=1.0)[0][:1])
+            if not self._fetched:
+                continue
+            future, out = next(iter(self._fetched.items()))
+            del self._fetched[future]
+            idx = self._pending.pop(future)
+            # ask again before yielding: every live node keeps a call in flight, whose failure shows at once
+            self._pending[self._nodes[idx].next.remote()] = idx
+            self.collected_frames += self.frames_per_batch
+            yield out
+        if self._pending:
+            ray.wait(list(self._pending), num_returns=len(self._pending), timeout=10.0)
+        if self._collection_thread is None:
+            self.shutdown()
+
+    def _fetch(self, futures: list) -> None:
+        """Gets finished batches into ``_fetched``; a lost node's future is dropped (or raises)."""
+        ray = _ray()
+        for future in futures:
+            idx = self._pending[future]
+            start = time.perf_counter()
+            try:
+                self._fetched[future] = ray.get(future)
+            except ray.exceptions.RayActorError as err:
+                del self._pending[future]
+                self._node_lost(idx, err)
+            except ray.exceptions.RayTaskError as err:
+                raise _node_error(idx, self.node_hosts[idx], err) from None
+            self.receive_s += time.perf_counter() - start
+
+    def _watch_nodes(self) -> None:
+        """While the learner holds collection back: fetch what nodes finished, so a lost node shows at once."""
+        waiting = [f for f in self._pending if f not in self._fetched]
+        if waiting:
+            self._fetch(_ray().wait(waiting, num_returns=len(waiting), timeout=0)[0])
+
+    def _node_lost(self, idx: int, err: Exception) -> None:
+        self._lost[idx] = f"node {idx} on {self.node_hosts[idx]}: {err}"
+        if self.on_node_failure == "raise":
+            raise NodeError(idx, self.node_hosts[idx], "its Ray actor was lost", str(err)) from None
+        warnings.warn(f"collector node {idx} on {self.node_hosts[idx]} was lost; going on with "
+                      f"{len(self._nodes) - len(self._lost)} node(s): {str(err).splitlines()[0]}", stacklevel=3)
+
+    @property
+    def lost_nodes(self) -> list[int]:
+        """Indices of the nodes lost so far (with ``on_node_failure="continue"``)."""
+        return sorted(self._lost)
+
+    # ------------------------------------------------- background pacing (UTD)
+    def start(self) -> None:
+        """Collects in a background thread until ``total_frames``; needs a ``replay_buffer``."""
+        self.allow_frames(None)
+
+    def allow_frames(self, frames: int | None) -> None:
+        """Caps the frames delivered to the buffer (``None``: up to ``total_frames``); starts the background thread.
+
+        Nodes keep at most one batch each in flight beyond the cap.
+        """
+        if self._local_buffer is None and self.replay_buffer is None:
+            raise RuntimeError("background collection needs replay_buffer= (a local ReplayBuffer or a RayReplayBuffer)")
+        self._raise_if_failed()
+        with self._cond:
+            self._allowed = float("inf") if frames is None else frames
+            self._cond.notify_all()
+        if self._collection_thread is None:
+            self._collection_thread = threading.Thread(target=self._pump, name="RayOffPolicyCollector", daemon=True)
+            self._collection_thread.start()
+
+    def _pump(self) -> None:
+        try:
+            it = self.iterator()
+            while not self._stop_event.is_set():
+                with self._cond:
+                    while self._written >= self._allowed and not self._stop_event.is_set():
+                        self._cond.wait(0.5)
+                        self._watch_nodes()
+                if self._stop_event.is_set() or next(it, StopIteration) is StopIteration:
+                    return
+        except BaseException as err:  # noqa: BLE001 - handed to the learner's thread
+            with self._cond:
+                self._pump_error = err
+                self._cond.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self._pump_error is not None:
+            err, self._pump_error = self._pump_error, None
+            raise err
+
+    def wait_for_frames(self, frames: int, timeout: float | None = None) -> bool:
+        """Blocks until ``frames`` frames reached the buffer; False on timeout. Raises a node's error."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._written < frames:
+                self._raise_if_failed()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(0.1 if left is None else min(left, 0.1))
+        self._raise_if_failed()
+        return True
+
+    @property
+    def frames_written(self) -> int:
+        """Frames delivered so far (extended into the local buffer, or written by the nodes to the Ray buffer)."""
+        return self._written
+
+    @contextlib.contextmanager
+    def pause(self, timeout: float = 30.0, *, resume: bool = True) -> Iterator[None]:
+        """No write into the local buffer inside it (for checkpoints); nodes hold their next batch meanwhile."""
+        with self._write_lock:
+            yield
+
+    # ----------------------------------------------------------------- weights
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None, **kwargs: Any) -> None:
+        """Sends new weights to every live node (TorchRL's ``RayWeightSyncScheme``); each publishes them to its workers."""
+        self._raise_if_failed()
+        super().update_policy_weights_(policy_or_weights, worker_ids=worker_ids, **kwargs)
+        self.published_version += 1
+
+    def _send_weights_scheme(self, *, model_id, scheme, processed_weights, worker_ids) -> None:
+        ray = _ray()
+        if worker_ids is None and self._lost:
+            worker_ids = [i for i in range(len(self._nodes)) if i not in self._lost]
+        try:
+            super()._send_weights_scheme(model_id=model_id, scheme=scheme, processed_weights=processed_weights,
+                                         worker_ids=worker_ids)
+        except ray.exceptions.RayActorError as err:
+            dead = [i for i, c in enumerate(self._nodes) if i not in self._lost and not _alive(ray, c)]
+            for idx in dead:
+                self._node_lost(idx, err)
+            raise
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the latest weights sent (1 = the initial policy), as rows' ``policy_version`` counts it."""
+        return self.published_version
+
+    def get_policy_version(self) -> int:
+        """Same as :attr:`policy_version`."""
+        return self.published_version
+
+    # ----------------------------------------------------------------- figures
+    def metrics(self) -> dict[str, Any]:
+        """Figures of every live node (``nodes``), summed ``frames`` and the mean of their ``mean_return``."""
+        self._raise_if_failed()
+        ray = _ray()
+        live = [i for i in range(len(self._nodes)) if i not in self._lost]
+        refs = [self._nodes[i].node_metrics.remote() for i in live]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
+        nodes = {i: ray.get(r) for i, r in zip(live, refs) if r in ready}
+        returns = [m["mean_return"] for m in nodes.values() if m.get("mean_return") == m.get("mean_return")]
+        lengths = [m["mean_length"] for m in nodes.values() if m.get("mean_length") == m.get("mean_length")]
+        return {
+            "frames": self._written,
+            "node_frames": sum(m["frames"] for m in nodes.values()),
+            "mean_return": sum(returns) / len(returns) if returns else float("nan"),
+            "mean_length": sum(lengths) / len(lengths) if lengths else float("nan"),
+            "published_version": self.published_version,
+            "lost_nodes": self.lost_nodes,
+            "receive_s": self.receive_s,
+            "nodes": nodes,
+        }
+
+    # ---------------------------------------------------------------- shutdown
+    def shutdown(self, timeout: float | None = None, shutdown_ray: bool = False, close_env: bool = True,
+                 raise_on_error: bool = True) -> None:
+        """Stops every node's workers, then its actor (``RayCollector.shutdown``).
+
+        Each node first shuts its workers down itself, so no process outlives
+        its actor; a node that does not answer within ``timeout`` seconds
+        (default 10) is killed with its actor. A node error not yet raised is
+        raised here when ``raise_on_error`` is true.
+        """
+        if getattr(self, "_shut", False):
+            return
+        self._shut = True
+        ray = _ray()
+        self._stop_event.set()
+        thread = self._collection_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
+        self._collection_thread = None
+        live = [c for i, c in enumerate(getattr(self, "_nodes", [])) if i not in self._lost]
+        refs = [c.shutdown.remote(raise_on_error=False) for c in live]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=10.0 if timeout is None else timeout)
+        super().shutdown(timeout=timeout, shutdown_ray=shutdown_ray)
+        if raise_on_error:
+            self._raise_if_failed()
+
+    def __enter__(self) -> RayOffPolicyCollector:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.shutdown(raise_on_error=exc_type is None)
+
+
+def _alive(ray, actor) -> bool:
+    try:
+        ray.get(actor.host.remote(), timeout=5.0)
+        return True
+    except Exception:  # noqa: BLE001 - any failure to answer counts as lost
+        return False
+
+
+def _node_error(idx: int, host: str, err: Exception) -> NodeError:
+    """A :class:`NodeError` from Ray's ``RayTaskError``, keeping the node's own account when it raised one."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, NodeError):
+        return NodeError(idx, cause.node_host, cause._message, cause.worker_traceback, worker_idx=cause.worker_idx)
+    text = str(err)
+    return NodeError(idx, host, text.strip().splitlines()[-1] if text.strip() else type(err).__name__, text)

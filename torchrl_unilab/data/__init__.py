@@ -1,0 +1,10 @@
+"""Replay data: a TorchRL replay buffer on process-shared storage, and the crash-safe writer that fills it.
+
+Laid out like :mod:`torchrl.data`.
+
+Example:
+    >>> from torchrl_unilab.data import make_replay_buffer, init_storage
+"""
+
+from torchrl_unilab.data.buffer_writer import BufferLock, CommitWriter
+from torchrl_unilab.data.replay_buffer import buffer_lock, init_storage, make_replay_buffer

@@ -1,0 +1,199 @@
+"""A TorchRL replay buffer over a process-shared ``LazyMemmapStorage``.
+
+Worker processes of :class:`~torchrl_unilab.OffPolicyCollector` write into the
+buffer and the learner samples from it. Its write cursor, its 64-bit write count
+and its length live in a memory-mapped file in the scratch directory, and one
+process-wide lock that the kernel releases when its holder dies serialises each
+``extend`` against the others and against ``sample``. Rows become visible only
+after they are completely written, so a sampled row is never half written, even
+when a writer is SIGKILLed in the middle of a write (see
+:mod:`torchrl_unilab.data.buffer_writer`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+from tensordict import TensorDictBase
+from torchrl.data import LazyMemmapStorage, ReplayBuffer
+from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
+
+from torchrl_unilab._residue import sweep_stale
+from torchrl_unilab.data.buffer_writer import CommitWriter
+
+__all__ = ["buffer_lock", "make_replay_buffer", "init_storage", "storage_keys", "owned_scratch_dir"]
+
+_OWNED_DIR_ATTR = "_torchrl_unilab_owned_dir"
+#: Temporary scratch directories are named ``{prefix}{pid}_...`` after their creator.
+SCRATCH_PREFIX = "torchrl_unilab_rb_"
+
+
+def make_replay_buffer(
+    capacity: int,
+    *,
+    scratch_dir: str | os.PathLike | None = None,
+    batch_size: int | None = None,
+    sampler: Sampler | None = None,
+    lock_timeout: float = 60.0,
+) -> ReplayBuffer:
+    """Builds a ``ReplayBuffer`` over a shared ``LazyMemmapStorage``.
+
+    Args:
+        capacity: number of transitions (rows) the ring buffer holds, ``>= 1``.
+
+    Keyword Args:
+        scratch_dir: where the memory-mapped files go. It must be empty or not
+            exist yet (a stale storage is never overwritten). ``None`` creates a
+            temporary directory that is removed when the buffer is garbage
+            collected or the interpreter exits; directories that earlier,
+            killed processes left there are removed first.
+        batch_size: default ``sample()`` size.
+        sampler: a TorchRL sampler; uniform ``RandomSampler`` by default.
+        lock_timeout: seconds any ``extend``/``sample`` may wait for the
+            buffer's lock before raising ``TimeoutError`` (a dead holder
+            releases it at once; only a live, stuck one can hold it that long).
+
+    Examples:
+        >>> rb = make_replay_buffer(capacity=1000, batch_size=32)
+        >>> rb.storage.max_size
+        1000
+    """
+    if not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+    if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or not lock_timeout > 0:
+        raise ValueError(f"lock_timeout must be a number of seconds > 0, got {lock_timeout!r}")
+    owned = None
+    if scratch_dir is None:
+        sweep_stale(tempfile.gettempdir(), SCRATCH_PREFIX)
+        owned = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}_")
+        path = Path(owned)
+    else:
+        path = Path(scratch_dir)
+        if path.exists() and any(path.iterdir()):
+            raise FileExistsError(
+                f"scratch_dir {str(path)!r} is not empty; LazyMemmapStorage would collide with the files there. "
+                "Pass a new or empty directory, or scratch_dir=None for a temporary one."
+            )
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    storage = LazyMemmapStorage(capacity, scratch_dir=str(path))
+    writer = CommitWriter(path, lock_timeout=float(lock_timeout))
+    rb = ReplayBuffer(storage=storage, sampler=sampler or RandomSampler(), writer=writer, batch_size=batch_size,
+                      shared=True)
+    # The lock TorchRL's extend() and sample() take; its multiprocessing.Lock stays held forever
+    # once a holder is killed, the writer's lock does not.
+    rb._write_lock = writer.lock  # noqa: SLF001
+    if owned is not None:
+        setattr(rb, _OWNED_DIR_ATTR, owned)
+        weakref.finalize(rb, shutil.rmtree, owned, True)
+    return rb
+
+
+def owned_scratch_dir(replay_buffer: ReplayBuffer) -> str | None:
+    """The temporary directory :func:`make_replay_buffer` created for ``replay_buffer``, if any.
+
+    Examples:
+        >>> owned_scratch_dir(make_replay_buffer(10)) is not None
+        True
+    """
+    return getattr(replay_buffer, _OWNED_DIR_ATTR, None)
+
+
+def storage_keys(replay_buffer: ReplayBuffer) -> list | None:
+    """The leaf keys of an initialised storage, or ``None`` before initialisation.
+
+    Examples:
+        >>> storage_keys(make_replay_buffer(10)) is None
+        True
+    """
+    storage = replay_buffer.storage
+    if not getattr(storage, "initialized", False):
+        return None
+    return sorted(storage._storage.keys(include_nested=True, leaves_only=True), key=str)
+
+
+def init_storage(replay_buffer: ReplayBuffer, row: TensorDictBase) -> None:
+    """Lays out ``replay_buffer``'s storage from one flat transition ``row``.
+
+    TorchRL's multi-process collectors crash on the first ``extend`` into a
+    lazy storage that no process has laid out, and a worker's keys that the
+    layout lacks are dropped without a word. Laying the storage out in the
+    parent, from a row with every key the workers will write, avoids both. A
+    storage that is already laid out must hold exactly those keys.
+
+    Args:
+        replay_buffer: a buffer over a ``LazyMemmapStorage``.
+        row: a TensorDict with empty batch size holding one transition.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> rb = make_replay_buffer(10)
+        >>> init_storage(rb, TensorDict({"observation": torch.zeros(3)}, []))
+        >>> storage_keys(rb)
+        ['observation']
+    """
+    if row.batch_dims != 0:
+        raise ValueError(f"row must be a single transition (batch_size []), got batch_size {tuple(row.batch_size)}")
+    storage = replay_buffer.storage
+    want = sorted(row.keys(include_nested=True, leaves_only=True), key=str)
+    have = storage_keys(replay_buffer)
+    if have is None:
+        storage._init(row)
+        return
+    if have != want:
+        missing = sorted(set(map(str, want)) - set(map(str, have)))
+        extra = sorted(set(map(str, have)) - set(map(str, want)))
+        raise ValueError(
+            "replay_buffer's storage is already laid out with other keys than the collector writes "
+            f"(missing: {missing}, unexpected: {extra}); pass a fresh buffer from make_replay_buffer()"
+        )
+
+
+class buffer_lock:  # noqa: N801 - used like a function: ``with buffer_lock(rb):``
+    """The locks every writer of a shared buffer holds during ``extend``, taken in ``extend``'s order.
+
+    Rows become visible only once written, but a write into a full ring
+    buffer overwrites visible rows in place, so readers that go around
+    ``sample()`` must hold the write lock to never see half-written rows. For
+    buffers of :func:`~torchrl_unilab.make_replay_buffer` it is a
+    :class:`~torchrl_unilab.data.buffer_writer.BufferLock`: released by the kernel
+    if its holder dies, and every wait is bounded.
+
+    TorchRL's ``extend`` takes the buffer's ``_replay_lock`` and then its
+    ``_write_lock``, and ``len(rb)`` takes ``_replay_lock``; so this takes
+    both, in that order. Taking only the write lock and then calling
+    ``len(rb)`` deadlocked against a thread of the same process extending
+    the buffer (the Ray learner's receive thread). Reusable, not reentrant.
+
+    Examples:
+        >>> from torchrl_unilab import make_replay_buffer
+        >>> rb = make_replay_buffer(10)
+        >>> with buffer_lock(rb):
+        ...     len(rb)
+        0
+    """
+
+    def __init__(self, replay_buffer: ReplayBuffer) -> None:
+        # TorchRL keeps both locks private.
+        self._locks = (replay_buffer._replay_lock, replay_buffer._write_lock)  # noqa: SLF001
+
+    def __enter__(self) -> buffer_lock:
+        replay_lock, write_lock = self._locks
+        replay_lock.acquire()
+        try:
+            write_lock.acquire()
+        except BaseException:
+            replay_lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        replay_lock, write_lock = self._locks
+        try:
+            write_lock.release()
+        finally:
+            replay_lock.release()

@@ -1,0 +1,11 @@
+"""Environments: batched MuJoCo tasks (gymnasium or EnvPool) and the privileged-information transform.
+
+Laid out like :mod:`torchrl.envs`.
+
+Example:
+    >>> from torchrl_unilab.envs import BatchedGymEnv, EnvPoolEnv, PrivilegedInfoTransform, make_gym_id_env
+"""
+
+from torchrl_unilab.envs.batched_env import BatchedGymEnv, BatchedTaskEnv, make_gym_env
+from torchrl_unilab.envs.envpool_env import EnvPoolEnv, make_gym_id_env, select_engine
+from torchrl_unilab.envs.privileged import PrivilegedInfoTransform

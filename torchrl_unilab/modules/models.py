@@ -1,0 +1,253 @@
+"""Actor and critic builders shared by the learner and the collector workers.
+
+The learner and every worker build their networks with the same call, so the
+parameter names and shapes match and a weight sync can copy a ``state_dict``
+from one side to the other without any key mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tensordict import NestedKey
+from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictModuleBase
+from torch import Tensor, nn
+from torchrl.data import Bounded
+from torchrl.envs.utils import ExplorationType
+from torchrl.modules import Actor, ProbabilisticActor, TanhNormal, ValueOperator
+
+__all__ = ["ALGOS", "make_actor", "make_critic"]
+
+ALGOS: tuple[str, ...] = ("sac", "td3")
+"""The off-policy algorithms whose networks :func:`make_actor` can build."""
+
+
+def _check_algo(algo: str, name: str = "algo") -> None:
+    if algo not in ALGOS:
+        raise ValueError(f"{name} must be one of {ALGOS}, got {algo!r}")
+
+
+def _check_positive(value: int, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def _mlp(
+    in_features: int,
+    out_features: int,
+    hidden_dim: int,
+    num_layers: int,
+    use_layer_norm: bool,
+    activation: type[nn.Module],
+) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    width = in_features
+    for _ in range(num_layers):
+        layers.append(nn.Linear(width, hidden_dim))
+        if use_layer_norm:
+            layers.append(nn.LayerNorm(hidden_dim))
+        layers.append(activation())
+        width = hidden_dim
+    layers.append(nn.Linear(width, out_features))
+    return nn.Sequential(*layers)
+
+
+def _bounds(
+    action_low: float | Tensor, action_high: float | Tensor, action_dim: int
+) -> tuple[Tensor, Tensor]:
+    try:
+        low, high = torch.broadcast_tensors(
+            torch.as_tensor(action_low, dtype=torch.float32).expand(action_dim),
+            torch.as_tensor(action_high, dtype=torch.float32).expand(action_dim),
+        )
+    except RuntimeError as err:
+        raise ValueError(
+            f"action_low and action_high must be scalars or have shape "
+            f"({action_dim},) (action_dim), got {action_low!r} and {action_high!r}"
+        ) from err
+    if not bool((high > low).all()):
+        raise ValueError(
+            f"action_high must be > action_low in every dimension, got "
+            f"action_low={low.tolist()} and action_high={high.tolist()}"
+        )
+    return low.clone(), high.clone()
+
+
+class _AffineRescale(nn.Module):
+    """Maps values in [-1, 1] onto [low, high] per action dimension."""
+
+    def __init__(self, low: Tensor, high: Tensor) -> None:
+        super().__init__()
+        # Buffers, so that ``.to(device)`` moves the bounds with the weights.
+        self.register_buffer("loc", (high + low) / 2)
+        self.register_buffer("scale", (high - low) / 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.scale + self.loc
+
+
+class _ConcatMLP(nn.Module):
+    """Concatenates its inputs on the last dim and feeds them to an MLP."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        return self.net(torch.cat(inputs, dim=-1))
+
+
+def make_actor(
+    algo: str,
+    obs_dim: int,
+    action_dim: int,
+    *,
+    hidden_dim: int = 512,
+    num_layers: int = 2,
+    use_layer_norm: bool = True,
+    action_low: float | Tensor = -1.0,
+    action_high: float | Tensor = 1.0,
+    in_key: NestedKey = "observation",
+    activation: type[nn.Module] = nn.ReLU,
+) -> TensorDictModuleBase:
+    """Builds the policy network for SAC or TD3, writing ``"action"``.
+
+    Each of the ``num_layers`` hidden layers is
+    ``Linear -> LayerNorm (if use_layer_norm) -> activation``.
+
+    * ``"sac"``: a :class:`~torchrl.modules.ProbabilisticActor` whose MLP
+      writes ``"loc"`` and ``"scale"`` (through a
+      :class:`~tensordict.nn.NormalParamExtractor` with a biased softplus) and
+      which samples a :class:`~torchrl.modules.TanhNormal` on
+      ``[action_low, action_high]``. It samples under
+      ``ExplorationType.RANDOM`` (its default) and returns the distribution's
+      deterministic value under ``ExplorationType.DETERMINISTIC``. This is the
+      ``actor_network`` that :class:`~torchrl.objectives.SACLoss` expects.
+    * ``"td3"``: a deterministic :class:`~torchrl.modules.Actor`,
+      ``MLP -> tanh -> affine map onto [action_low, action_high]``. This is the
+      ``actor_network`` of :class:`~torchrl.objectives.TD3Loss`; exploration
+      noise is added by a separate module (see
+      :func:`torchrl_unilab.modules.exploration.make_exploration_policy`).
+
+    Both actors carry a :class:`~torchrl.data.Bounded` action spec in
+    ``actor.spec["action"]``.
+
+    Args:
+        algo: ``"sac"`` or ``"td3"`` (see :data:`ALGOS`).
+        obs_dim: width of the observation read from ``in_key``.
+        action_dim: number of action dimensions.
+
+    Keyword Args:
+        hidden_dim: width of each hidden layer (>= 1).
+        num_layers: number of hidden layers (>= 1).
+        use_layer_norm: insert a ``LayerNorm`` after each hidden ``Linear``.
+        action_low: lower action bound, a scalar or a ``(action_dim,)`` tensor.
+        action_high: upper action bound, a scalar or a ``(action_dim,)`` tensor.
+        in_key: the TensorDict key the actor reads.
+        activation: the activation class, instantiated once per hidden layer.
+
+    Raises:
+        ValueError: on an unknown ``algo``, a dimension below 1 or bounds with
+            ``action_high <= action_low``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.envs.utils import ExplorationType, set_exploration_type
+        >>> from torchrl_unilab.modules.models import make_actor
+        >>> actor = make_actor("td3", obs_dim=5, action_dim=2, hidden_dim=16)
+        >>> td = actor(TensorDict({"observation": torch.randn(4, 5)}, batch_size=[4]))
+        >>> td["action"].shape
+        torch.Size([4, 2])
+        >>> sac = make_actor("sac", 5, 2, hidden_dim=16, action_low=-2.0, action_high=2.0)
+        >>> with set_exploration_type(ExplorationType.RANDOM):
+        ...     td = sac(TensorDict({"observation": torch.randn(4, 5)}, batch_size=[4]))
+        >>> sorted(td.keys())
+        ['action', 'loc', 'observation', 'scale']
+        >>> bool(td["action"].abs().max() <= 2.0)
+        True
+    """
+    _check_algo(algo)
+    _check_positive(obs_dim, "obs_dim")
+    _check_positive(action_dim, "action_dim")
+    _check_positive(hidden_dim, "hidden_dim")
+    _check_positive(num_layers, "num_layers")
+    low, high = _bounds(action_low, action_high, action_dim)
+    spec = Bounded(low=low, high=high, shape=(action_dim,))
+
+    if algo == "sac":
+        net = nn.Sequential(
+            _mlp(obs_dim, 2 * action_dim, hidden_dim, num_layers, use_layer_norm, activation),
+            NormalParamExtractor(scale_mapping="biased_softplus_1.0"),
+        )
+        param_module = TensorDictModule(net, in_keys=[in_key], out_keys=["loc", "scale"])
+        return ProbabilisticActor(
+            module=param_module,
+            in_keys=["loc", "scale"],
+            out_keys=["action"],
+            spec=spec,
+            distribution_class=TanhNormal,
+            distribution_kwargs={"low": low, "high": high, "tanh_loc": False},
+            return_log_prob=False,
+            default_interaction_type=ExplorationType.RANDOM,
+        )
+
+    net = nn.Sequential(
+        _mlp(obs_dim, action_dim, hidden_dim, num_layers, use_layer_norm, activation),
+        nn.Tanh(),
+        _AffineRescale(low, high),
+    )
+    return Actor(net, in_keys=[in_key], out_keys=["action"], spec=spec)
+
+
+def make_critic(
+    obs_dim: int,
+    action_dim: int,
+    *,
+    hidden_dim: int = 256,
+    num_layers: int = 2,
+    use_layer_norm: bool = False,
+    in_keys: Sequence[NestedKey] = ("observation", "action"),
+    activation: type[nn.Module] = nn.ReLU,
+) -> ValueOperator:
+    """Builds a Q-network ``Q(s, a)`` writing ``"state_action_value"``.
+
+    The values under ``in_keys`` are concatenated on their last dimension and fed
+    to an MLP with a single output, as :class:`~torchrl.objectives.SACLoss` and
+    :class:`~torchrl.objectives.TD3Loss` expect from their ``qvalue_network``.
+
+    Args:
+        obs_dim: total width of every input except the action (for example
+            observation plus privileged information for an asymmetric critic).
+        action_dim: number of action dimensions.
+
+    Keyword Args:
+        hidden_dim: width of each hidden layer (>= 1).
+        num_layers: number of hidden layers (>= 1).
+        use_layer_norm: insert a ``LayerNorm`` after each hidden ``Linear``.
+        in_keys: the keys read and concatenated, in that order.
+        activation: the activation class, instantiated once per hidden layer.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_unilab.modules.models import make_critic
+        >>> critic = make_critic(obs_dim=5, action_dim=2, hidden_dim=16)
+        >>> td = TensorDict(
+        ...     {"observation": torch.randn(4, 5), "action": torch.rand(4, 2)}, batch_size=[4]
+        ... )
+        >>> critic(td)["state_action_value"].shape
+        torch.Size([4, 1])
+    """
+    _check_positive(obs_dim, "obs_dim")
+    _check_positive(action_dim, "action_dim")
+    _check_positive(hidden_dim, "hidden_dim")
+    _check_positive(num_layers, "num_layers")
+    in_keys = list(in_keys)
+    if not in_keys:
+        raise ValueError(f"in_keys must name at least one key, got {in_keys!r}")
+    net = _mlp(obs_dim + action_dim, 1, hidden_dim, num_layers, use_layer_norm, activation)
+    return ValueOperator(
+        module=_ConcatMLP(net), in_keys=in_keys, out_keys=["state_action_value"]
+    )

@@ -1,0 +1,215 @@
+"""A tensor-level fast path for TorchRL's ``SACLoss`` and ``TD3Loss`` on this package's networks.
+
+TorchRL's losses spend about a third of an update (batch 256, 256x256
+networks, one CPU thread) on TensorDict bookkeeping: selecting and expanding
+TensorDicts, swapping parameters into modules, ``vmap`` over the Q-networks.
+For the networks :mod:`torchrl_unilab.modules.models` builds (MLPs of ``Linear``,
+``LayerNorm`` and parameter-free layers), :func:`tensor_loss` computes the same
+losses from the loss module's own parameters with plain tensor operations:
+the two Q-networks run as one batched matmul over their stacked weights, the
+SAC actor's ``TanhNormal`` is TorchRL's own class, random numbers are drawn in
+the loss module's order. Values and gradients equal the loss module's
+(``tests/test_fast_loss.py``). Anything else -- another loss class or
+configuration, a value estimator other than TD(0), a network with other
+parametrised layers -- makes :func:`tensor_loss` return ``None`` and the
+caller uses the loss module itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from tensordict import NestedKey, TensorDictBase
+from tensordict.nn import ProbabilisticTensorDictModule, TensorDictModule
+from torchrl.modules import ProbabilisticActor, TanhNormal
+from torchrl.objectives import LossModule, SACLoss, TD3Loss
+from torchrl.objectives.utils import distance_loss
+from torchrl.objectives.value import TD0Estimator
+
+from torchrl_unilab.modules._mlp import MLPExecutor, mlp_steps
+from torchrl_unilab.modules.models import _ConcatMLP
+
+__all__ = ["tensor_loss"]
+
+
+class _Network:
+    """A TensorDict network (actor or Q-network) as in/out keys plus an MLP to bind to parameters."""
+
+    def __init__(self, root: TensorDictModule, module: TensorDictModule) -> None:
+        net = module.module
+        self.concat = isinstance(net, _ConcatMLP)
+        self.steps = mlp_steps(net.net if self.concat else net, root=root)
+        self.in_keys: list[NestedKey] = list(module.in_keys)
+        self.supported = self.steps is not None and (self.concat or len(self.in_keys) == 1)
+
+    def bind(self, params: TensorDictBase) -> MLPExecutor:
+        return MLPExecutor(self.steps, params)
+
+    def inputs(self, batch: TensorDictBase, *, next_: bool = False, **replace: torch.Tensor) -> torch.Tensor:
+        """The network's input: ``in_keys`` read from ``batch`` (or ``batch["next"]``), some replaced."""
+        values = [replace[key] if isinstance(key, str) and key in replace
+                  else batch.get(_nested("next", key) if next_ else key) for key in self.in_keys]
+        return torch.cat(values, dim=-1) if self.concat else values[0]
+
+
+def _nested(prefix: str, key: NestedKey) -> tuple:
+    return (prefix, *key) if isinstance(key, tuple) else (prefix, key)
+
+
+def _is_td0(loss: LossModule) -> bool:
+    return type(loss.value_estimator) is TD0Estimator  # the property builds the default (TD0) if unset
+
+
+def _gamma(loss: LossModule) -> float:
+    # Read on every call: make_value_estimator() may replace the estimator after construction.
+    estimator = loss.value_estimator
+    if type(estimator) is not TD0Estimator:
+        raise ValueError(f"the tensor-level loss computes TD(0) targets, the loss now has {type(estimator).__name__}; "
+                         "build UpdateStep with fast_loss=False")
+    return float(estimator.gamma)
+
+
+def _plain_weights(loss: LossModule) -> bool:
+    # Reductions other than the mean, and priority weights, change the math.
+    return getattr(loss, "reduction", "mean") == "mean" and getattr(loss, "use_prioritized_weights", "auto") is not True
+
+
+def _check_unweighted(loss: LossModule, batch: TensorDictBase) -> None:
+    if loss.tensor_keys.priority_weight in batch.keys():
+        raise ValueError(
+            f"the batch holds priority weights ({loss.tensor_keys.priority_weight!r}), which the tensor-level "
+            "loss does not apply; build UpdateStep with fast_loss=False for prioritized replay"
+        )
+
+
+class _TensorLoss:
+    """What SAC and TD3 share: the bound networks and the Q-networks' regression onto a target."""
+
+    def __init__(self, loss: SACLoss | TD3Loss, actor: _Network, critic: _Network) -> None:
+        self.loss, self.actor, self.critic = loss, actor, critic
+        self.policy = actor.bind(loss.actor_network_params)
+        self.q = critic.bind(loss.qvalue_network_params)
+        self.q_target = critic.bind(loss.target_qvalue_network_params)
+        self.n = loss.num_qvalue_nets
+        self.action_key = loss.tensor_keys.action
+
+    def _loss_qvalue(self, batch: TensorDictBase, target: torch.Tensor) -> torch.Tensor:
+        # As both losses: the distance of every Q-network to the target, summed over networks, mean over rows.
+        q = self.q(self.critic.inputs(batch), self.n).squeeze(-1)
+        return distance_loss(q, target.expand_as(q), loss_function=self.loss.loss_function).sum(0).mean()
+
+
+class _SACTensorLoss(_TensorLoss):
+    """``SACLoss`` (v2: two Q-networks, no value network) on tensors; see the module docstring."""
+
+    def __init__(self, loss: SACLoss, actor: _Network, critic: _Network, dist_kwargs: dict) -> None:
+        super().__init__(loss, actor, critic)
+        self.dist_kwargs = dist_kwargs
+        self.q_detached = critic.bind(loss.qvalue_network_params.detach())
+
+    def _sample(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc, scale = self.policy(observation)
+        return TanhNormal(loc, scale, **self.dist_kwargs).rsample_and_log_prob()
+
+    def __call__(self, batch: TensorDictBase, update_actor: bool = True) -> dict[str, torch.Tensor]:
+        loss, act = self.loss, self.action_key
+        _check_unweighted(loss, batch)
+        alpha = loss._alpha  # noqa: SLF001 - clamps log_alpha as SACLoss does, returns exp() without grad
+        # The Q-target first: SACLoss draws the next action before the current one.
+        with torch.no_grad():
+            next_action, next_log_prob = self._sample(self.actor.inputs(batch, next_=True))
+            next_q = self.q_target(self.critic.inputs(batch, next_=True, **{act: next_action}), self.n)
+            next_value = (next_q - alpha * next_log_prob.unsqueeze(-1)).min(0)[0]
+            target = _td0_target(batch, next_value, _gamma(loss))
+        loss_qvalue = self._loss_qvalue(batch, target)
+
+        action, log_prob = self._sample(self.actor.inputs(batch))
+        q_pi = self.q_detached(self.critic.inputs(batch, **{act: action}), self.n).min(0)[0].squeeze(-1)
+        loss_actor = (alpha * log_prob - q_pi).mean()
+        log_prob = log_prob.detach()
+        loss_alpha = (-loss.log_alpha * (log_prob + loss.target_entropy)).mean()
+        return {"loss_actor": loss_actor, "loss_qvalue": loss_qvalue, "loss_alpha": loss_alpha,
+                "alpha": alpha, "entropy": -log_prob.mean()}
+
+
+class _TD3TensorLoss(_TensorLoss):
+    """``TD3Loss`` on tensors; ``update_actor=False`` computes the critic loss alone (the delayed steps)."""
+
+    def __init__(self, loss: TD3Loss, actor: _Network, critic: _Network) -> None:
+        super().__init__(loss, actor, critic)
+        self.policy_target = actor.bind(loss.target_actor_network_params)
+        # The actor loss reads the first Q-network only: no need to run the others.
+        self.q1_detached = critic.bind(loss.qvalue_network_params.detach()[:1])
+
+    def __call__(self, batch: TensorDictBase, update_actor: bool = True) -> dict[str, torch.Tensor]:
+        loss, act = self.loss, self.action_key
+        _check_unweighted(loss, batch)
+        out = {}
+        if update_actor:  # TD3Loss.forward: the actor loss, then the value loss
+            action = self.policy(self.actor.inputs(batch))
+            out["loss_actor"] = -self.q1_detached(self.critic.inputs(batch, **{act: action}), 1)[0].mean()
+        action = batch.get(act)
+        noise = (torch.randn_like(action) * loss.policy_noise).clamp(-loss.noise_clip, loss.noise_clip)
+        with torch.no_grad():
+            next_action = (self.policy_target(self.actor.inputs(batch, next_=True)) + noise).clamp(
+                loss.min_action, loss.max_action)
+            next_q = self.q_target(self.critic.inputs(batch, next_=True, **{act: next_action}), self.n)
+            target = _td0_target(batch, next_q.min(0)[0], _gamma(loss))
+        out["loss_qvalue"] = self._loss_qvalue(batch, target)
+        return out
+
+
+def _td0_target(batch: TensorDictBase, next_value: torch.Tensor, gamma: float) -> torch.Tensor:
+    """TD(0) as TorchRL's ``TD0Estimator``: ``r + gamma * (1 - terminated) * V(s')``, shape ``[B]``."""
+    reward, terminated = batch.get(("next", "reward")), batch.get(("next", "terminated"))
+    return (reward + gamma * (~terminated) * next_value).squeeze(-1)
+
+
+def tensor_loss(loss: LossModule) -> Callable[..., dict[str, torch.Tensor]] | None:
+    """``f(batch, update_actor=True) -> {"loss_actor", "loss_qvalue", ...}`` computing ``loss``'s math, or ``None``.
+
+    Supported: :class:`~torchrl.objectives.SACLoss` (v2) and
+    :class:`~torchrl.objectives.TD3Loss` with TD(0) targets, mean reduction,
+    and networks built by :mod:`torchrl_unilab.modules.models` (or any MLP of
+    ``Linear``, ``LayerNorm`` and parameter-free layers). The returned values
+    are the scalar entries the loss module's output holds (SAC: losses,
+    ``alpha``, ``entropy``; TD3: losses).
+    """
+    if type(loss) not in (SACLoss, TD3Loss) or not _is_td0(loss) or not _plain_weights(loss):
+        return None
+    if loss.tensor_keys.action != "action" or loss.tensor_keys.state_action_value != "state_action_value":
+        return None
+    critic = _Network(loss.qvalue_network, loss.qvalue_network)
+    if not critic.supported:
+        return None
+    if type(loss) is SACLoss:
+        return _sac(loss, critic)
+    return _td3(loss, critic)
+
+
+def _sac(loss: SACLoss, critic: _Network) -> _SACTensorLoss | None:
+    actor = loss.actor_network
+    if getattr(loss, "_version", 2) != 2 or getattr(loss, "skip_done_states", False):
+        return None
+    if not isinstance(actor, ProbabilisticActor) or len(actor.module) != 2:
+        return None
+    params_module, dist_module = actor.module
+    if type(params_module) is not TensorDictModule or not isinstance(dist_module, ProbabilisticTensorDictModule):
+        return None
+    kwargs = dict(dist_module.distribution_kwargs or {})
+    if dist_module.distribution_class is not TanhNormal or set(kwargs) - {"low", "high", "tanh_loc", "upscale"}:
+        return None
+    if list(params_module.out_keys) != list(dist_module.in_keys):
+        return None
+    network = _Network(actor, params_module)
+    return _SACTensorLoss(loss, network, critic, kwargs) if network.supported else None
+
+
+def _td3(loss: TD3Loss, critic: _Network) -> _TD3TensorLoss | None:
+    actor = loss.actor_network
+    if not isinstance(actor, TensorDictModule) or list(actor.out_keys) != ["action"]:
+        return None
+    network = _Network(actor, actor)
+    return _TD3TensorLoss(loss, network, critic) if network.supported else None
+

@@ -1,0 +1,323 @@
+"""Learner-to-worker weight sync through named shared memory.
+
+One block of shared memory holds a module's ``state_dict`` (parameters and
+persistent buffers) behind a small header: a sequence counter and a version.
+The writer bumps the sequence to an odd value, copies the tensors, bumps the
+version and makes the sequence even again (a seqlock). A reader copies the
+tensors and keeps the copy only if the sequence was even and unchanged around
+the copy, so a reader never loads a half-written set of weights and the
+writer never waits for readers.
+
+Non-persistent buffers (such as the per-env noise scales of
+:class:`~torchrl_unilab.modules.exploration.PerEnvMixedNoise`) are not part of the
+``state_dict`` and therefore never travel: worker-side state survives every sync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from torchrl_unilab._residue import sweep_stale
+
+__all__ = ["SharedWeights", "WeightLayout", "layout_of"]
+
+_HEADER_BYTES = 64  # seq (int64), version (int64), padding to keep tensors aligned
+#: Blocks are named ``{prefix}{pid}_...`` after their creator, so blocks of killed processes can be swept.
+_NAME_PREFIX = "tul_w_"
+_SHM_DIR = "/dev/shm"
+_ALIGN = 64
+
+#: ``(name, shape, dtype)`` for each tensor of a ``state_dict``, in order.
+WeightLayout = list[tuple[str, tuple[int, ...], torch.dtype]]
+
+
+def layout_of(state: nn.Module | Mapping[str, torch.Tensor]) -> WeightLayout:
+    """Returns the ``(name, shape, dtype)`` layout of a module's ``state_dict``.
+
+    Examples:
+        >>> layout_of(torch.nn.Linear(3, 2))
+        [('weight', (2, 3), torch.float32), ('bias', (2,), torch.float32)]
+    """
+    sd = state.state_dict() if isinstance(state, nn.Module) else state
+    return [(k, tuple(v.shape), v.dtype) for k, v in sd.items()]
+
+
+def _normalise_layout(layout: WeightLayout | Sequence[Sequence[int]]) -> WeightLayout:
+    # The seed API passes bare shapes (float32 parameters, state_dict order).
+    out: WeightLayout = []
+    for i, entry in enumerate(layout):
+        if len(entry) == 3 and isinstance(entry[0], str):
+            out.append((entry[0], tuple(int(s) for s in entry[1]), entry[2]))
+        else:
+            out.append((f"param_{i}", tuple(int(s) for s in entry), torch.float32))
+    return out
+
+
+def _offsets(layout: WeightLayout) -> tuple[list[int], int]:
+    offsets, pos = [], _HEADER_BYTES
+    for _, shape, dtype in layout:
+        offsets.append(pos)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        pos += -(-nbytes // _ALIGN) * _ALIGN
+    return offsets, max(pos, _HEADER_BYTES + _ALIGN)
+
+
+class SharedWeights:
+    """A module's weights and a version counter in named shared memory.
+
+    The learner creates the block with :meth:`create` and calls :meth:`publish`
+    after updates; each worker :meth:`attach`-es by name and calls
+    :meth:`load_into` between steps, which copies the weights only when the
+    version has advanced. The creator owns the block and removes it with
+    :meth:`unlink` (also done by :meth:`close` on the owner).
+
+    Args:
+        shm: the shared-memory block.
+        layout: ``(name, shape, dtype)`` for each tensor, in ``state_dict`` order.
+        owner: whether this handle unlinks the block on :meth:`close`.
+        lock: optional lock (e.g. ``multiprocessing.Lock``) that :meth:`publish`
+            holds while writing; readers never need it.
+
+    Examples:
+        >>> actor = torch.nn.Linear(3, 2)
+        >>> weights = SharedWeights.create(actor)
+        >>> worker_copy = torch.nn.Linear(3, 2)
+        >>> reader = SharedWeights.attach(weights.name, layout_of(actor))
+        >>> reader.load_into(worker_copy)  # first load: version 1
+        1
+        >>> torch.equal(worker_copy.weight, actor.weight)
+        True
+        >>> reader.load_into(worker_copy) is None  # nothing new
+        True
+        >>> reader.close(); weights.close()
+    """
+
+    def __init__(
+        self,
+        shm: shared_memory.SharedMemory,
+        layout: WeightLayout,
+        *,
+        owner: bool,
+        lock: Any | None = None,
+    ) -> None:
+        self._shm = shm
+        self.layout = layout
+        self.owner = owner
+        self.lock = lock
+        self.loaded_version = 0
+        self._staging: list[torch.Tensor] | None = None
+        offsets, size = _offsets(layout)
+        if shm.size < size:
+            raise ValueError(
+                f"shared memory {shm.name!r} holds {shm.size} bytes but the layout needs {size}; "
+                "weight_param_shapes must match the learner's actor"
+            )
+        self._header = np.ndarray((2,), dtype=np.int64, buffer=shm.buf)
+        self._views = [
+            torch.frombuffer(shm.buf, dtype=dtype, count=int(np.prod(shape, dtype=np.int64)), offset=off).view(shape)
+            for (_, shape, dtype), off in zip(layout, offsets)
+        ]
+
+    # ----------------------------------------------------------- construction
+    @classmethod
+    def create(
+        cls,
+        module: nn.Module | Mapping[str, torch.Tensor],
+        *,
+        name: str | None = None,
+        lock: Any | None = None,
+    ) -> SharedWeights:
+        """Allocates the block for ``module`` and publishes its current weights as version 1.
+
+        Blocks that killed processes left in ``/dev/shm`` are removed first.
+        """
+        layout = layout_of(module)
+        _, size = _offsets(layout)
+        if name is None:
+            sweep_stale(_SHM_DIR, _NAME_PREFIX)
+            name = f"{_NAME_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+        self = cls(shm, layout, owner=True, lock=lock)
+        self._header[:] = 0
+        self.publish(module)
+        return self
+
+    @classmethod
+    def attach(
+        cls,
+        name: str,
+        layout: WeightLayout | Sequence[Sequence[int]],
+        *,
+        lock: Any | None = None,
+    ) -> SharedWeights:
+        """Opens an existing block by name; ``layout`` may be bare shapes (float32)."""
+        try:
+            shm = shared_memory.SharedMemory(name=name, create=False)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"weight_sync_name {name!r} names no shared memory block; create it with SharedWeights.create(actor)"
+            ) from None
+        return cls(shm, _normalise_layout(layout), owner=False, lock=lock)
+
+    @property
+    def name(self) -> str:
+        """The shared-memory name to hand to workers."""
+        return self._shm.name
+
+    @property
+    def version(self) -> int:
+        """The latest published version (0 before the first publish)."""
+        return int(self._header[1])
+
+    # --------------------------------------------------------------- transfer
+    def _tensors(self, source: nn.Module | Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if isinstance(source, nn.Module):
+            source = source.state_dict()
+        if isinstance(source, Mapping):
+            values = list(source.values())
+        else:
+            values = list(source)
+        if len(values) != len(self.layout):
+            raise ValueError(f"expected {len(self.layout)} tensors (the published layout), got {len(values)}")
+        for value, (key, shape, _) in zip(values, self.layout):
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"weight {key!r} must be a torch.Tensor, got {type(value).__name__}")
+            if tuple(value.shape) != shape:
+                raise ValueError(f"weight {key!r} has shape {tuple(value.shape)}, the layout says {shape}")
+        return values
+
+    def publish(self, source: nn.Module | Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) -> int:
+        """Copies ``source``'s weights into the block and returns the new version.
+
+        Exception-safe: ``source`` is checked (types, shapes) and copied into
+        a private staging area before the block is touched, so a bad value or
+        a failing copy leaves the published weights and version as they were.
+        The copy into the block cannot fail, and SIGINT/SIGTERM arriving
+        during it are handled right after it, so readers never find the
+        sequence odd for good, nor a mix of old and new weights.
+        """
+        values = self._tensors(source)
+        if self._staging is None:
+            self._staging = [torch.empty(shape, dtype=dtype) for _, shape, dtype in self.layout]
+        # No ``torch.no_grad()`` here: a signal landing between its enter and
+        # exit left the caller's thread with gradients off for good. Detached
+        # values into plain tensors record no graph anyway.
+        for staged, value in zip(self._staging, values):
+            staged.copy_(value.detach())
+        with self.lock if self.lock is not None else contextlib.nullcontext(), _signals_deferred():
+            self._header[0] += 1  # odd: write in progress
+            copied = 0
+            try:
+                for view, staged in zip(self._views, self._staging):
+                    view.copy_(staged)
+                    copied += 1
+            finally:
+                # Whatever happened, the block ends holding the whole staged set under a new version.
+                for view, staged in list(zip(self._views, self._staging))[copied:]:
+                    view.copy_(staged)
+                self._header[1] += 1
+                self._header[0] += 1  # even: consistent again
+            return int(self._header[1])
+
+    def read(self, *, since_version: int = 0, timeout: float = 5.0) -> tuple[int, list[torch.Tensor]] | None:
+        """Returns ``(version, tensors)`` if a version newer than ``since_version`` exists, else ``None``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seq = int(self._header[0])
+            version = int(self._header[1])
+            if version <= since_version:
+                return None
+            if seq % 2 == 0:
+                copies = [v.clone() for v in self._views]
+                if int(self._header[0]) == seq:
+                    return version, copies
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read a consistent set of weights from {self.name!r} within {timeout}s")
+            time.sleep(0)
+
+    def load_into(self, module: nn.Module, *, since_version: int | None = None) -> int | None:
+        """Loads a newer version into ``module``; returns it, or ``None`` if nothing is newer.
+
+        ``since_version`` defaults to the version this handle loaded last.
+        """
+        if since_version is None:
+            since_version = self.loaded_version
+        got = self.read(since_version=since_version)
+        if got is None:
+            return None
+        version, tensors = got
+        keys = list(module.state_dict().keys())
+        if len(keys) != len(tensors):
+            raise ValueError(
+                f"module has {len(keys)} state_dict entries but the shared weights hold {len(tensors)}; "
+                "build the worker's actor with the same builder and dims as the learner's"
+            )
+        module.load_state_dict(dict(zip(keys, tensors)), strict=True)
+        self.loaded_version = version
+        return version
+
+    # --------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Releases this handle; the owner also removes the block."""
+        if self._shm is None:
+            return
+        self._views = []
+        self._header = None
+        shm, self._shm = self._shm, None
+        with contextlib.suppress(BufferError):
+            shm.close()
+        if self.owner:
+            self.unlink(shm)
+
+    @staticmethod
+    def unlink(shm: shared_memory.SharedMemory) -> None:
+        """Removes the block from ``/dev/shm``."""
+        with contextlib.suppress(FileNotFoundError):
+            shm.unlink()
+
+    def __getstate__(self) -> dict:
+        # Hand workers a name to attach to, never a second owner.
+        return {"name": self.name, "layout": self.layout, "lock": self.lock}
+
+    def __setstate__(self, state: dict) -> None:
+        other = SharedWeights.attach(state["name"], state["layout"], lock=state["lock"])
+        self.__dict__.update(other.__dict__)
+        other._shm = None
+
+
+_DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """Holds SIGINT and SIGTERM until the block ends, then delivers them to their usual handlers.
+
+    Python runs signal handlers in the main thread only, between bytecodes; so
+    outside the main thread nothing can interrupt the block, and inside it the
+    handlers are swapped for one that only records the signal.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum))
+                for signum in _DEFERRED_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)

@@ -1,0 +1,183 @@
+"""Our seqlock weight sync as a TorchRL ``WeightSyncScheme``.
+
+:class:`SeqlockWeightSyncScheme` joins TorchRL's ``weight_update`` extension
+point: ``OffPolicyCollector(..., weight_sync_schemes={"policy": SeqlockWeightSyncScheme()})``
+is what the collector does by default. Its transport is one
+:class:`~torchrl_unilab.SharedWeights` block. What it keeps from our design, and what
+TorchRL's ``SharedMemWeightSyncScheme`` does not give: the writer never waits for
+the workers (no acknowledgement round trip), and a worker always loads a
+consistent snapshot (the seqlock), tagged with a version that goes into every row.
+
+Weights are matched by *name*, whatever the collector wrapped around the policy
+(:func:`resolve_weight_names`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+from torchrl.weight_update import WeightSyncScheme
+
+from torchrl_unilab.weight_update.weight_sync import SharedWeights
+
+__all__ = ["SeqlockWeightSyncScheme", "resolve_weight_names"]
+
+
+def _flat_weights(source: Any) -> dict[str, torch.Tensor]:
+    if isinstance(source, nn.Module):
+        return dict(source.state_dict())
+    if isinstance(source, TensorDictBase):
+        flat = source.flatten_keys(".")
+        return {key: flat.get(key) for key in flat.keys(include_nested=True, leaves_only=True)}
+    if isinstance(source, Mapping):
+        return dict(source)
+    raise TypeError(
+        "weights must be an nn.Module, a state_dict (Mapping[str, Tensor]) or a TensorDict "
+        f"(TensorDict.from_module(policy)), got {type(source).__name__}"
+    )
+
+
+def resolve_weight_names(policy: nn.Module, weights: Any) -> dict[str, torch.Tensor]:
+    """Maps ``weights`` onto ``policy``'s ``state_dict`` names, whatever wraps the module they came from.
+
+    ``weights`` may belong to ``policy`` itself or to any of its submodules (the
+    actor inside an exploration wrapper and an observation normaliser, say): the
+    submodule whose names they match is found, and every name of ``policy``
+    outside it keeps its current value. A name that matches nowhere, or a
+    submodule name that is missing, raises a ``KeyError`` that lists them.
+
+    Examples:
+        >>> import torch
+        >>> actor = torch.nn.Linear(2, 1)
+        >>> wrapped = torch.nn.Sequential(torch.nn.Identity(), actor)
+        >>> sd = resolve_weight_names(wrapped, {"weight": torch.ones(1, 2), "bias": torch.zeros(1)})
+        >>> sorted(sd), sd["1.weight"].tolist()
+        (['1.bias', '1.weight'], [[1.0, 1.0]])
+    """
+    given = _flat_weights(weights)
+    current = dict(policy.state_dict())
+    best: tuple[int, str, list[str], list[str]] | None = None
+    for prefix in ("", *(f"{name}." for name, _ in policy.named_modules() if name)):
+        unknown = sorted(n for n in given if prefix + n not in current)
+        if unknown and best is not None and len(unknown) >= best[0]:
+            continue
+        missing = sorted(n[len(prefix):] for n in current if n.startswith(prefix) and n[len(prefix):] not in given)
+        if not unknown and not missing:
+            out = dict(current)
+            out.update({prefix + n: value for n, value in given.items()})
+            return out
+        if best is None or len(unknown) + len(missing) < best[0]:
+            best = (len(unknown) + len(missing), prefix, unknown, missing)
+    _, prefix, unknown, missing = best
+    raise KeyError(
+        f"weights do not match the collector's policy: closest module is {prefix.rstrip('.') or '(the policy)'!r}; "
+        f"names not in it: {unknown[:20]}; its names not given: {missing[:20]}. "
+        f"Pass TensorDict.from_module(policy), policy.state_dict() or the module itself, for the policy given to "
+        f"the collector or any of its submodules. The policy's names: {sorted(current)[:40]}"
+    )
+
+
+class SeqlockWeightSyncScheme(WeightSyncScheme):
+    """Learner → worker weight sync through one seqlock-protected shared-memory block.
+
+    The sender copies the policy's weights into a :class:`~torchrl_unilab.SharedWeights`
+    block and bumps its version; each worker checks the version between env steps
+    and copies a consistent snapshot when it has advanced. ``send`` returns as soon
+    as the copy is made: the writer never waits for a worker, and a worker never
+    reads a torn mix of two versions. CUDA weights are copied to the shared CPU block.
+
+    Args:
+        strategy: kept for TorchRL's interface; weights always travel as a ``state_dict``.
+
+    Examples:
+        >>> import torch
+        >>> scheme = SeqlockWeightSyncScheme()
+        >>> policy = torch.nn.Linear(3, 1)
+        >>> scheme.init_on_sender(model_id="policy", model=policy)
+        >>> scheme.send({"weight": torch.ones(1, 3), "bias": torch.zeros(1)})
+        >>> scheme.version
+        2
+        >>> scheme.shutdown()
+        >>> scheme.version
+        2
+    """
+
+    def __init__(self, strategy: str = "state_dict") -> None:
+        super().__init__(strategy="tensordict")
+        self.shared: SharedWeights | None = None
+        self._sender_model: nn.Module | None = None
+        self._final_version: int | None = None
+
+    def _init_on_sender_impl(self, model_id: str = "policy", context: Any = None, model: nn.Module | None = None,
+                             **kwargs: Any) -> None:
+        if model is None and context is not None:
+            model = getattr(context, model_id)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"SeqlockWeightSyncScheme syncs an nn.Module; model {model_id!r} is {type(model).__name__}")
+        self._model_id = model_id
+        self._sender_model = model
+        self.shared = SharedWeights.create(model)
+        self.synchronized_on_sender = True
+
+    def _init_on_receiver_impl(self, model_id: str = "policy", context: Any = None, model: nn.Module | None = None,
+                               **kwargs: Any) -> None:
+        self._model_id = model_id
+        if model is not None:
+            self.model = model
+        self.synchronized_on_receiver = True
+
+    def create_transport(self, **kwargs: Any) -> SharedWeights:
+        """The transport is the shared block itself (``publish`` / ``load_into``)."""
+        if self.shared is None:
+            raise RuntimeError("SeqlockWeightSyncScheme must be initialised on the sender (init_on_sender) first")
+        return self.shared
+
+    @property
+    def version(self) -> int:
+        """The latest published version (1: the weights at construction); still readable after :meth:`shutdown`."""
+        if self._final_version is not None:
+            return self._final_version
+        return self.shared.version
+
+    def prepare_weights(self, weights: Any, model_id: str | None = None, strategy: Any = None,
+                        context: Any = None) -> dict[str, torch.Tensor]:
+        """The full ``state_dict`` to publish: ``weights`` resolved by name, the rest from the sender's model."""
+        if weights is None:
+            return dict(self._sender_model.state_dict())
+        return resolve_weight_names(self._sender_model, weights)
+
+    def send(self, weights: Any = None, worker_ids: int | list[int] | None = None) -> None:
+        """Publishes ``weights`` (``None``: the sender's model as it is now) to every worker."""
+        if self.shared is None:
+            raise RuntimeError("SeqlockWeightSyncScheme must be initialised on the sender (init_on_sender) first")
+        if self._final_version is not None:
+            raise RuntimeError("the weight sync is shut down (the collector was shut down); nothing can be published")
+        if worker_ids is not None:
+            raise ValueError("worker_ids must be None: all workers read one shared copy of the weights")
+        state = self.prepare_weights(weights)
+        self.shared.publish({name: value.detach().to("cpu") for name, value in state.items()})
+
+    def receive(self, timeout: float | None = None) -> int | None:
+        """Worker side: loads a newer version into the registered model; returns it, or ``None``."""
+        return self.shared.load_into(self.model)
+
+    def __getstate__(self) -> dict:
+        # Workers get the block's handle; the sender's model stays with the sender.
+        return {"shared": self.shared, "_model_id": self._model_id}
+
+    def __setstate__(self, state: dict) -> None:
+        super().__init__(strategy="tensordict")
+        self.shared = state["shared"]
+        self._model_id = state["_model_id"]
+        self._sender_model = None
+        self._final_version = None
+
+    def shutdown(self) -> None:
+        """Closes the shared block (the sender also removes it)."""
+        if self.shared is not None and self._final_version is None:
+            self._final_version = self.shared.version
+            self.shared.close()
