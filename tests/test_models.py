@@ -150,3 +150,16 @@ def test_td3_loss_runs_backward():
     out = loss(_transitions(actor.spec["action"]))
     assert {"loss_actor", "loss_qvalue"} <= set(out.keys())
     _assert_backward_reaches(out, loss.actor_network_params, loss.qvalue_network_params)
+
+
+def test_hidden_sizes_set_each_hidden_width_on_torchrls_mlp():
+    from torchrl.modules import MLP
+
+    actor = make_actor("td3", OBS_DIM, ACT_DIM, hidden_sizes=[32, 16], use_layer_norm=True)
+    critic = make_critic(OBS_DIM, ACT_DIM, hidden_sizes=[24, 8, 4])
+    assert [m.out_features for m in actor.modules() if isinstance(m, nn.Linear)] == [32, 16, ACT_DIM]
+    assert [m.normalized_shape for m in actor.modules() if isinstance(m, nn.LayerNorm)] == [(32,), (16,)]
+    assert [m.out_features for m in critic.modules() if isinstance(m, nn.Linear)] == [24, 8, 4, 1]
+    assert isinstance(critic.module, MLP)  # TorchRL's MLP concatenates observation and action itself
+    with pytest.raises(ValueError, match=r"hidden_sizes must be a non-empty sequence of ints >= 1, got \[\]"):
+        make_actor("sac", OBS_DIM, ACT_DIM, hidden_sizes=[])

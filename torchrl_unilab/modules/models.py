@@ -15,7 +15,7 @@ from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictModu
 from torch import Tensor, nn
 from torchrl.data import Bounded
 from torchrl.envs.utils import ExplorationType
-from torchrl.modules import Actor, ProbabilisticActor, TanhNormal, ValueOperator
+from torchrl.modules import MLP, Actor, ProbabilisticActor, TanhNormal, ValueOperator
 
 __all__ = ["ALGOS", "make_actor", "make_critic"]
 
@@ -33,24 +33,34 @@ def _check_positive(value: int, name: str) -> None:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
+def _hidden_sizes(hidden_sizes: Sequence[int] | None, hidden_dim: int, num_layers: int) -> list[int]:
+    if hidden_sizes is None:
+        _check_positive(hidden_dim, "hidden_dim")
+        _check_positive(num_layers, "num_layers")
+        return [hidden_dim] * num_layers
+    sizes = list(hidden_sizes)
+    if not sizes or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in sizes):
+        raise ValueError(f"hidden_sizes must be a non-empty sequence of ints >= 1, got {hidden_sizes!r}")
+    return sizes
+
+
 def _mlp(
     in_features: int,
     out_features: int,
-    hidden_dim: int,
-    num_layers: int,
+    hidden_sizes: list[int],
     use_layer_norm: bool,
     activation: type[nn.Module],
-) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    width = in_features
-    for _ in range(num_layers):
-        layers.append(nn.Linear(width, hidden_dim))
-        if use_layer_norm:
-            layers.append(nn.LayerNorm(hidden_dim))
-        layers.append(activation())
-        width = hidden_dim
-    layers.append(nn.Linear(width, out_features))
-    return nn.Sequential(*layers)
+) -> MLP:
+    # TorchRL's MLP: Linear -> LayerNorm -> activation per hidden layer, and it
+    # concatenates several inputs (the critic's observation and action).
+    return MLP(
+        in_features=in_features,
+        out_features=out_features,
+        num_cells=hidden_sizes,
+        activation_class=activation,
+        norm_class=nn.LayerNorm if use_layer_norm else None,
+        norm_kwargs=[{"normalized_shape": width} for width in hidden_sizes] if use_layer_norm else None,
+    )
 
 
 def _bounds(
@@ -87,17 +97,6 @@ class _AffineRescale(nn.Module):
         return x * self.scale + self.loc
 
 
-class _ConcatMLP(nn.Module):
-    """Concatenates its inputs on the last dim and feeds them to an MLP."""
-
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, *inputs: Tensor) -> Tensor:
-        return self.net(torch.cat(inputs, dim=-1))
-
-
 def make_actor(
     algo: str,
     obs_dim: int,
@@ -105,6 +104,7 @@ def make_actor(
     *,
     hidden_dim: int = 512,
     num_layers: int = 2,
+    hidden_sizes: Sequence[int] | None = None,
     use_layer_norm: bool = True,
     action_low: float | Tensor = -1.0,
     action_high: float | Tensor = 1.0,
@@ -141,6 +141,8 @@ def make_actor(
     Keyword Args:
         hidden_dim: width of each hidden layer (>= 1).
         num_layers: number of hidden layers (>= 1).
+        hidden_sizes: the width of each hidden layer (TorchRL's
+            ``network.hidden_sizes``); replaces ``hidden_dim`` and ``num_layers``.
         use_layer_norm: insert a ``LayerNorm`` after each hidden ``Linear``.
         action_low: lower action bound, a scalar or a ``(action_dim,)`` tensor.
         action_high: upper action bound, a scalar or a ``(action_dim,)`` tensor.
@@ -171,14 +173,13 @@ def make_actor(
     _check_algo(algo)
     _check_positive(obs_dim, "obs_dim")
     _check_positive(action_dim, "action_dim")
-    _check_positive(hidden_dim, "hidden_dim")
-    _check_positive(num_layers, "num_layers")
+    sizes = _hidden_sizes(hidden_sizes, hidden_dim, num_layers)
     low, high = _bounds(action_low, action_high, action_dim)
     spec = Bounded(low=low, high=high, shape=(action_dim,))
 
     if algo == "sac":
         net = nn.Sequential(
-            _mlp(obs_dim, 2 * action_dim, hidden_dim, num_layers, use_layer_norm, activation),
+            _mlp(obs_dim, 2 * action_dim, sizes, use_layer_norm, activation),
             NormalParamExtractor(scale_mapping="biased_softplus_1.0"),
         )
         param_module = TensorDictModule(net, in_keys=[in_key], out_keys=["loc", "scale"])
@@ -194,7 +195,7 @@ def make_actor(
         )
 
     net = nn.Sequential(
-        _mlp(obs_dim, action_dim, hidden_dim, num_layers, use_layer_norm, activation),
+        _mlp(obs_dim, action_dim, sizes, use_layer_norm, activation),
         nn.Tanh(),
         _AffineRescale(low, high),
     )
@@ -207,6 +208,7 @@ def make_critic(
     *,
     hidden_dim: int = 256,
     num_layers: int = 2,
+    hidden_sizes: Sequence[int] | None = None,
     use_layer_norm: bool = False,
     in_keys: Sequence[NestedKey] = ("observation", "action"),
     activation: type[nn.Module] = nn.ReLU,
@@ -225,6 +227,8 @@ def make_critic(
     Keyword Args:
         hidden_dim: width of each hidden layer (>= 1).
         num_layers: number of hidden layers (>= 1).
+        hidden_sizes: the width of each hidden layer (TorchRL's
+            ``network.hidden_sizes``); replaces ``hidden_dim`` and ``num_layers``.
         use_layer_norm: insert a ``LayerNorm`` after each hidden ``Linear``.
         in_keys: the keys read and concatenated, in that order.
         activation: the activation class, instantiated once per hidden layer.
@@ -239,15 +243,14 @@ def make_critic(
         ... )
         >>> critic(td)["state_action_value"].shape
         torch.Size([4, 1])
+        >>> [m.out_features for m in make_critic(5, 2, hidden_sizes=[32, 16]).modules() if isinstance(m, torch.nn.Linear)]
+        [32, 16, 1]
     """
     _check_positive(obs_dim, "obs_dim")
     _check_positive(action_dim, "action_dim")
-    _check_positive(hidden_dim, "hidden_dim")
-    _check_positive(num_layers, "num_layers")
+    sizes = _hidden_sizes(hidden_sizes, hidden_dim, num_layers)
     in_keys = list(in_keys)
     if not in_keys:
         raise ValueError(f"in_keys must name at least one key, got {in_keys!r}")
-    net = _mlp(obs_dim + action_dim, 1, hidden_dim, num_layers, use_layer_norm, activation)
-    return ValueOperator(
-        module=_ConcatMLP(net), in_keys=in_keys, out_keys=["state_action_value"]
-    )
+    net = _mlp(obs_dim + action_dim, 1, sizes, use_layer_norm, activation)
+    return ValueOperator(module=net, in_keys=in_keys, out_keys=["state_action_value"])

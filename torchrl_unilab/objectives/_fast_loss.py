@@ -13,6 +13,12 @@ the loss module's order. Values and gradients equal the loss module's
 configuration, a value estimator other than TD(0), a network with other
 parametrised layers -- makes :func:`tensor_loss` return ``None`` and the
 caller uses the loss module itself.
+
+Measured (``python benchmarks/learner_throughput.py``, batch 256, 256x256
+networks, one thread): 45.8 SAC updates/s against 28.9 for the same update
+calling ``SACLoss`` (1.58x) and 27.0 for TorchRL's sota loop (1.70x; other
+runs 1.64x and 1.53x). ``torch.compile`` of the loss module was no faster on
+CPU and takes about 30 s to compile.
 """
 
 from __future__ import annotations
@@ -22,13 +28,12 @@ from collections.abc import Callable
 import torch
 from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import ProbabilisticTensorDictModule, TensorDictModule
-from torchrl.modules import ProbabilisticActor, TanhNormal
+from torchrl.modules import MLP, ProbabilisticActor, TanhNormal
 from torchrl.objectives import LossModule, SACLoss, TD3Loss
 from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import TD0Estimator
 
 from torchrl_unilab.modules._mlp import MLPExecutor, mlp_steps
-from torchrl_unilab.modules.models import _ConcatMLP
 
 __all__ = ["tensor_loss"]
 
@@ -38,8 +43,8 @@ class _Network:
 
     def __init__(self, root: TensorDictModule, module: TensorDictModule) -> None:
         net = module.module
-        self.concat = isinstance(net, _ConcatMLP)
-        self.steps = mlp_steps(net.net if self.concat else net, root=root)
+        self.concat = isinstance(net, MLP)  # TorchRL's MLP concatenates its inputs
+        self.steps = mlp_steps(net, root=root)
         self.in_keys: list[NestedKey] = list(module.in_keys)
         self.supported = self.steps is not None and (self.concat or len(self.in_keys) == 1)
 
