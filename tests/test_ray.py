@@ -149,6 +149,45 @@ def test_two_nodes_fill_the_learner_buffer_and_a_publish_reaches_them():
     assert wait_until(lambda: gone(pids), timeout=15), [p for p in pids if not gone([p])]
 
 
+def test_observation_statistics_travel_to_the_nodes_with_the_weights():
+    """obs_norm: the learner's normaliser statistics reach the remote workers; the buffer keeps raw observations."""
+    from torchrl_unilab import ObservationNormalizer
+
+    rb = make_replay_buffer(20_000)
+    normalizer = ObservationNormalizer(3)
+    policy = linear_policy(3, 1)
+    with torch.no_grad():  # action = tanh(normalised cos(theta))
+        policy.module[0].weight.copy_(torch.tensor([[1.0, 0.0, 0.0]]))
+        policy.module[0].bias.zero_()
+    collector = RayOffPolicyCollector(
+        "Pendulum-v1", policy, num_nodes=1, num_workers=1, num_envs=4, frames_per_batch=32, seed=0,
+        replay_buffer=rb, remote_configs=NODE, collector_kwargs={"obs_norm": normalizer},
+    )
+    pids = node_processes(collector)
+    try:
+        collector.allow_frames(256)
+        assert collector.wait_for_frames(256, timeout=120)
+        with torch.no_grad():  # a mean of 10 sends every normalised cos(theta) to about -10: tanh saturates at -1
+            normalizer.mean.copy_(torch.tensor([10.0, 0.0, 0.0], dtype=torch.float64))
+            normalizer.count.fill_(100.0)
+        collector.update_policy_weights_()
+        target = collector.frames_written + 512
+        collector.allow_frames(target)
+        assert collector.wait_for_frames(target, timeout=120)
+        data = rb[: len(rb)]
+        new, old = data["policy_version"] == 2, data["policy_version"] == 1
+        assert new.any() and old.any()
+        assert (data["action"][new] < -0.99).all(), "the nodes did not normalise with the published statistics"
+        assert (data["action"][old] > -0.8).all()  # tanh(cos(theta)) before the publish
+        assert data["observation"][:, 0].abs().max() <= 1.0  # stored raw: cos(theta), not normalised
+    finally:
+        collector.shutdown()
+    assert wait_until(lambda: gone(pids), timeout=15), [p for p in pids if not gone([p])]
+    with pytest.raises(TypeError, match=r"collector_kwargs\['obs_norm'\] must be the learner's ObservationNormalizer"):
+        RayOffPolicyCollector("Pendulum-v1", policy, num_nodes=1, frames_per_batch=32,
+                              collector_kwargs={"obs_norm": True})
+
+
 def test_nodes_write_to_a_ray_replay_buffer_and_lost_nodes_are_reported():
     """RayReplayBuffer path; a killed node is reported within 10 s: warned under "continue", raised under "raise"."""
     rrb = ReplayBuffer(storage=functools.partial(LazyTensorStorage, 10_000), batch_size=64, service_backend="ray",

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModuleBase
+from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torchrl.collectors import BaseCollector
 from torchrl.collectors.distributed import RayCollector
 from torchrl.data import ReplayBuffer
@@ -38,6 +38,7 @@ from torchrl_unilab.collectors._processes import WorkerError
 from torchrl_unilab.collectors._worker import TRAJ_KEY
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.data.replay_buffer import init_storage
+from torchrl_unilab.modules.normalization import ObservationNormalizer
 
 __all__ = ["NodeError", "RayNodeCollector", "RayOffPolicyCollector"]
 
@@ -269,6 +270,10 @@ class RayOffPolicyCollector(RayCollector):
             node's worker fails or its actor is lost; ``"continue"`` warns on a
             lost node and goes on with the others (a worker error still raises).
         collector_kwargs: other :class:`~torchrl_unilab.OffPolicyCollector` keyword arguments for every node.
+            ``obs_norm`` must be the learner's
+            :class:`~torchrl_unilab.ObservationNormalizer`: the nodes get the
+            policy as ``TensorDictSequential(obs_norm, policy)``, so the
+            statistics the learner updates travel with the weights.
         remote_configs: ``ray.remote`` options of each node actor (default
             ``{"num_cpus": 1, "scheduling_strategy": "SPREAD"}``).
         ray_init_config: ``ray.init`` keyword arguments when Ray is not started
@@ -315,9 +320,18 @@ class RayOffPolicyCollector(RayCollector):
         if on_node_failure not in ON_NODE_FAILURE:
             raise ValueError(f"on_node_failure must be one of {ON_NODE_FAILURE}, got {on_node_failure!r}")
         kwargs = dict(collector_kwargs or {})
-        if kwargs.get("obs_norm"):
-            raise ValueError("obs_norm is not supported with RayOffPolicyCollector yet: its statistics live on the "
-                             "learner; normalise in the env instead")
+        self.obs_norm = kwargs.pop("obs_norm", None)
+        if self.obs_norm is not None and self.obs_norm is not False:
+            if not isinstance(self.obs_norm, ObservationNormalizer):
+                raise TypeError(
+                    "collector_kwargs['obs_norm'] must be the learner's ObservationNormalizer (or None) with "
+                    f"RayOffPolicyCollector, got {self.obs_norm!r}: the learner updates its statistics"
+                )
+            # The nodes receive the policy with the normaliser inside, so its
+            # statistics travel with every update_policy_weights_().
+            policy = TensorDictSequential(self.obs_norm, policy)
+        else:
+            self.obs_norm = None
         self.on_node_failure = on_node_failure
         self._local_buffer = None
         if replay_buffer is not None and getattr(replay_buffer, "service_backend", None) != "ray":

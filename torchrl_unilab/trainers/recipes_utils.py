@@ -314,8 +314,6 @@ def _make_ray_collector(cfg: DictConfig, policy: TensorDictModuleBase, replay_bu
     col = cfg.collector
     if col.get("lockstep", False):
         raise ValueError("collector.lockstep=true needs collector.backend=local: nodes deliver in arrival order")
-    if cfg.network.get("obs_norm", False):
-        raise ValueError("network.obs_norm=true needs collector.backend=local for now")
     seed = cfg.env.get("seed")
     address = col.get("ray_address")
     return RayOffPolicyCollector(
