@@ -201,6 +201,9 @@ def test_inherited_api_works_or_says_why(no_leaks):
         assert torch.equal(cached["module", "0", "weight"], policy.module[0].weight)
         batch = collector.next()
         assert batch is None and collector.frames_written >= 64  # with a buffer, the data goes there
+        # the envs now live in the worker: specs still answer, from the snapshot taken at construction
+        assert collector.getattr_env("action_spec_unbatched").shape == torch.Size([1])
+        assert collector.getattr_env("observation_spec")["observation"].shape == torch.Size([4, 3])
         with pytest.raises(RuntimeError, match="before collection starts"):
             collector.post_collect_hook = print
         with collector.pause():

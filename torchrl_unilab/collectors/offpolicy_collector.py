@@ -134,8 +134,9 @@ class OffPolicyCollector(MultiAsyncCollector):
         nonfinite: ``"raise"`` (default: a NaN or infinite value from an env fails the
             worker, naming the env, step and key) or ``"drop"`` (such transitions are
             dropped and counted in ``metrics()["nonfinite_dropped"]``).
-        policy_factory: a callable building the policy in each worker (TorchRL's
-            argument); weights still come from ``policy`` when given.
+        policy_factory: TorchRL's argument: a callable building the policy when
+            ``policy`` is ``None``. It is called once, here; the workers run
+            copies of what it built, and weights reach them by name as usual.
         create_env_kwargs: keyword arguments for ``create_env_fn`` (one dict, or one per worker).
         max_frames_per_traj: truncate episodes after this many steps.
         postproc: applied to each batch: in the worker before it is written into
@@ -227,6 +228,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._pool: WorkerPool | None = None
         self._scheme: SeqlockWeightSyncScheme | None = None
         self._probe_env: EnvBase | None = None
+        self._env_specs: dict[str, Any] = {}
         _check_torchrl_kwargs(torchrl_kwargs)
         for name, value in zip(_CPU_PARAMS, (device, storing_device, env_device, policy_device)):
             _check_cpu(name, value)
@@ -254,6 +256,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         probe = self._worker_envs[0] if isinstance(self._worker_envs[0], EnvBase) else self._worker_envs[0]()
         probe = as_batched_env(probe)
         self._probe_env = probe
+        self._env_specs = _spec_snapshot(probe)
         self.num_envs = probe.batch_size[0]
         frames_per_batch = _check_int("frames_per_batch", frames_per_batch, 1)
         if frames_per_batch % self.num_envs:
@@ -391,7 +394,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         if not all(in_thread):
             self._close_probe()  # the processes build their own envs
         sources = [env if isinstance(env, EnvBase) else cloudpickle.dumps(env) for env in self._worker_envs]
-        worker_policy = self.policy_factory() if self.policy_factory is not None and self.policy is None else self.policy
+        worker_policy = self.policy
         extras = dict(init_fn=self.init_fn, pre_collect_hook=self._pre_collect_hook,
                       post_collect_hook=self._post_collect_hook, postproc=self.postproc if self.replay_buffer else None)
         sink = self.replay_buffer
@@ -677,32 +680,23 @@ class OffPolicyCollector(MultiAsyncCollector):
         return getattr(self.policy, attr)
 
     def getattr_env(self, attr: str) -> Any:
-        """An attribute of the env: its specs and batch size are read from a copy built here.
+        """An attribute of the env: specs and batch size always, anything while an env lives in this process.
 
-        Other attributes live in the worker processes (an env instance stepped by
-        a thread of this process answers them all).
+        The specs are a snapshot of the env probed at construction; other
+        attributes live in the worker processes (an env instance stepped by a
+        thread of this process answers them all).
         """
-        env = self._probe_env if self._probe_env is not None else None
+        if attr in self._env_specs:
+            return self._env_specs[attr]
+        env = self._probe_env
         if env is None and isinstance(self._worker_envs[0], EnvBase):
             env = self._worker_envs[0]
-        if env is None and not (attr.endswith("_spec") or attr.endswith("_spec_unbatched")
-                                or attr in ("batch_size", "specs")):
+        if env is None:
             raise NotImplementedError(
                 f"getattr_env({attr!r}): the envs live in the worker processes; specs and batch_size are "
                 "available here, other attributes are not"
             )
-        if env is None:
-            env = self._spec_env()
         return getattr(env, attr)
-
-    def _spec_env(self) -> EnvBase:
-        env = self._worker_envs[0]()
-        try:
-            self._spec_snapshot = as_batched_env(env)
-            return self._spec_snapshot
-        finally:
-            with contextlib.suppress(Exception):
-                env.close(raise_if_closed=False)
 
     def getattr_rb(self, attr: str) -> Any:
         """An attribute of the replay buffer."""
@@ -724,13 +718,6 @@ class OffPolicyCollector(MultiAsyncCollector):
     def get_distant_attr(self, attr: str) -> list[Any]:
         """Not supported: see :meth:`map_fn`."""
         return self.map_fn("get_distant_attr")
-
-    def cascade_execute(self, attr_path: str, *args: Any, **kwargs: Any) -> Any:
-        """Calls ``attr_path`` (dotted) on this collector, as TorchRL's remote helpers do."""
-        target: Any = self
-        for name in attr_path.split("."):
-            target = getattr(target, name)
-        return target(*args, **kwargs) if callable(target) else target
 
     def enable_profile(self, **kwargs: Any) -> None:
         """Not supported: use the worker trace and per-phase timings instead."""
@@ -898,6 +885,23 @@ def _on_cpu(policy: nn.Module) -> nn.Module:
     if all(t.device.type == "cpu" for t in tensors):
         return policy
     return copy.deepcopy(policy).to("cpu")
+
+
+#: EnvBase attributes getattr_env answers after the envs moved to the workers.
+_SPEC_ATTRS = tuple(
+    f"{prefix}{kind}_spec{suffix}"
+    for prefix in ("", "full_") for kind in ("observation", "action", "reward", "done", "state")
+    for suffix in ("", "_unbatched")
+) + ("batch_size", "specs", "action_keys", "reward_keys", "done_keys")
+
+
+def _spec_snapshot(env: EnvBase) -> dict[str, Any]:
+    out = {}
+    for attr in _SPEC_ATTRS:
+        with contextlib.suppress(AttributeError, KeyError):
+            value = getattr(env, attr)
+            out[attr] = value.clone() if hasattr(value, "clone") else copy.copy(value)
+    return out
 
 
 def _assemble_policy(policy, env: EnvBase, algo: str | None, obs_norm, exploration: dict[str, Any]):

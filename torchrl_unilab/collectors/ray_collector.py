@@ -176,10 +176,6 @@ class RayNodeCollector(OffPolicyCollector):
         if error is not None:
             raise error  # outside the handler: Ray pickles the context too, and WorkerError does not unpickle
 
-    # RayCollector connects each node's receiver by a path with a subscript,
-    # "_receiver_schemes['policy'].connect", which TorchRL's own resolver reads.
-    cascade_execute = BaseCollector.cascade_execute
-
     def register_scheme_receiver(self, weight_recv_schemes: Mapping[str, Any], *,
                                  synchronize_weights: bool = True) -> None:
         """Binds TorchRL's receiving scheme to the policy as the learner sent it, then registers it.
