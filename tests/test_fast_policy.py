@@ -50,3 +50,25 @@ def test_unknown_module_falls_back():
     assert tensor_policy(policy) is None
     plain = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
     assert tensor_policy(plain) is not None
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_fast_path_covers_an_actor_reading_privileged_context(algo):
+    spec = Bounded(-1.0, 1.0, shape=(8, 2))
+    actor = make_actor(algo, 5 + 4, 2, hidden_dim=16, in_keys=["observation", "privileged"])
+    policy = make_exploration_policy(actor, algo, spec)
+    fast = tensor_policy(policy)
+    assert fast is not None
+    values = {"observation": torch.randn(8, 5), "privileged": torch.randn(8, 4),
+              "is_init": torch.ones(8, 1, dtype=torch.bool)}
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        torch.manual_seed(0)
+        expected = policy(TensorDict(dict(values), [8]))["action"]
+        torch.manual_seed(0)
+        got = fast(dict(values))
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    with torch.no_grad():  # the privileged input matters: the first layer reads it
+        changed = dict(values, privileged=values["privileged"] + 5.0)
+        with set_exploration_type(ExplorationType.RANDOM):
+            torch.manual_seed(0)
+            assert not torch.allclose(fast(changed), got)

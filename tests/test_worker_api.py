@@ -213,7 +213,7 @@ def test_unknown_kwarg_and_bad_values():
     try:
         with pytest.raises(ValueError, match=r"sim_backend must be one of \('mujoco',\), got 'isaac'"):
             off_policy_collector_fn(None, ENV, 2, rb, weights.name, layout_of(actor), sim_backend="isaac")
-        with pytest.raises(ValueError, match=r"algo_type must be one of \('sac', 'td3'\), got 'ppo'"):
+        with pytest.raises(ValueError, match=r"algo_type must be one of \('sac', 'td3', 'sac_priv', 'td3_priv'\), got 'ppo'"):
             off_policy_collector_fn(None, ENV, 2, rb, weights.name, layout_of(actor), algo_type="ppo")
         with pytest.raises(ValueError, match="storage is not laid out"):
             off_policy_collector_fn(None, ENV, 2, make_replay_buffer(10), weights.name, layout_of(actor))
@@ -252,3 +252,57 @@ def test_metrics_queue_drops_oldest_when_full(no_leaks):
         assert messages[-1]["total_steps"] > 100
     finally:
         weights.close()
+
+
+@pytest.mark.parametrize("algo", ["td3_priv", "sac_priv"])
+def test_privileged_actor_reads_the_privileged_context_in_real_workers(algo, no_leaks):
+    """sac_priv / td3_priv end to end: the workers' actor acts on the privileged vector the env transform writes."""
+    from torchrl.envs import TransformedEnv
+
+    from torchrl_unilab import PrivilegedInfoTransform
+    from torchrl_unilab.modules.exploration import make_exploration_policy, sample_offpolicy_actions
+
+    env_name, privileged = "InvertedPendulum-v5", {"mujoco": ("qvel",)}  # cart and pole velocities
+    rb = make_replay_buffer(20_000)
+    init_offpolicy_storage(rb, env_name, privileged=privileged)
+    env = TransformedEnv(BatchedGymEnv(env_name, 1), PrivilegedInfoTransform(**privileged))
+    actor = make_collector_actor(algo, env, actor_hidden_dim=8, use_layer_norm=False)
+    obs_dim = env.observation_spec["observation"].shape[-1]
+    env.close()
+    # Route one input through: the first output (td3: the action; sac: the mean) is 100 * qvel[0] before the tanh.
+    linears = [m for m in actor.modules() if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        for layer in linears:
+            layer.weight.zero_()
+            layer.bias.zero_()
+        linears[0].weight[0, obs_dim] = 1.0  # relu(+v)
+        linears[0].weight[1, obs_dim] = -1.0  # relu(-v)
+        linears[1].weight[0, 0] = linears[1].weight[1, 1] = 1.0
+        linears[2].weight[0, 0], linears[2].weight[0, 1] = 100.0, -100.0
+        if algo == "sac_priv":
+            linears[2].bias[1] = -20.0  # a tiny scale: the sample is the mean
+    weights = SharedWeights.create(actor)
+    try:
+        with CollectorProcess(env_name=env_name, num_envs=4, replay_buffer=rb, weight_sync_name=weights.name,
+                              weight_param_shapes=layout_of(actor), algo_type=algo, actor_hidden_dim=8,
+                              use_layer_norm=False, privileged=privileged, seed=0) as proc:
+            deadline = time.monotonic() + 90
+            while rb.write_count < 400 and time.monotonic() < deadline:
+                proc.metrics()
+                time.sleep(0.05)
+        rows = rb[: rb.write_count]
+        assert len(rows) >= 400 and rows["privileged"].shape[-1] == 2
+        velocity = rows["privileged"][:, 0]
+        moving = velocity.abs() > 0.05
+        assert moving.sum() > 50
+        # the action's sign follows the privileged cart velocity (TD3's noise is a few percent of the range)
+        assert torch.equal(torch.sign(rows["action"][moving, 0]), torch.sign(velocity[moving]))
+    finally:
+        weights.close()
+    # the learner-side sampler takes the same context
+    policy = make_exploration_policy(actor, algo.removesuffix("_priv"), actor.spec)
+    action = sample_offpolicy_actions(policy, algo, torch.zeros(3, obs_dim), torch.zeros(3),
+                                      priv_info_torch=torch.tensor([[1.0, 0.0], [-1.0, 0.0], [1.0, 0.0]]))
+    assert torch.equal(torch.sign(action[:, 0]), torch.tensor([1.0, -1.0, 1.0]))
+    with pytest.raises(ValueError, match="needs priv_info_torch"):
+        sample_offpolicy_actions(policy, algo, torch.zeros(3, obs_dim), torch.zeros(3))

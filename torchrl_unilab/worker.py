@@ -36,6 +36,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictSequential
 from torchrl.data import ReplayBuffer
+from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.envs.utils import ExplorationType
 
 from torchrl_unilab.collectors._processes import WorkerError
@@ -44,9 +45,13 @@ from torchrl_unilab.collectors.metrics import PHASES, CollectorMetrics
 from torchrl_unilab.collectors.trace import PhaseTimer
 from torchrl_unilab.data.replay_buffer import buffer_lock, init_storage, storage_keys
 from torchrl_unilab.envs.batched_env import BatchedGymEnv
-from torchrl_unilab.envs.privileged import resolve_collector_actor_dims, resolve_offpolicy_actor_priv_info
+from torchrl_unilab.envs.privileged import (
+    PrivilegedInfoTransform,
+    resolve_collector_actor_dims,
+    resolve_offpolicy_actor_priv_info,
+)
 from torchrl_unilab.modules.exploration import make_exploration_policy, sample_offpolicy_actions
-from torchrl_unilab.modules.models import ALGOS, make_actor
+from torchrl_unilab.modules.models import actor_algo, make_actor
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.weight_update.weight_sync import SharedWeights
 
@@ -70,17 +75,24 @@ SIM_BACKENDS: tuple[str, ...] = ("mujoco",)
 _TRACE_DIR_ENV = "TORCHRL_UNILAB_TRACE_DIR"
 
 
-def _make_env(env_name: str, num_envs: int, sim_backend: str, env_cfg_override: Mapping | None) -> BatchedGymEnv:
+def _make_env(env_name: str, num_envs: int, sim_backend: str, env_cfg_override: Mapping | None,
+              privileged: PrivilegedInfoTransform | Mapping[str, Any] | None = None) -> EnvBase:
     if sim_backend not in SIM_BACKENDS:
         raise ValueError(f"sim_backend must be one of {SIM_BACKENDS}, got {sim_backend!r}")
     if env_cfg_override is not None and not isinstance(env_cfg_override, Mapping):
         raise TypeError(f"env_cfg_override must be a dict of env constructor kwargs, got {type(env_cfg_override).__name__}")
-    return BatchedGymEnv(env_name, num_envs, env_kwargs=env_cfg_override)
+    if isinstance(privileged, Mapping):
+        privileged = PrivilegedInfoTransform(**privileged)
+    if privileged is not None and not isinstance(privileged, PrivilegedInfoTransform):
+        raise TypeError("privileged must be a PrivilegedInfoTransform or a dict of its keyword arguments, "
+                        f"got {type(privileged).__name__}")
+    env = BatchedGymEnv(env_name, num_envs, env_kwargs=env_cfg_override)
+    return env if privileged is None else TransformedEnv(env, privileged)
 
 
 def make_collector_actor(
     algo_type: str,
-    env: BatchedGymEnv,
+    env: EnvBase,
     *,
     obs_dim: int | None = None,
     action_dim: int | None = None,
@@ -92,6 +104,10 @@ def make_collector_actor(
 
     Returns the bare actor of :func:`~torchrl_unilab.modules.models.make_actor`; the
     learner publishes its weights, the collector wraps it with exploration.
+    ``"sac_priv"`` / ``"td3_priv"`` actors read ``["observation", "privileged"]``:
+    the env must carry a :class:`~torchrl_unilab.PrivilegedInfoTransform`, whose
+    vector is the context :func:`resolve_offpolicy_actor_priv_info` resolves
+    from ``info["privileged"]``; ``obs_dim`` stays the observation's width.
 
     Examples:
         >>> from torchrl_unilab import BatchedGymEnv, layout_of
@@ -100,10 +116,20 @@ def make_collector_actor(
         >>> [shape for _, shape, _ in layout_of(actor)][:2]
         [(16, 3), (16,)]
     """
+    algo, reads_privileged = actor_algo(algo_type)
     obs_dim, action_dim = resolve_collector_actor_dims(env, obs_dim, action_dim)
+    in_keys = ["observation"]
+    if reads_privileged:
+        spec = env.observation_spec.get("privileged", None)
+        if spec is None:
+            raise ValueError(f"algo_type={algo_type!r} needs the privileged context in the env: pass privileged= "
+                             "(a PrivilegedInfoTransform or a dict of its arguments)")
+        obs_dim += int(spec.shape[-1])
+        in_keys.append("privileged")
     space = env.action_spec.space
-    return make_actor(algo_type, obs_dim, action_dim, hidden_dim=actor_hidden_dim, use_layer_norm=use_layer_norm,
-                      action_low=space.low[0], action_high=space.high[0], **dict(actor_kwargs or {}))
+    return make_actor(algo, obs_dim, action_dim, hidden_dim=actor_hidden_dim, use_layer_norm=use_layer_norm,
+                      action_low=space.low[0], action_high=space.high[0], in_keys=in_keys,
+                      **dict(actor_kwargs or {}))
 
 
 def init_offpolicy_storage(
@@ -113,8 +139,12 @@ def init_offpolicy_storage(
     num_envs: int = 1,
     sim_backend: str = "mujoco",
     env_cfg_override: Mapping[str, Any] | None = None,
+    privileged: PrivilegedInfoTransform | Mapping[str, Any] | None = None,
 ) -> None:
     """Lays out the shared storage in the learner's process, before any collector starts.
+
+    The layout is the env's real first row (with ``"privileged"`` when
+    ``privileged`` is given, as the collectors must be).
 
     A storage first laid out inside a subprocess would be invisible to the
     learner's copy of the buffer, so the learner calls this once.
@@ -126,7 +156,7 @@ def init_offpolicy_storage(
         >>> "policy_version" in [str(k) for k in rb.storage._storage.keys()]
         True
     """
-    env = _make_env(env_name, num_envs, sim_backend, env_cfg_override)
+    env = _make_env(env_name, num_envs, sim_backend, env_cfg_override, privileged)
     try:
         policy = make_exploration_policy(make_collector_actor("sac", env, actor_hidden_dim=8), "sac",
                                          env.action_spec_unbatched)
@@ -328,6 +358,7 @@ def off_policy_collector_fn(
     collector_pack_shared_slots: Sequence[TensorDictBase] | None = None,
     collector_index: int | None = None,
     num_collectors: int | None = None,
+    privileged: PrivilegedInfoTransform | Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> None:
     """Entry point of an off-policy collector subprocess (the original design's signature).
@@ -380,6 +411,10 @@ def off_policy_collector_fn(
             count reaches ``min_writes``: the rows a ``torch.Generator`` seeded with
             ``seed`` picks are copied into slot ``request_id % len(slots)`` and
             ``(slot_id, metadata)`` is posted on the ready queue.
+        privileged: a :class:`~torchrl_unilab.PrivilegedInfoTransform` (or a dict of its
+            arguments) on the env, writing ``"privileged"`` into every row; needed by
+            ``algo_type="sac_priv"`` / ``"td3_priv"``, whose actor reads it. Lay the
+            storage out with the same ``privileged``.
         **kwargs: none accepted; an unknown keyword raises ``TypeError``.
 
     Examples:
@@ -396,8 +431,7 @@ def off_policy_collector_fn(
         # so the process never dies in the middle of a buffer write.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        if algo_type not in ALGOS:
-            raise ValueError(f"algo_type must be one of {ALGOS}, got {algo_type!r}")
+        algo, _ = actor_algo(algo_type)
         if isinstance(learning_starts, bool) or not isinstance(learning_starts, int) or learning_starts < 0:
             raise ValueError(f"learning_starts must be an int >= 0, got {learning_starts!r}")
         if not isinstance(env_steps_per_sync, int) or env_steps_per_sync < 1:
@@ -406,11 +440,11 @@ def off_policy_collector_fn(
             raise ValueError("replay_buffer's storage is not laid out; call init_offpolicy_storage(replay_buffer, "
                              "env_name) in the learner's process before starting the collector")
         index, stride = _collector_slot(replay_buffer, collector_index, num_collectors)
-        env = _make_env(env_name, num_envs, sim_backend, env_cfg_override)
+        env = _make_env(env_name, num_envs, sim_backend, env_cfg_override, privileged)
         actor = make_collector_actor(algo_type, env, obs_dim=obs_dim, action_dim=action_dim,
                                      actor_hidden_dim=actor_hidden_dim, use_layer_norm=use_layer_norm,
                                      actor_kwargs=actor_kwargs)
-        policy = make_exploration_policy(actor, algo_type, env.action_spec_unbatched)
+        policy = make_exploration_policy(actor, algo, env.action_spec_unbatched)
         timer = PhaseTimer(_trace_path(trace_enabled), thread_time=trace_thread_time,
                            process_name=f"off_policy_collector {env_name}")
         hooks = LoopHooks(timer=timer)

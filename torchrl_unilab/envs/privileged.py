@@ -22,10 +22,9 @@ from tensordict import NestedKey, TensorDictBase
 from torchrl.data import Composite, Unbounded
 from torchrl.envs import EnvBase, Transform
 
-from torchrl_unilab.modules.models import ALGOS
+from torchrl_unilab.modules.models import ALGOS, PRIVILEGED_ALGOS
 
 __all__ = [
-    "PRIVILEGED_ALGOS",
     "PrivilegedInfoTransform",
     "resolve_collector_actor_dims",
     "resolve_offpolicy_actor_priv_info",
@@ -33,8 +32,6 @@ __all__ = [
 
 MujocoFn = Callable[[Any, Any], np.ndarray]
 
-#: ``algo_type`` values whose actor consumes privileged context (besides the critic).
-PRIVILEGED_ALGOS: tuple[str, ...] = tuple(f"{a}_priv" for a in ALGOS)
 
 
 class PrivilegedInfoTransform(Transform):

@@ -29,7 +29,7 @@ from tensordict.nn import (
 )
 from torchrl.modules import TanhNormal
 
-from torchrl_unilab.modules._mlp import MLPExecutor, mlp_steps
+from torchrl_unilab.modules._mlp import MLPExecutor, concatenates_inputs, mlp_steps
 from torchrl_unilab.modules.exploration import ActionProjection, PerEnvMixedNoise
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 
@@ -46,9 +46,11 @@ class _TensorMap(dict):
 
 def _network_step(module: TensorDictModule) -> Callable[[_TensorMap], None]:
     net, in_keys, out_keys = module.module, list(module.in_keys), list(module.out_keys)
-    steps = mlp_steps(net) if len(in_keys) == 1 else None
+    concat = len(in_keys) > 1 and concatenates_inputs(net)
+    steps = mlp_steps(net) if len(in_keys) == 1 or concat else None
     if steps is not None:  # a plain MLP: functional calls instead of a module call per layer
-        net = MLPExecutor(steps)
+        executor = MLPExecutor(steps)
+        net = (lambda *inputs: executor(torch.cat(inputs, dim=-1))) if concat else executor
 
     def step(values: _TensorMap) -> None:
         out = net(*[values[k] for k in in_keys])

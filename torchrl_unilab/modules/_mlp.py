@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import nn
 
-__all__ = ["MLPExecutor", "mlp_steps"]
+__all__ = ["MLPExecutor", "concatenates_inputs", "mlp_steps"]
 
 #: ("linear" | "norm", parameter-key prefix, layer) or ("call", function)
 Step = tuple
@@ -28,6 +28,21 @@ Step = tuple
 _FUNCTIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
     nn.ReLU: torch.relu, nn.Tanh: torch.tanh, nn.Sigmoid: torch.sigmoid, nn.Identity: lambda x: x,
 }
+
+
+def concatenates_inputs(net: nn.Module) -> bool:
+    """Whether ``net(*inputs)`` runs on its inputs concatenated on the last dimension (TorchRL's MLP does).
+
+    Examples:
+        >>> from torchrl.modules import MLP
+        >>> concatenates_inputs(MLP(in_features=3, out_features=1, num_cells=[4])), concatenates_inputs(nn.ReLU())
+        (True, False)
+    """
+    from torchrl.modules import MLP
+
+    from torchrl_unilab.modules.models import MultiInputSequential
+
+    return isinstance(net, MLP) or (isinstance(net, MultiInputSequential) and isinstance(net[0], MLP))
 
 
 def mlp_steps(net: nn.Module, *, root: nn.Module | None = None) -> list[Step] | None:

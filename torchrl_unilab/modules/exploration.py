@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from torchrl.data import Bounded, Composite, TensorSpec
 from torchrl.envs.utils import ExplorationType, exploration_type, set_exploration_type
 
-from torchrl_unilab.modules.models import ALGOS
+from torchrl_unilab.modules.models import ALGOS, actor_algo
 
 __all__ = [
     "TD3_NOISES",
@@ -443,7 +443,8 @@ def sample_offpolicy_actions(
 
     Args:
         actor: the exploration policy.
-        algo_type: ``"sac"`` or ``"td3"``.
+        algo_type: ``"sac"`` or ``"td3"``, or ``"sac_priv"`` / ``"td3_priv"``
+            (an actor that also reads ``"privileged"``: ``priv_info_torch`` is then required).
         obs_torch: observations, shape ``[num_envs, obs_dim]``.
         prev_dones_torch: whether each env's previous step ended its episode
             (so this step starts a new one), shape ``[num_envs]`` or
@@ -464,8 +465,11 @@ def sample_offpolicy_actions(
         >>> sample_offpolicy_actions(policy, "sac", obs, dones).shape
         torch.Size([3, 2])
     """
-    _check_choice(algo_type, "algo_type", ALGOS)
-    _check_policy_explores(actor, algo_type, "actor")
+    algo, reads_privileged = actor_algo(algo_type)
+    if reads_privileged and priv_info_torch is None:
+        raise ValueError(f"algo_type={algo_type!r} needs priv_info_torch: its actor reads the privileged context "
+                         "(see resolve_offpolicy_actor_priv_info)")
+    _check_policy_explores(actor, algo, "actor")
     num_envs = obs_torch.shape[0]
     if prev_dones_torch.numel() != num_envs:
         raise ValueError(

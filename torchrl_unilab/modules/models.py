@@ -17,10 +17,28 @@ from torchrl.data import Bounded
 from torchrl.envs.utils import ExplorationType
 from torchrl.modules import MLP, Actor, ProbabilisticActor, TanhNormal, ValueOperator
 
-__all__ = ["ALGOS", "make_actor", "make_critic"]
+__all__ = ["ALGOS", "PRIVILEGED_ALGOS", "MultiInputSequential", "actor_algo", "make_actor", "make_critic"]
 
 ALGOS: tuple[str, ...] = ("sac", "td3")
 """The off-policy algorithms whose networks :func:`make_actor` can build."""
+
+PRIVILEGED_ALGOS: tuple[str, ...] = tuple(f"{a}_priv" for a in ALGOS)
+"""``algo_type`` values of the function-level API whose actor also reads privileged context."""
+
+
+def actor_algo(algo_type: str) -> tuple[str, bool]:
+    """``(algo, reads_privileged)`` for an ``algo_type`` of :data:`ALGOS` or :data:`PRIVILEGED_ALGOS`.
+
+    ``"sac_priv"`` is SAC whose actor reads ``["observation", "privileged"]``.
+
+    Examples:
+        >>> actor_algo("td3_priv"), actor_algo("sac")
+        (('td3', True), ('sac', False))
+    """
+    accepted = ALGOS + PRIVILEGED_ALGOS
+    if algo_type not in accepted:
+        raise ValueError(f"algo_type must be one of {accepted}, got {algo_type!r}")
+    return algo_type.removesuffix("_priv"), algo_type in PRIVILEGED_ALGOS
 
 
 def _check_algo(algo: str, name: str = "algo") -> None:
@@ -97,6 +115,27 @@ class _AffineRescale(nn.Module):
         return x * self.scale + self.loc
 
 
+class MultiInputSequential(nn.Sequential):
+    """``nn.Sequential`` whose first module takes every input: TorchRL's MLP concatenates them.
+
+    An actor reading several keys (observation and privileged context) stays a
+    plain chain of layers, which the fast paths run layer by layer.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.modules import MLP
+        >>> net = MultiInputSequential(MLP(in_features=3, out_features=1, num_cells=[4]), torch.nn.Tanh())
+        >>> net(torch.zeros(2, 1), torch.zeros(2, 2)).shape
+        torch.Size([2, 1])
+    """
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        x = self[0](*inputs)
+        for module in self[1:]:
+            x = module(x)
+        return x
+
+
 def make_actor(
     algo: str,
     obs_dim: int,
@@ -109,6 +148,7 @@ def make_actor(
     action_low: float | Tensor = -1.0,
     action_high: float | Tensor = 1.0,
     in_key: NestedKey = "observation",
+    in_keys: Sequence[NestedKey] | None = None,
     activation: type[nn.Module] = nn.ReLU,
 ) -> TensorDictModuleBase:
     """Builds the policy network for SAC or TD3, writing ``"action"``.
@@ -147,6 +187,10 @@ def make_actor(
         action_low: lower action bound, a scalar or a ``(action_dim,)`` tensor.
         action_high: upper action bound, a scalar or a ``(action_dim,)`` tensor.
         in_key: the TensorDict key the actor reads.
+        in_keys: several keys, concatenated in this order on their last
+            dimension (e.g. ``["observation", "privileged"]`` for an actor that
+            reads privileged context); replaces ``in_key``, and ``obs_dim`` is
+            then their total width.
         activation: the activation class, instantiated once per hidden layer.
 
     Raises:
@@ -176,13 +220,16 @@ def make_actor(
     sizes = _hidden_sizes(hidden_sizes, hidden_dim, num_layers)
     low, high = _bounds(action_low, action_high, action_dim)
     spec = Bounded(low=low, high=high, shape=(action_dim,))
+    keys = [in_key] if in_keys is None else list(in_keys)
+    if not keys:
+        raise ValueError(f"in_keys must name at least one key, got {in_keys!r}")
 
     if algo == "sac":
-        net = nn.Sequential(
+        net = MultiInputSequential(
             _mlp(obs_dim, 2 * action_dim, sizes, use_layer_norm, activation),
             NormalParamExtractor(scale_mapping="biased_softplus_1.0"),
         )
-        param_module = TensorDictModule(net, in_keys=[in_key], out_keys=["loc", "scale"])
+        param_module = TensorDictModule(net, in_keys=keys, out_keys=["loc", "scale"])
         return ProbabilisticActor(
             module=param_module,
             in_keys=["loc", "scale"],
@@ -194,12 +241,12 @@ def make_actor(
             default_interaction_type=ExplorationType.RANDOM,
         )
 
-    net = nn.Sequential(
+    net = MultiInputSequential(
         _mlp(obs_dim, action_dim, sizes, use_layer_norm, activation),
         nn.Tanh(),
         _AffineRescale(low, high),
     )
-    return Actor(net, in_keys=[in_key], out_keys=["action"], spec=spec)
+    return Actor(net, in_keys=keys, out_keys=["action"], spec=spec)
 
 
 def make_critic(

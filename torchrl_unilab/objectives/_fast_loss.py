@@ -28,12 +28,12 @@ from collections.abc import Callable
 import torch
 from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import ProbabilisticTensorDictModule, TensorDictModule
-from torchrl.modules import MLP, ProbabilisticActor, TanhNormal
+from torchrl.modules import ProbabilisticActor, TanhNormal
 from torchrl.objectives import LossModule, SACLoss, TD3Loss
 from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import TD0Estimator
 
-from torchrl_unilab.modules._mlp import MLPExecutor, mlp_steps
+from torchrl_unilab.modules._mlp import MLPExecutor, concatenates_inputs, mlp_steps
 
 __all__ = ["tensor_loss"]
 
@@ -43,7 +43,7 @@ class _Network:
 
     def __init__(self, root: TensorDictModule, module: TensorDictModule) -> None:
         net = module.module
-        self.concat = isinstance(net, MLP)  # TorchRL's MLP concatenates its inputs
+        self.concat = concatenates_inputs(net)
         self.steps = mlp_steps(net, root=root)
         self.in_keys: list[NestedKey] = list(module.in_keys)
         self.supported = self.steps is not None and (self.concat or len(self.in_keys) == 1)
@@ -55,7 +55,7 @@ class _Network:
         """The network's input: ``in_keys`` read from ``batch`` (or ``batch["next"]``), some replaced."""
         values = [replace[key] if isinstance(key, str) and key in replace
                   else batch.get(_nested("next", key) if next_ else key) for key in self.in_keys]
-        return torch.cat(values, dim=-1) if self.concat else values[0]
+        return torch.cat(values, dim=-1) if len(values) > 1 else values[0]
 
 
 def _nested(prefix: str, key: NestedKey) -> tuple:
