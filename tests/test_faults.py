@@ -440,3 +440,45 @@ def test_collector_index_is_validated():
             off_policy_collector_fn(None, ENV, 2, rb, weights.name, layout_of(actor), num_collectors=0)
     finally:
         weights.close()
+
+
+def _hold_frame_lock_then_sleep(control, stop, holding) -> None:
+    control._lock.acquire()  # noqa: SLF001 - the worker side of claim(), frozen inside it
+    holding.set()
+    while True:
+        stop.is_set()  # what a worker polls every step
+        time.sleep(0.001)
+
+
+def test_a_worker_killed_holding_the_frame_lock_or_polling_stop_blocks_nobody(no_leaks):
+    """SIGKILL a process inside FrameControl's lock and inside stop.is_set(): the parent's calls still return.
+
+    With multiprocessing's Lock and Event the dead process kept their semaphores
+    and the collector's shutdown hung in ``stop_event.set()`` (benchmarks/faults.py).
+    """
+    from torchrl_unilab.collectors._control import FrameControl
+    from torchrl_unilab.collectors._sync import StopFlag
+
+    control, stop, holding = FrameControl(), StopFlag(), StopFlag()
+    child = faults.CTX.Process(target=_hold_frame_lock_then_sleep, args=(control, stop, holding))
+    child.start()
+    try:
+        assert holding.wait(120), "the child did not take the lock"
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(10)
+        done = threading.Event()
+
+        def parent_side() -> None:
+            control.allow(64)
+            control.freeze()
+            stop.set()
+            done.set()
+
+        caller = threading.Thread(target=parent_side, daemon=True)
+        caller.start()
+        assert done.wait(5), "the parent blocked on a lock the killed process held"
+        assert stop.is_set() and control.claim(0)
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(5)

@@ -40,6 +40,7 @@ from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.envs.utils import ExplorationType
 
 from torchrl_unilab.collectors._processes import WorkerError
+from torchrl_unilab.collectors._sync import StopFlag
 from torchrl_unilab.collectors._worker import LoopHooks, WorkerConfig, WorkerLoop, _parent_alive, probe_row
 from torchrl_unilab.collectors.metrics import PHASES, CollectorMetrics
 from torchrl_unilab.collectors.trace import PhaseTimer
@@ -542,7 +543,7 @@ class CollectorProcess:
         if unknown:
             raise TypeError(f"off_policy_collector_fn() got an unexpected keyword argument {unknown[0]!r}")
         self.ctx = ctx or mp.get_context("spawn")
-        fn_kwargs.setdefault("stop_event", self.ctx.Event())
+        fn_kwargs.setdefault("stop_event", StopFlag())  # an mp.Event's lock dies with a worker killed in is_set()
         fn_kwargs.setdefault("metrics_queue", self.ctx.Queue(maxsize=64))
         self.stop_event = fn_kwargs["stop_event"]
         self.metrics_queue = fn_kwargs["metrics_queue"]

@@ -14,11 +14,12 @@ and the slow worker's random frames would never be collected.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import time
 from collections.abc import Callable
 
 import torch
+
+from torchrl_unilab.collectors._sync import ProcessLock
 
 __all__ = ["FrameControl"]
 
@@ -48,16 +49,17 @@ def split_random_frames(random_frames: int, num_workers: int, frames_per_batch: 
 class FrameControl:
     """Shared counters: frames allowed, claimed by workers, and written.
 
+    The counters sit under a :class:`~torchrl_unilab.collectors._sync.ProcessLock`,
+    which the kernel releases if a worker is killed while it holds it.
+
     Args:
-        ctx: the multiprocessing context the workers are started with.
         random_frames: each worker's share of the random frames (see
             :func:`split_random_frames`); the batches they need are reserved.
         frames_per_batch: frames per claim.
         total_frames: the most frames ever allowed (``None``: no limit).
 
     Examples:
-        >>> import multiprocessing as mp
-        >>> control = FrameControl(mp.get_context("spawn"))
+        >>> control = FrameControl()
         >>> control.allow(100)
         >>> control.claim(64), control.claim(64)
         (True, False)
@@ -65,9 +67,9 @@ class FrameControl:
         64
     """
 
-    def __init__(self, ctx: mp.context.BaseContext, random_frames: list[int] | None = None,
-                 frames_per_batch: int = 1, total_frames: int | None = None) -> None:
-        self._lock = ctx.Lock()
+    def __init__(self, random_frames: list[int] | None = None, frames_per_batch: int = 1,
+                 total_frames: int | None = None) -> None:
+        self._lock = ProcessLock()
         self._state = torch.zeros(4, dtype=torch.int64).share_memory_()
         self._state[_TOTAL] = _UNLIMITED if total_frames is None else int(total_frames)
         reserved = [-(-share // frames_per_batch) * frames_per_batch for share in random_frames or [0]]

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from torchrl_unilab.collectors._sync import StopFlag
+
 __all__ = ["WorkerError", "WorkerPool", "restore_stderr", "shut_down_at_exit", "worker_started"]
 
 _BOOTSTRAP_HINT = (
@@ -169,7 +171,7 @@ class WorkerPool:
                  poll_interval: float = 0.05, name: str = "OffPolicyCollector",
                  in_thread: Sequence[bool] | None = None) -> None:
         self.ctx = ctx
-        self.stop_event = ctx.Event()
+        self.stop_event = StopFlag()  # an mp.Event's lock stays held by a worker killed inside is_set()
         self.error_queue = ctx.Queue()
         self.poll_interval = poll_interval
         self.started = torch.zeros(num_workers, dtype=torch.uint8).share_memory_()

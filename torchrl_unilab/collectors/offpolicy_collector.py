@@ -316,7 +316,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._scheme = self._weight_sync_schemes["policy"]
         self._metrics = CollectorMetrics(self.num_workers, self.metrics_window)
         self._random_shares = split_random_frames(self.init_random_frames, self.num_workers, self.frames_per_batch)
-        self._control = FrameControl(mp.get_context("spawn"), self._random_shares, self.frames_per_batch,
+        self._control = FrameControl(self._random_shares, self.frames_per_batch,
                                      None if self.total_frames == float("inf") else int(self.total_frames))
         self.closed = False
         shut_down_at_exit(self)
