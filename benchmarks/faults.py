@@ -459,18 +459,24 @@ def main() -> None:
     parser.add_argument("--buffer-kills", type=int, default=40)
     parser.add_argument("--worker-kills", type=int, default=3)
     parser.add_argument("--cycles", type=int, default=5)
+    parser.add_argument("--worker-kill-minutes", type=float, default=None,
+                        help="stop the worker kills after this many minutes even if fewer were done")
     parser.add_argument("--skip-recipe", action="store_true", help="leave out the recipe SIGTERM case")
     args = parser.parse_args()
     started = time.monotonic()
     results = {"load_1min_start": round(os.getloadavg()[0], 2)}
+    results["cycles"] = cycles(args.cycles)
+    print(json.dumps({"cycles": results["cycles"]}), flush=True)  # each case as it ends: a long run may be cut
     if args.minutes is None:
         results["buffer_kills"] = buffer_kills(args.buffer_kills)
-        results["worker_kills"] = worker_kills(args.worker_kills)
+        print(json.dumps({"buffer_kills": results["buffer_kills"]}), flush=True)
+        kill_deadline = None if args.worker_kill_minutes is None else time.monotonic() + 60 * args.worker_kill_minutes
+        results["worker_kills"] = worker_kills(args.worker_kills, deadline=kill_deadline)
     else:  # the soak: half the time each
         half = started + 30 * args.minutes
         results["buffer_kills"] = buffer_kills(10**9, deadline=half)
         results["worker_kills"] = worker_kills(10**9, deadline=started + 60 * args.minutes)
-    results["cycles"] = cycles(args.cycles)
+    print(json.dumps({"worker_kills": results["worker_kills"]}), flush=True)
     results["learner_kill"] = learner_kill()
     if not args.skip_recipe:
         results["recipe_sigterm"] = recipe_sigterm()
