@@ -457,7 +457,7 @@ def test_a_worker_killed_holding_the_frame_lock_or_polling_stop_blocks_nobody(no
     and the collector's shutdown hung in ``stop_event.set()`` (benchmarks/faults.py).
     """
     from torchrl_unilab.collectors._control import FrameControl
-    from torchrl_unilab.collectors._sync import StopFlag
+    from torchrl_unilab._sync import StopFlag
 
     control, stop, holding = FrameControl(), StopFlag(), StopFlag()
     child = faults.CTX.Process(target=_hold_frame_lock_then_sleep, args=(control, stop, holding))

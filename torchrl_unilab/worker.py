@@ -40,7 +40,7 @@ from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.envs.utils import ExplorationType
 
 from torchrl_unilab.collectors._processes import WorkerError
-from torchrl_unilab.collectors._sync import StopFlag
+from torchrl_unilab._sync import StopFlag
 from torchrl_unilab.collectors._worker import LoopHooks, WorkerConfig, WorkerLoop, _parent_alive, probe_row
 from torchrl_unilab.collectors.metrics import PHASES, CollectorMetrics
 from torchrl_unilab.collectors.trace import PhaseTimer

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from torchrl_unilab.collectors._sync import ProcessLock
+from torchrl_unilab._sync import ProcessLock
 
 __all__ = ["FrameControl"]
 
@@ -49,7 +49,7 @@ def split_random_frames(random_frames: int, num_workers: int, frames_per_batch: 
 class FrameControl:
     """Shared counters: frames allowed, claimed by workers, and written.
 
-    The counters sit under a :class:`~torchrl_unilab.collectors._sync.ProcessLock`,
+    The counters sit under a :class:`~torchrl_unilab._sync.ProcessLock`,
     which the kernel releases if a worker is killed while it holds it.
 
     Args:

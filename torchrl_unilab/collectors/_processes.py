@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from torchrl_unilab.collectors._sync import StopFlag
+from torchrl_unilab._sync import StopFlag
 
 __all__ = ["WorkerError", "WorkerPool", "restore_stderr", "shut_down_at_exit", "worker_started"]
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +39,7 @@ from tensordict import is_tensor_collection
 from torchrl.data.replay_buffers.writers import RoundRobinWriter, Writer
 
 from torchrl_unilab._residue import pid_alive
+from torchrl_unilab._sync import FlockLock
 
 __all__ = ["BufferLock", "CommitWriter", "SharedCounters", "SYNC_FILE"]
 
@@ -131,7 +131,7 @@ class _NoLock:
 _NO_LOCK = _NoLock()
 
 
-class BufferLock:
+class BufferLock(FlockLock):
     """A process-shared lock the kernel releases when its holder dies: ``flock`` on the sync file.
 
     Used as ``replay_buffer._write_lock``, the lock TorchRL's ``extend`` and
@@ -183,27 +183,10 @@ class BufferLock:
         self.on_acquire = on_acquire
         if counters[_OWNER] == 0:
             counters[_OWNER] = os.getpid()
-        self._pid = None
-        self._fd = -1
-        self._thread_lock = threading.Lock()
-        self._open_guard = threading.Lock()
-        self.held = False
+        super().__init__()
 
-    def _ensure_open(self) -> None:
-        pid = os.getpid()
-        if self._pid == pid:
-            return
-        # Two threads' first acquisitions must not each open a descriptor and make a thread lock of their own.
-        with self._open_guard:
-            if self._pid == pid:
-                return
-            if self._pid is not None:
-                # A forked child shares the parent's open file description, and with it the parent's flock;
-                # the parent's thread lock may be held by a thread the child does not have.
-                self._thread_lock = threading.Lock()
-            self._fd = os.open(self.counters.path, os.O_RDWR | os.O_CLOEXEC)
-            self.held = False
-            self._pid = pid
+    def _path(self) -> str:
+        return self.counters.path
 
     def acquire(self, timeout: float | None = None) -> None:
         """Takes the lock, waiting at most ``timeout`` (default :attr:`timeout`) seconds."""
@@ -271,34 +254,8 @@ class BufferLock:
         if self.counters[_WAITING] == me:
             self.counters[_WAITING] = 0
 
-    def release(self) -> None:
-        """Releases the lock."""
-        self.held = False
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        self._thread_lock.release()
-
-    def __enter__(self) -> BufferLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
     def __getstate__(self) -> dict[str, Any]:
         return {"counters": self.counters, "timeout": self.timeout, "on_acquire": self.on_acquire}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.counters = state["counters"]
-        self.timeout = state["timeout"]
-        self.on_acquire = state["on_acquire"]
-        self._pid, self._fd, self.held = None, -1, False
-        self._thread_lock = threading.Lock()
-        self._open_guard = threading.Lock()
-
-    def __del__(self) -> None:
-        if self._fd >= 0 and self._pid == os.getpid():
-            os.close(self._fd)
-            self._fd = -1
 
 
 class CommitWriter(RoundRobinWriter):
