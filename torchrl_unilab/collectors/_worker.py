@@ -389,6 +389,19 @@ class LanePolicyState:
     :class:`~torchrl_unilab.modules.exploration.PerEnvMixedNoise`'s stds), sized
     by the batch they see. With lanes the policy sees one lane at a time, so each
     lane gets its own copy of those buffers, swapped in around its policy call.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import Bounded
+        >>> from torchrl_unilab.modules.exploration import PerEnvMixedNoise
+        >>> noise = PerEnvMixedNoise(Bounded(-1.0, 1.0, shape=(2,)), std_min=0.0, std_max=1.0)
+        >>> state = LanePolicyState(noise, lanes=2)
+        >>> td = TensorDict({"action": torch.zeros(3, 2), "is_init": torch.ones(3, 1, dtype=torch.bool)}, [3])
+        >>> with state.policy_state(0):
+        ...     _ = noise(td.clone())
+        >>> with state.policy_state(1):
+        ...     noise.stds.shape  # lane 1 has drawn no stds yet
+        torch.Size([0, 1])
     """
 
     def __init__(self, policy, lanes: int) -> None:

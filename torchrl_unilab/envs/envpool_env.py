@@ -14,6 +14,16 @@ resets an env whose episode ended on that env's *next* step and ignores the
 action sent with it; this env resets every finished env explicitly right after
 the step instead, so no such step ever produces a transition.
 
+``EnvPoolEnv(..., lanes=2)`` splits the batch into pools stepped asynchronously
+(:meth:`EnvPoolEnv.send_lane` / :meth:`EnvPoolEnv.recv_lane`); the collector's
+worker loop then computes one lane's actions while EnvPool steps the other.
+Measured with ``python benchmarks/collector_throughput.py --group lanes`` on the
+2-core machine under a load average of 8 to 9.6, the overlap was *slower*: 0.48 to
+0.57 x the same worker without lanes at 16 envs, 0.69 to 0.78 x at 64 envs (no
+core was idle, and a half-batch actor call costs nearly a whole one). So lanes are
+off by default and not a collector option; pass an ``EnvPoolEnv`` factory with
+``lanes=`` to use them (docs: Performance, "Overlapping the policy with physics").
+
 :func:`make_gym_id_env` is where a gymnasium id is routed to an engine.
 """
 
@@ -159,6 +169,19 @@ class EnvPoolEnv(BatchedTaskEnv):
         >>> transition, td = env.step_and_maybe_reset(td)
         >>> transition["next", "reward"].shape
         torch.Size([4, 1])
+        >>> env.close()
+
+        Two lanes, stepped asynchronously:
+
+        >>> env = EnvPoolEnv("Hopper-v5", num_envs=4, seed=0, lanes=2)
+        >>> td = env.reset()
+        >>> td["action"] = env.action_spec.zero()
+        >>> env.lane_slices
+        [slice(0, 2, None), slice(2, 4, None)]
+        >>> env.send_lane(0, td[0:2])  # returns at once: EnvPool steps lane 0 meanwhile
+        >>> transition, root = env.recv_lane(0)
+        >>> transition.batch_size
+        torch.Size([2])
         >>> env.close()
     """
 
