@@ -16,7 +16,16 @@ Prints one JSON line with env steps per second for
 * ``offpolicy_gymnasium``: ``OffPolicyCollector``, 1 worker x 16 envs, ``engine="gymnasium"``;
 * ``offpolicy_envpool_16`` / ``offpolicy_envpool_64``: 1 worker x 16 / 64 envs on EnvPool
   (the default engine), the same actor, writing into a shared replay buffer;
-* ``offpolicy_envpool_2w``: 2 workers x 16 envs on EnvPool (second group, with its own ``raw``).
+* ``offpolicy_envpool_2w``: 2 workers x 16 envs on EnvPool (second group, with its own ``raw``);
+* ``offpolicy_lanes_16`` / ``offpolicy_lanes_64``: 1 worker over ``EnvPoolEnv(..., lanes=2)``: the
+  worker computes one half's actions while EnvPool's C++ thread steps the other half.
+
+``actor_us_per_env`` times the actor alone (item 4 of issue 13): one call right after an EnvPool
+step of the same batch ("after_physics", caches holding the physics' data) against a second call
+straight after it ("warm"), at 16 and 64 envs, in microseconds per env.
+
+``--group lanes`` runs only ``raw``, the EnvPool collector rows at 16 and 64 envs, the lanes rows
+and the actor probe (a few minutes).
 
 Each worker also reports where its time goes (``breakdown_us_per_step``: physics,
 policy, bookkeeping, buffer write, in microseconds per env step).
@@ -28,12 +37,13 @@ the per-round ratios to ``raw``. Collector windows start and end on a batch
 boundary (``wait_for_frames``), so whole batches never skew a window. The load
 average at the start and end is printed beside the figures.
 
-Run: ``python benchmarks/collector_throughput.py [--rounds 5] [--seconds 3]``
+Run: ``python benchmarks/collector_throughput.py [--rounds 5] [--seconds 3] [--group all|lanes]``
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -47,8 +57,10 @@ import numpy as np
 import torch
 from torchrl.collectors import Collector
 from torchrl.envs import DoubleToFloat, GymEnv, TransformedEnv
+from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from torchrl_unilab import EnvPoolEnv, OffPolicyCollector, make_replay_buffer
+from torchrl_unilab.modules._fast_policy import tensor_policy
 from torchrl_unilab.modules.models import make_actor
 
 ENV = "HalfCheetah-v5"
@@ -149,11 +161,15 @@ class TorchRLCollector:
 class OffPolicy:
     """An OffPolicyCollector kept paused between measurement windows; it also sums the workers' phase times."""
 
-    def __init__(self, num_workers: int, num_envs: int = NUM_ENVS, engine: str = "auto") -> None:
+    def __init__(self, num_workers: int, num_envs: int = NUM_ENVS, engine: str = "auto", lanes: int = 1) -> None:
         self.num_workers = num_workers
-        self.collector = OffPolicyCollector(ENV, sac_actor(), num_workers=num_workers, num_envs=num_envs,
-                                            frames_per_batch=1024, replay_buffer=make_replay_buffer(200_000),
-                                            seed=0, engine=engine)
+        options = dict(num_workers=num_workers, frames_per_batch=1024, replay_buffer=make_replay_buffer(200_000),
+                       seed=0)
+        if lanes > 1:
+            env = functools.partial(EnvPoolEnv, ENV, num_envs, lanes=lanes)
+            self.collector = OffPolicyCollector(env, sac_actor(), **options)
+        else:
+            self.collector = OffPolicyCollector(ENV, sac_actor(), num_envs=num_envs, engine=engine, **options)
         self.collector.start()
         self.collector.wait_for_frames(2048 * num_workers, timeout=120)  # past process start-up
         self._pause = self.collector.pause()
@@ -192,6 +208,30 @@ class OffPolicy:
         self.collector.shutdown()
 
 
+def actor_after_physics(num_envs: int, calls: int = 300) -> dict[str, float]:
+    """Actor microseconds per env: right after an EnvPool step of the batch, and called again at once (warm)."""
+    torch.set_num_threads(1)
+    env = EnvPoolEnv(ENV, num_envs, seed=0)
+    td = env.reset()
+    policy = tensor_policy(sac_actor())
+    cold, warm = [], []
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        for _ in range(calls):
+            values = {"observation": td["observation"], "is_init": torch.zeros(num_envs, 1, dtype=torch.bool)}
+            t0 = time.perf_counter()
+            action = policy(values)
+            t1 = time.perf_counter()
+            policy(values)
+            t2 = time.perf_counter()
+            cold.append(t1 - t0)
+            warm.append(t2 - t1)
+            td["action"] = action
+            _, td = env.step_and_maybe_reset(td)
+    env.close()
+    return {"after_physics": round(1e6 * statistics.median(cold) / num_envs, 2),
+            "warm": round(1e6 * statistics.median(warm) / num_envs, 2)}
+
+
 def interleaved(configs: dict, rounds: int, seconds: float) -> dict[str, list[float]]:
     """Runs each configuration for ``seconds`` in turn, ``rounds`` times; the rates per configuration."""
     rates: dict[str, list[float]] = {name: [] for name in configs}
@@ -209,36 +249,50 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per configuration")
     parser.add_argument("--seconds", type=float, default=3.0, help="measurement window per round")
+    parser.add_argument("--group", choices=("all", "lanes"), default="all",
+                        help="'lanes': only raw, the EnvPool collector rows and the overlapped (lanes) rows")
     args = parser.parse_args()
     load_start = os.getloadavg()
+    out = {"benchmark": "collector_throughput", "env": ENV, "unit": "env steps/s", "rounds": args.rounds,
+           "seconds_per_round": args.seconds, "group": args.group}
+    out["actor_us_per_env"] = {n: actor_after_physics(n) for n in (NUM_ENVS, 64)}
     collectors = {
-        "torchrl_collector": TorchRLCollector(),
-        "offpolicy_gymnasium": OffPolicy(1, engine="gymnasium"),
         "offpolicy_envpool_16": OffPolicy(1),
         "offpolicy_envpool_64": OffPolicy(1, num_envs=64),
+        "offpolicy_lanes_16": OffPolicy(1, lanes=2),
+        "offpolicy_lanes_64": OffPolicy(1, num_envs=64, lanes=2),
     }
+    if args.group == "all":
+        collectors = {"torchrl_collector": TorchRLCollector(), "offpolicy_gymnasium": OffPolicy(1, engine="gymnasium"),
+                      **collectors}
+    simulators = {"bare_mujoco": BareMujoco(), "envpool": EnvPoolAlone(),
+                  "envpool_env": EnvPoolEnvAlone()} if args.group == "all" else {}
     try:
-        first = interleaved({"raw": raw_gym, "bare_mujoco": BareMujoco(), "envpool": EnvPoolAlone(),
-                             "envpool_env": EnvPoolEnvAlone(), **collectors}, args.rounds, args.seconds)
+        first = interleaved({"raw": raw_gym, **simulators, **collectors}, args.rounds, args.seconds)
         breakdown = {name: c.breakdown() for name, c in collectors.items() if isinstance(c, OffPolicy)}
     finally:
         for c in collectors.values():
             c.close()
-    two = OffPolicy(2)
-    try:
-        second = interleaved({"raw": raw_gym, "offpolicy_envpool_2w": two}, args.rounds, args.seconds)
-        breakdown["offpolicy_envpool_2w"] = two.breakdown()
-    finally:
-        two.close()
-    out = {"benchmark": "collector_throughput", "env": ENV, "unit": "env steps/s", "rounds": args.rounds,
-           "seconds_per_round": args.seconds}
-    figures = {**first, "offpolicy_envpool_2w": second["offpolicy_envpool_2w"]}
+    figures = dict(first)
+    if args.group == "all":
+        two = OffPolicy(2)
+        try:
+            second = interleaved({"raw": raw_gym, "offpolicy_envpool_2w": two}, args.rounds, args.seconds)
+            breakdown["offpolicy_envpool_2w"] = two.breakdown()
+        finally:
+            two.close()
+        figures["offpolicy_envpool_2w"] = second["offpolicy_envpool_2w"]
     out.update({name: round(statistics.median(r), 1) for name, r in figures.items()})
     for name, rates in first.items():
         if name != "raw":
             out[f"ratio_{name}_over_raw"] = round(median_ratio(rates, first["raw"]), 3)
-    out["ratio_offpolicy_envpool_2w_over_raw"] = round(median_ratio(second["offpolicy_envpool_2w"], second["raw"]), 3)
-    out["ratio_2w_over_1w"] = round(out["offpolicy_envpool_2w"] / out["offpolicy_envpool_16"], 3)
+    for n in (16, 64):
+        out[f"ratio_lanes_{n}_over_envpool_{n}"] = round(
+            median_ratio(first[f"offpolicy_lanes_{n}"], first[f"offpolicy_envpool_{n}"]), 3)
+    if args.group == "all":
+        out["ratio_offpolicy_envpool_2w_over_raw"] = round(
+            median_ratio(second["offpolicy_envpool_2w"], second["raw"]), 3)
+        out["ratio_2w_over_1w"] = round(out["offpolicy_envpool_2w"] / out["offpolicy_envpool_16"], 3)
     out["ratio_envpool_16_over_raw_per_round"] = [
         round(a / b, 3) for a, b in zip(first["offpolicy_envpool_16"], first["raw"])
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -14,9 +15,10 @@ from torchrl.collectors import MultiAsyncCollector
 from torchrl_unilab import BatchedGymEnv, EnvPoolEnv, OffPolicyCollector, WorkerError, make_replay_buffer
 
 HOPPER_OBS, HOPPER_ACT = 11, 3
-#: The integrity tests run on both engines that step gymnasium ids.
-ENGINES = pytest.mark.parametrize("engine", ["envpool", "gymnasium"])
-ENV_CLASSES = {"envpool": EnvPoolEnv, "gymnasium": BatchedGymEnv}
+#: The integrity tests run on both engines that step gymnasium ids, and on EnvPool with two
+#: asynchronous lanes (the worker loop overlaps one lane's policy with the other's physics).
+ENGINES = pytest.mark.parametrize("engine", ["envpool", "gymnasium", "envpool-lanes"])
+ENV_CLASSES = {"envpool": EnvPoolEnv, "gymnasium": BatchedGymEnv, "envpool-lanes": functools.partial(EnvPoolEnv, lanes=2)}
 
 
 def by_trajectory(rows: TensorDictBase) -> dict[int, TensorDictBase]:
@@ -52,6 +54,11 @@ def hopper_collector(rb, **kwargs) -> OffPolicyCollector:
     defaults = dict(num_workers=2, num_envs=8, frames_per_batch=512, replay_buffer=rb, seed=0,
                     env_kwargs={"max_episode_steps": 60})
     defaults.update(kwargs)
+    if defaults.get("engine") == "envpool-lanes":
+        del defaults["engine"]
+        env = functools.partial(EnvPoolEnv, "Hopper-v5", defaults.pop("num_envs"), env_kwargs=defaults.pop("env_kwargs"),
+                                lanes=2)
+        return OffPolicyCollector(env, linear_policy(HOPPER_OBS, HOPPER_ACT), **defaults)
     return OffPolicyCollector("Hopper-v5", linear_policy(HOPPER_OBS, HOPPER_ACT), **defaults)
 
 

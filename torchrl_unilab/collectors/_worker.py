@@ -16,7 +16,7 @@ import os
 import pickle
 import signal
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import cloudpickle
@@ -31,6 +31,7 @@ from torchrl_unilab.collectors._control import FrameControl
 from torchrl_unilab.collectors._processes import restore_stderr, worker_started
 from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.collectors.trace import PhaseTimer
+from torchrl_unilab.envs.envpool_env import EnvPoolEnv
 from torchrl_unilab.modules._fast_policy import tensor_policy
 from torchrl_unilab.weight_update.weight_sync import SharedWeights
 
@@ -42,6 +43,9 @@ VERSION_KEY = "policy_version"
 #: Policy version stored on rows whose action was drawn uniformly at random.
 RANDOM_VERSION = -1
 
+
+#: Every env of the batch.
+_ALL = slice(None)
 
 #: Accepted values of ``nonfinite``.
 NONFINITE_MODES = ("raise", "drop")
@@ -150,6 +154,9 @@ class WorkerLoop:
         self.ep_return = torch.zeros(n, dtype=torch.float64)
         self._action_shape = tuple(env.action_spec.shape)
         self._version_rows = (self.version, torch.full((n,), self.version, dtype=torch.int64))
+        # EnvPoolEnv's own lanes only: a TransformedEnv forwards attribute reads to its base env,
+        # and stepping that base env's lanes directly would skip the transforms.
+        self.lanes = LanePolicyState(policy, env.lanes) if type(env) is EnvPoolEnv and env.lanes > 1 else None
 
     @property
     def version(self) -> int:
@@ -162,13 +169,14 @@ class WorkerLoop:
             if weights.load_into(module) is not None and i == 0:
                 self.metrics.set(self.idx, policy_version=self.version)
 
-    def act(self, td: TensorDictBase) -> torch.Tensor:
-        n = self.cfg.num_envs
+    def act(self, td: TensorDictBase, envs: slice = _ALL) -> torch.Tensor:
+        """Sets ``td["action"]`` for the envs ``envs`` (``td`` holds their rows); their policy versions."""
+        n = len(td)
         n_random = min(self.random_left, n)
         if n_random < n:
             # A shallow copy: modules such as an observation normaliser may
             # overwrite keys, and the buffer must keep the env's raw values.
-            is_init = self.step_count == 0
+            is_init = self.step_count[envs] == 0
             if self.fast_policy is not None:  # only built for ExplorationType.RANDOM
                 values = dict(td.items())
                 values["is_init"] = is_init
@@ -178,7 +186,7 @@ class WorkerLoop:
                     policy_td = td.copy()
                     policy_td.set("is_init", is_init)
                     action = self.policy(policy_td).get("action")
-            if tuple(action.shape) != self._action_shape:
+            if tuple(action.shape) != (n, *self._action_shape[1:]):
                 raise ValueError(
                     f"policy returned an action of shape {tuple(action.shape)}, the env's action_spec is "
                     f"{self._action_shape}"
@@ -187,10 +195,11 @@ class WorkerLoop:
         else:
             action = None
         if self._version_rows[0] != self.version:
-            self._version_rows = (self.version, torch.full((n,), self.version, dtype=torch.int64))
-        version = self._version_rows[1]  # stored in every row as is: replaced, never modified in place
+            n_all = self.cfg.num_envs
+            self._version_rows = (self.version, torch.full((n_all,), self.version, dtype=torch.int64))
+        version = self._version_rows[1][envs]  # stored in every row as is: replaced, never modified in place
         if n_random:
-            random_action = self.env.action_spec.rand()
+            random_action = self.env.action_spec.rand()[envs]
             action = random_action if action is None else torch.cat([random_action[:n_random], action[n_random:]])
             self.random_left -= n_random
             version = version.clone()
@@ -198,31 +207,35 @@ class WorkerLoop:
         td.set("action", action)
         return version
 
-    def end_episodes(self, transition: TensorDictBase) -> None:
+    def end_episodes(self, transition: TensorDictBase, envs: slice = _ALL) -> None:
+        """Counts the step of the envs ``envs`` (``transition`` holds their rows), and starts their new episodes."""
         # numpy views of the step's tensors: a few element-wise ops cost less there than in torch.
         done = transition.get(("next", "done")).numpy().reshape(-1)
-        ep_return = self.ep_return.numpy()
+        ep_return = self.ep_return.numpy()[envs]
         ep_return += transition.get(("next", "reward")).numpy().reshape(-1)
+        # New tensors, never in-place updates: the stored rows hold the old ones.
+        if envs == _ALL:
+            step_count = self.step_count + 1
+        else:
+            step_count = self.step_count.clone()
+            step_count[envs] += 1
         if done.any():
             idx = np.flatnonzero(done)
+            first = envs.start or 0
             self.metrics.record_episodes(
                 self.idx,
                 returns=ep_return[idx].tolist(),
-                lengths=(self.step_count.numpy()[idx, 0] + 1).tolist(),
+                lengths=step_count.numpy()[idx + first, 0].tolist(),
                 terminated=transition.get(("next", "terminated")).numpy().reshape(-1)[idx].tolist(),
             )
             ep_return[idx] = 0
-            # New tensors, never in-place updates: the stored rows hold the old ones.
             new_ids = np.arange(self.next_traj, self.next_traj + len(idx), dtype=np.int64)
             traj_ids = self.traj_ids.clone()
-            traj_ids.numpy()[idx] = new_ids * self.cfg.num_workers + self.idx
+            traj_ids.numpy()[idx + first] = new_ids * self.cfg.num_workers + self.idx
             self.traj_ids = traj_ids
             self.next_traj += len(idx)
-            step_count = self.step_count + 1
-            step_count.numpy()[idx] = 0
-            self.step_count = step_count
-        else:
-            self.step_count = self.step_count + 1
+            step_count.numpy()[idx + first] = 0
+        self.step_count = step_count
 
     def should_stop(self) -> bool:
         """True once ``stop_event`` is set or the parent process is gone (no orphaned workers)."""
@@ -277,6 +290,7 @@ class WorkerLoop:
         self.sync_weights()
         td = env.reset()
         self.metrics.start(self.idx)
+        steps = self._lane_steps(td) if self.lanes is not None else self._batch_steps(td)
         while self.wait_for_claim():
             if hooks.before_batch is not None:
                 hooks.before_batch()
@@ -286,19 +300,17 @@ class WorkerLoop:
                     return
                 with phase("weight check"):
                     self.sync_weights()
-                with phase("actor inference"):
-                    version = self.act(td)
-                with phase("env step"):
-                    transition, td = env.step_and_maybe_reset(td)
-                    rows.append(transition)
+                for row, tag in next(steps):
+                    rows.append(row)
                     # Tagged once per batch below: a TensorDict set per key and step costs more than the stacking.
-                    tags.append((self.step_count, self.traj_ids, version))
-                    self.end_episodes(transition)
+                    tags.append(tag)
                 if self.hooks.between_steps is not None:
                     self.hooks.between_steps()
             with phase("buffer write"):
-                step_counts, traj_ids, versions = (torch.stack(tag) for tag in zip(*tags))
-                batch = add_collector_keys(torch.stack(rows), step_counts, traj_ids, versions)
+                shape = (self.steps_per_batch, cfg.num_envs)  # lanes' rows, step by step, are whole steps
+                step_counts, traj_ids, versions = (torch.stack(tag).reshape(*shape, *tag[0].shape[1:])
+                                                   for tag in zip(*tags))
+                batch = add_collector_keys(torch.stack(rows).reshape(shape), step_counts, traj_ids, versions)
                 batch = self.finite_rows(batch.select(*cfg.row_keys, strict=True)).reshape(-1)
                 if hooks.postproc is not None:
                     batch = hooks.postproc(batch)
@@ -317,6 +329,49 @@ class WorkerLoop:
             if self.hooks.after_write is not None and not self.hooks.after_write():
                 return
 
+    def _batch_steps(self, td: TensorDictBase) -> Iterator[list[tuple[TensorDictBase, tuple]]]:
+        """Steps the whole batch at once; yields each step's ``[(transition, tags)]``."""
+        phase = self.timer
+        while True:
+            with phase("actor inference"):
+                version = self.act(td)
+            with phase("env step"):
+                transition, td = self.env.step_and_maybe_reset(td)
+                tags = (self.step_count, self.traj_ids, version)
+                self.end_episodes(transition)
+            yield [(transition, tags)]
+
+    def _lane_steps(self, td: TensorDictBase) -> Iterator[list[tuple[TensorDictBase, tuple]]]:
+        """Steps an env's lanes in turn, the policy of each overlapping the physics of the others.
+
+        Yields each step's ``[(transition, tags)]``, one per lane in lane order. A lane's next
+        action is computed and sent as soon as its step is received, so at the end of a batch
+        every lane has its next step in flight, which the next batch receives.
+        """
+        env, phase, lanes = self.env, self.timer, self.env.lane_slices
+        in_flight: list[tuple | None] = [None] * len(lanes)
+
+        def launch(lane: int, root: TensorDictBase) -> None:
+            envs = lanes[lane]
+            with self.lanes.policy_state(lane):
+                version = self.act(root, envs)
+            in_flight[lane] = (self.step_count[envs], self.traj_ids[envs], version)
+            env.send_lane(lane, root)
+
+        with phase("actor inference"):
+            for lane, envs in enumerate(lanes):
+                launch(lane, td[envs])
+        while True:
+            step = []
+            for lane, envs in enumerate(lanes):
+                with phase("env step"):  # mostly the wait for this lane's C++ step
+                    transition, root = env.recv_lane(lane)
+                    step.append((transition, in_flight[lane]))
+                    self.end_episodes(transition, envs)
+                with phase("actor inference"):
+                    launch(lane, root)
+            yield step
+
     def close(self, close_env: bool = True) -> None:
         """Closes the env (unless its owner does), the shared-memory handles, and writes the trace."""
         if close_env:
@@ -325,6 +380,45 @@ class WorkerLoop:
         for weights, _ in self.syncs:
             weights.close()
         self.timer.save()
+
+
+class LanePolicyState:
+    """Keeps the policy's per-env state apart for each lane of a laned env.
+
+    Exploration modules keep per-env state in non-persistent buffers (e.g.
+    :class:`~torchrl_unilab.modules.exploration.PerEnvMixedNoise`'s stds), sized
+    by the batch they see. With lanes the policy sees one lane at a time, so each
+    lane gets its own copy of those buffers, swapped in around its policy call.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import Bounded
+        >>> from torchrl_unilab.modules.exploration import PerEnvMixedNoise
+        >>> noise = PerEnvMixedNoise(Bounded(-1.0, 1.0, shape=(2,)), std_min=0.0, std_max=1.0)
+        >>> state = LanePolicyState(noise, lanes=2)
+        >>> td = TensorDict({"action": torch.zeros(3, 2), "is_init": torch.ones(3, 1, dtype=torch.bool)}, [3])
+        >>> with state.policy_state(0):
+        ...     _ = noise(td.clone())
+        >>> with state.policy_state(1):
+        ...     noise.stds.shape  # lane 1 has drawn no stds yet
+        torch.Size([0, 1])
+    """
+
+    def __init__(self, policy, lanes: int) -> None:
+        modules = policy.modules() if isinstance(policy, torch.nn.Module) else ()
+        self._slots = [(m, name) for m in modules for name in sorted(m._non_persistent_buffers_set)]  # noqa: SLF001
+        self._saved = [[m._buffers[name] for m, name in self._slots] for _ in range(lanes)]  # noqa: SLF001
+
+    @contextlib.contextmanager
+    def policy_state(self, lane: int) -> Iterator[None]:
+        """Runs the ``with`` block with ``lane``'s per-env buffers in the policy."""
+        saved = self._saved[lane]
+        for (module, name), value in zip(self._slots, saved):
+            module._buffers[name] = value  # noqa: SLF001
+        try:
+            yield
+        finally:
+            saved[:] = [m._buffers[name] for m, name in self._slots]  # noqa: SLF001
 
 
 def _parent_alive() -> bool:

@@ -152,14 +152,21 @@ class BatchedTaskEnv(EnvBase):
         return TensorDict({"observation": torch.from_numpy(self._obs.copy())}, batch_size=self.batch_size,
                           device=self.device)
 
+    def _clip(self, action: torch.Tensor) -> np.ndarray:
+        return np.clip(action.detach().cpu().numpy(), self._action_low, self._action_high)
+
     def _step_all(self, action: torch.Tensor):
-        actions = np.clip(action.detach().cpu().numpy(), self._action_low, self._action_high)
-        next_obs, reward, terminated, sim_truncated = self._physics_step(actions)
-        self._steps += 1
-        truncated = (sim_truncated | (self._steps >= self._limits)) & ~terminated
+        return self._apply_limits(self._physics_step(self._clip(action)), slice(None))
+
+    def _apply_limits(self, physics: tuple, envs: slice):
+        """Applies the time limit to the physics outputs of the envs ``envs``: ``(obs, reward, term, trunc)``."""
+        next_obs, reward, terminated, sim_truncated = physics
+        steps, limits = self._steps[envs], self._limits[envs]  # views: updated in place
+        steps += 1
+        truncated = (sim_truncated | (steps >= limits)) & ~terminated
         ended = terminated | truncated
         if ended.any():
-            self._limits[ended] = self._full_limit  # staggering cuts the first episode only
+            limits[ended] = self._full_limit  # staggering cuts the first episode only
         return next_obs, reward.reshape(-1, 1), terminated.reshape(-1, 1), truncated.reshape(-1, 1)
 
     def _next_td(self, next_obs, reward, terminated, truncated) -> dict[str, torch.Tensor]:
@@ -185,26 +192,31 @@ class BatchedTaskEnv(EnvBase):
         finished episode and ``next_root["observation"]`` its reset observation.
         The transition carries ``"observation"``, ``"action"`` and ``"next"``.
         """
-        next_obs, reward, terminated, truncated = self._step_all(tensordict.get("action"))
+        return self._autoreset(tensordict, self._step_all(tensordict.get("action")), slice(None))
+
+    def _autoreset(self, tensordict: TensorDictBase, stepped: tuple, envs: slice) -> tuple[TensorDictBase, TensorDictBase]:
+        """Resets the finished envs among ``envs`` in place; ``(transition, next_root)`` over those envs."""
+        next_obs, reward, terminated, truncated = stepped
         root_obs = next_obs.copy()
         ended = np.flatnonzero(terminated[:, 0] | truncated[:, 0])
         if len(ended):
-            root_obs[ended] = self._reset_envs(ended)
-            self._steps[ended] = 0
-        self._obs[:] = root_obs
+            first = envs.start or 0
+            root_obs[ended] = self._reset_envs(ended + first)
+            self._steps[ended + first] = 0
+        self._obs[envs] = root_obs
+        batch_size = torch.Size([len(next_obs)])
         # Built without per-key validation: every entry comes from this env's
         # own preallocated arrays, with the batch size the specs declare.
         transition = TensorDict._new_unsafe(
             {
                 "observation": tensordict.get("observation"),
                 "action": tensordict.get("action"),
-                "next": TensorDict._new_unsafe(
-                    self._next_td(next_obs, reward, terminated, truncated), batch_size=self.batch_size
-                ),
+                "next": TensorDict._new_unsafe(self._next_td(next_obs, reward, terminated, truncated),
+                                               batch_size=batch_size),
             },
-            batch_size=self.batch_size,
+            batch_size=batch_size,
         )
-        root = TensorDict._new_unsafe({"observation": torch.from_numpy(root_obs)}, batch_size=self.batch_size)
+        root = TensorDict._new_unsafe({"observation": torch.from_numpy(root_obs)}, batch_size=batch_size)
         return transition, root
 
 

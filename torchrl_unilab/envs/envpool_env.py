@@ -14,6 +14,16 @@ resets an env whose episode ended on that env's *next* step and ignores the
 action sent with it; this env resets every finished env explicitly right after
 the step instead, so no such step ever produces a transition.
 
+``EnvPoolEnv(..., lanes=2)`` splits the batch into pools stepped asynchronously
+(:meth:`EnvPoolEnv.send_lane` / :meth:`EnvPoolEnv.recv_lane`); the collector's
+worker loop then computes one lane's actions while EnvPool steps the other.
+Measured with ``python benchmarks/collector_throughput.py --group lanes`` on the
+2-core machine under a load average of 8 to 9.6, the overlap was *slower*: 0.48 to
+0.57 x the same worker without lanes at 16 envs, 0.69 to 0.78 x at 64 envs (no
+core was idle, and a half-batch actor call costs nearly a whole one). So lanes are
+off by default and not a collector option; pass an ``EnvPoolEnv`` factory with
+``lanes=`` to use them (docs: Performance, "Overlapping the policy with physics").
+
 :func:`make_gym_id_env` is where a gymnasium id is routed to an engine.
 """
 
@@ -25,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
 try:
@@ -141,7 +152,12 @@ class EnvPoolEnv(BatchedTaskEnv):
         max_episode_steps: time limit; defaults to ``env_kwargs["max_episode_steps"]``, else the
             id's registered limit.
         stagger_resets: stagger the first episodes (see :class:`~torchrl_unilab.BatchedGymEnv`).
-        threads: EnvPool worker threads. Default 1.
+        threads: EnvPool worker threads (per lane). Default 1.
+        lanes: split the batch into this many equal lanes, each an EnvPool pool of its own
+            (``num_envs`` must be a multiple). :meth:`send_lane` / :meth:`recv_lane` step one
+            lane asynchronously, so a worker can run the policy on one lane while EnvPool's C++
+            threads step another (the collector's worker loop does so).
+            Env ``j`` keeps seed ``seed + j`` whatever the lanes. Default 1.
         device: TorchRL device, ``"cpu"`` by default.
 
     Examples:
@@ -153,6 +169,19 @@ class EnvPoolEnv(BatchedTaskEnv):
         >>> transition, td = env.step_and_maybe_reset(td)
         >>> transition["next", "reward"].shape
         torch.Size([4, 1])
+        >>> env.close()
+
+        Two lanes, stepped asynchronously:
+
+        >>> env = EnvPoolEnv("Hopper-v5", num_envs=4, seed=0, lanes=2)
+        >>> td = env.reset()
+        >>> td["action"] = env.action_spec.zero()
+        >>> env.lane_slices
+        [slice(0, 2, None), slice(2, 4, None)]
+        >>> env.send_lane(0, td[0:2])  # returns at once: EnvPool steps lane 0 meanwhile
+        >>> transition, root = env.recv_lane(0)
+        >>> transition.batch_size
+        torch.Size([2])
         >>> env.close()
     """
 
@@ -166,12 +195,15 @@ class EnvPoolEnv(BatchedTaskEnv):
         max_episode_steps: int | None = None,
         stagger_resets: bool = True,
         threads: int = 1,
+        lanes: int = 1,
         device: torch.device | str = "cpu",
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1 or num_envs % lanes:
+            raise ValueError(f"lanes must be an int >= 1 that divides num_envs={num_envs}, got {lanes!r}")
         select_engine(env_id, "envpool", env_kwargs)
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
@@ -190,32 +222,51 @@ class EnvPoolEnv(BatchedTaskEnv):
             device=device,
         )
         self._seed = seed
-        self._pool = None
-        self._ids = np.arange(num_envs, dtype=np.int32)
+        self.lanes = lanes
+        self.lane_size = num_envs // lanes
+        self._pools: list = []
+        self._in_flight: list[TensorDictBase | None] = [None] * lanes
+        self._local_ids = np.arange(self.lane_size, dtype=np.int32)
 
     # ------------------------------------------------------------------ pool
     def _build_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
+        self._close_pools()
         base = self._seed if self._seed is not None else int(np.random.SeedSequence().entropy % 2**31)
-        self._pool = envpool.make_gymnasium(
-            self.env_id, num_envs=self.num_envs, batch_size=self.num_envs, num_threads=self.threads,
-            seed=base, env_seed=[(base + i) % 2**31 for i in range(self.num_envs)], max_episode_steps=_NO_LIMIT,
-            **self._config,
-        )
-        keys = self._pool._state_keys  # noqa: SLF001 - the raw C++ outputs skip the pytree conversion per step
+        h = self.lane_size
+        self._pools = [
+            envpool.make_gymnasium(
+                self.env_id, num_envs=h, batch_size=h, num_threads=self.threads, seed=base + lane * h,
+                env_seed=[(base + lane * h + i) % 2**31 for i in range(h)], max_episode_steps=_NO_LIMIT,
+                **self._config,
+            )
+            for lane in range(self.lanes)
+        ]
+        pool = self._pools[0]
+        keys = pool._state_keys  # noqa: SLF001 - the raw C++ outputs skip the pytree conversion per step
         self._at = {name: keys.index(name) for name in ("obs", "reward", "done", "trunc", "info:env_id")}
-        self._action_keys = tuple(self._pool._action_keys)  # noqa: SLF001
-        if self._action_keys != ("env_id", "players.env_id", "action"):
-            raise RuntimeError(f"unexpected EnvPool action keys {self._action_keys}; this envpool version is not supported")
+        action_keys = tuple(pool._action_keys)  # noqa: SLF001
+        if action_keys != ("env_id", "players.env_id", "action"):
+            raise RuntimeError(f"unexpected EnvPool action keys {action_keys}; this envpool version is not supported")
 
-    def _roundtrip(self, ids: np.ndarray, actions: np.ndarray | None) -> list[np.ndarray]:
-        """Sends a step (``actions``) or a reset (``None``) to the sorted envs ``ids``; their outputs, in that order."""
+    def _close_pools(self) -> None:
+        for pool in self._pools:
+            pool.close()
+        self._pools = []
+        self._in_flight = [None] * self.lanes
+
+    def _check_built(self) -> None:
+        if not self._pools:
+            raise RuntimeError("EnvPoolEnv must be reset before it is stepped (after construction or set_seed)")
+
+    def _send(self, lane: int, ids: np.ndarray, actions: np.ndarray | None) -> None:
+        """Starts a step (``actions``) or a reset (``None``) of the sorted envs ``ids`` of ``lane`` (local ids)."""
         if actions is None:
-            self._pool._reset(ids)  # noqa: SLF001
+            self._pools[lane]._reset(ids)  # noqa: SLF001
         else:
-            self._pool._send([ids, ids, actions])  # noqa: SLF001 - in the order of EnvPool's _action_keys
-        out = self._pool._recv()  # noqa: SLF001
+            self._pools[lane]._send([ids, ids, actions])  # noqa: SLF001 - in the order of EnvPool's _action_keys
+
+    def _recv(self, lane: int, ids: np.ndarray) -> list[np.ndarray]:
+        out = self._pools[lane]._recv()  # noqa: SLF001
         got = out[self._at["info:env_id"]]
         if not np.array_equal(got, ids):
             # With several threads EnvPool returns envs in the order they finish.
@@ -223,31 +274,78 @@ class EnvPoolEnv(BatchedTaskEnv):
             out = [a[order] if getattr(a, "ndim", 0) and len(a) == len(ids) else a for a in out]
         return out
 
-    # ----------------------------------------------------------------- hooks
-    def _reset_envs(self, ids: np.ndarray) -> np.ndarray:
-        if self._pool is None:
-            self._build_pool()
-        out = self._roundtrip(ids.astype(np.int32), None)
-        return out[self._at["obs"]].astype(np.float32)
-
-    def _physics_step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        if self._pool is None:
-            raise RuntimeError("EnvPoolEnv must be reset before it is stepped (after construction or set_seed)")
-        out = self._roundtrip(self._ids, actions.astype(np.float64))
+    def _physics_outputs(self, out: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         done, trunc = out[self._at["done"]], out[self._at["trunc"]]
         return (out[self._at["obs"]].astype(np.float32), out[self._at["reward"]].astype(np.float32),
                 done & ~trunc, trunc)
 
+    # ----------------------------------------------------------------- hooks
+    def _reset_envs(self, ids: np.ndarray) -> np.ndarray:
+        if not self._pools:
+            self._build_pool()
+        ids = np.asarray(ids, dtype=np.int32)
+        obs = np.empty((len(ids), self.obs_dim), dtype=np.float32)
+        lane_of = ids // self.lane_size
+        for lane in np.unique(lane_of).tolist():
+            if self._in_flight[lane] is not None:
+                raise RuntimeError(f"lane {lane} has a step in flight: call recv_lane({lane}) before resetting it")
+            mine = lane_of == lane
+            local = ids[mine] - lane * self.lane_size
+            self._send(lane, local, None)
+            obs[mine] = self._recv(lane, local)[self._at["obs"]]
+        return obs
+
+    def _physics_step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        self._check_built()
+        h = self.lane_size
+        for lane in range(self.lanes):  # every lane's C++ threads start before the first result is awaited
+            self._send(lane, self._local_ids, actions[lane * h:(lane + 1) * h].astype(np.float64))
+        outs = [self._physics_outputs(self._recv(lane, self._local_ids)) for lane in range(self.lanes)]
+        return tuple(np.concatenate(parts) for parts in zip(*outs)) if self.lanes > 1 else outs[0]
+
+    # ---------------------------------------------------- asynchronous lanes
+    @property
+    def lane_slices(self) -> list[slice]:
+        """The envs of each lane, as slices of the batch."""
+        h = self.lane_size
+        return [slice(lane * h, (lane + 1) * h) for lane in range(self.lanes)]
+
+    def send_lane(self, lane: int, tensordict: TensorDictBase) -> None:
+        """Starts stepping the envs of ``lane`` with ``tensordict["action"]`` and returns at once.
+
+        ``tensordict`` holds that lane's rows only (batch ``[lane_size]``), with
+        ``"observation"`` and ``"action"``. EnvPool's C++ threads step the lane
+        while the caller computes, e.g. the next actions of another lane;
+        :meth:`recv_lane` collects the result.
+        """
+        self._check_built()
+        if self._in_flight[lane] is not None:
+            raise RuntimeError(f"lane {lane} already has a step in flight: call recv_lane({lane}) first")
+        self._send(lane, self._local_ids, self._clip(tensordict.get("action")).astype(np.float64))
+        self._in_flight[lane] = tensordict
+
+    def recv_lane(self, lane: int) -> tuple[TensorDictBase, TensorDictBase]:
+        """Waits for the step :meth:`send_lane` started on ``lane``; ``(transition, next_root)`` of its envs.
+
+        The same contract as :meth:`step_and_maybe_reset`, over the lane's envs:
+        finished envs are reset in place and keep their true final observation
+        under ``("next", "observation")``.
+        """
+        tensordict = self._in_flight[lane]
+        if tensordict is None:
+            raise RuntimeError(f"lane {lane} has no step in flight: call send_lane({lane}, td) first")
+        self._in_flight[lane] = None
+        envs = self.lane_slices[lane]
+        stepped = self._apply_limits(self._physics_outputs(self._recv(lane, self._local_ids)), envs)
+        return self._autoreset(tensordict, stepped, envs)
+
     def _set_seed(self, seed: int | None) -> None:
         self._seed = seed
-        if self._pool is not None:  # EnvPool fixes seeds at construction: the next reset builds a new pool
-            self._pool.close()
-            self._pool = None
+        # EnvPool fixes seeds at construction: the next reset builds new pools.
+        self._close_pools()
 
     def close(self, *, raise_if_closed: bool = True) -> None:  # noqa: D102
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        self._close_pools()
         try:
             super().close(raise_if_closed=raise_if_closed)
         except TypeError:
