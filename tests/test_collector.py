@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from conftest import child_pids, linear_policy, wait_until
+from conftest import linear_policy, wait_until
 from tensordict import TensorDictBase
 from torchrl.collectors import MultiAsyncCollector
 
@@ -200,15 +200,15 @@ def test_worker_error_surfaces_quickly_and_keeps_data(no_leaks):
         err = info.value
         assert err.worker_idx == 1
         assert "simulator exploded at step 300" in str(err) and "step_and_maybe_reset" in err.worker_traceback
-        assert failed_at is None or raised_at - failed_at < 5
-        assert wait_until(lambda: collector._pool.alive() == 0, timeout=5), "other workers must be stopped"  # noqa: SLF001
+        # generous bounds: they catch a hang, not a slow machine (a loaded 2-core runner takes seconds to exit)
+        assert failed_at is None or raised_at - failed_at < 15
+        assert wait_until(lambda: collector._pool.alive() == 0, timeout=20), "other workers must be stopped"  # noqa: SLF001
         # rows already written stay intact and can still be sampled
         assert len(rb) >= written_before > 0
         check_integrity(rb[: len(rb)], time_limit=1000)
         assert rb.sample().batch_size == torch.Size([32])
     finally:
         collector.shutdown(raise_on_error=False)
-    assert child_pids() <= child_pids()  # no hang above; leaks are checked by the fixture
 
 
 def test_shutdown_is_fast_and_clean(no_leaks):
