@@ -4,7 +4,7 @@ In one run, on one torch thread, batch 256, 256x256 networks, HalfCheetah-v5 siz
 
 * ``plain``: the loop of TorchRL's ``sota-implementations/sac`` -- ``rb.sample()``,
   ``SACLoss``, three ``Adam`` optimizers (actor, critic, alpha), ``SoftUpdate``;
-* ``recipe_loss_module``: the update of ``recipes/sac.py`` -- ``rb.sample()``, one fused Adam over
+* ``recipe_loss_module``: the update of ``recipes/sac.py`` -- ``BufferSampler``, one fused Adam over
   every parameter, ``SoftUpdate`` -- calling ``SACLoss`` itself;
 * ``recipe``: the same with the tensor-level loss (``fast_loss=True``, the default);
 * ``recipe_compiled``: the same under ``torch.compile`` (``--no-compile`` skips it);
@@ -41,6 +41,7 @@ from torchrl.objectives import SACLoss, SoftUpdate
 
 from torchrl_unilab import make_replay_buffer
 from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
+from torchrl_unilab.data import BufferSampler
 from torchrl_unilab.objectives import tensor_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +98,7 @@ def plain_loop(rb):
 
 
 def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False):
-    """The update of recipes/sac.py: rb.sample(), the (tensor-level) loss, one fused Adam, SoftUpdate."""
+    """The update of recipes/sac.py: BufferSampler, the (tensor-level) loss, one fused Adam, SoftUpdate."""
     nets = networks()
     loss, target = make_loss_module(config(), "sac", nets)
     optimizer = make_optimizer(config(), loss)
@@ -113,7 +114,8 @@ def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False):
 
     if compile:
         update = torch.compile(update)
-    return lambda: update(rb.sample())
+    sample = BufferSampler(rb, BATCH)
+    return lambda: update(sample()[0])
 
 
 def update_rates(variants: dict, blocks: int, block_updates: int) -> dict:

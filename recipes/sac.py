@@ -23,6 +23,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from torchrl_unilab.data import BufferSampler
 from torchrl_unilab.modules.normalization import normalize_batch
 from torchrl_unilab.objectives import tensor_loss
 from torchrl_unilab.trainers.recipes_utils import (
@@ -69,12 +70,14 @@ def main(cfg: DictConfig) -> dict:
     run = RecipeRun(cfg, "SAC", nets.policy, replay_buffer, normalizer=nets.normalizer,
                     modules={"loss": loss_module, "optimizer": optimizer, "target_updater": target_net_updater})
     utd = run.utd
+    # replay_buffer.sample() for the keys the losses read, into reused tensors (benchmarks/sampling.py)
+    sample = BufferSampler(replay_buffer, cfg.optim.batch_size)
 
     with run:  # Ctrl-C / SIGTERM: finish the update, save a checkpoint, shut the collector down
         while not utd.done and not run.stop_requested:
             utd.wait()  # learner ahead: wait for data (lock-step: collect the next chunk)
 
-            batch, info = replay_buffer.sample(return_info=True)  # the buffer's sampler, under its lock
+            batch, info = sample()  # rows the buffer's sampler picks (prb: by priority), copied under its lock
             if prb:
                 batch.set(loss_module.tensor_keys.priority_weight, info["priority_weight"])
             if nets.normalizer is not None:

@@ -10,6 +10,7 @@ from tensordict import TensorDict
 from torchrl.data.replay_buffers.samplers import RandomSampler
 
 from torchrl_unilab import OffPolicyCollector, make_replay_buffer
+from torchrl_unilab.data import BufferSampler
 from torchrl_unilab.data.prioritized_sampler import MinTree, SharedPrioritizedSampler, SumTree
 from torchrl_unilab.modules.models import make_actor
 
@@ -53,6 +54,10 @@ def test_rows_written_by_a_worker_process_are_sampled_by_priority():
         assert top.float().mean() > 0.5, f"rows 0..7 make up {top.float().mean():.2f} of the batch"
         weight = torch.as_tensor(info["priority_weight"])
         assert bool((weight[top] < weight[~top].min()).all())
+        # The recipes' BufferSampler lets the same sampler pick the rows, and gathers exactly those.
+        batch, info = BufferSampler(rb, 256, keys=["observation"])()
+        assert (info["index"] < 8).float().mean() > 0.5
+        assert torch.equal(batch["observation"], rb.storage[info["index"]]["observation"])
 
         # Rows written after the update arrive with the maximum priority, so they are sampled at once.
         collector.allow_frames(256)

@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from torchrl_unilab import make_replay_buffer
+from torchrl_unilab.data import BufferSampler
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.trainers.checkpoint import Checkpointer
 from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
@@ -150,6 +151,7 @@ def test_sampling_beside_a_thread_extending_the_same_buffer_does_not_deadlock():
                       ("next", "terminated"): torch.zeros(16, 1, dtype=torch.bool),
                       ("next", "done"): torch.zeros(16, 1, dtype=torch.bool)}, [16])
     rb.extend(row)
+    sample = BufferSampler(rb, 8, keys=("observation", "action"))
     stop, errors, extends = threading.Event(), [], [0]
 
     def extend_forever():
@@ -164,7 +166,7 @@ def test_sampling_beside_a_thread_extending_the_same_buffer_does_not_deadlock():
     thread.start()
     try:
         for _ in range(3000):
-            rb.sample(8)
+            sample()
             if _ % 100 == 0:
                 update_normalizer(ObservationNormalizer(3), rb)
     finally:
