@@ -63,21 +63,26 @@ class RecipeRun:
 
     Examples:
         >>> import tempfile
+        >>> from pathlib import Path
         >>> from omegaconf import OmegaConf
+        >>> import torchrl_unilab
         >>> from torchrl_unilab.trainers.recipes_utils import env_info, make_networks, make_replay_buffer
-        >>> cfg = OmegaConf.load("recipes/config/sac.yaml")
-        >>> cfg.merge_with_dotlist(["env.name=Pendulum-v1", "network.hidden_sizes=[8]", "collector.total_frames=64",
+        >>> checkout = Path(torchrl_unilab.__file__).parents[1]  # the recipes' configs are in the source tree
+        >>> cfg = OmegaConf.load(checkout / "recipes" / "config" / "sac.yaml")
+        >>> cfg.merge_with_dotlist(["env.name=Pendulum-v1", "network.hidden_sizes=[8]", "collector.total_frames=96",
         ...     "collector.init_random_frames=64", "collector.env_per_collector=2", "collector.frames_per_batch=32",
         ...     "optim.batch_size=32", "logger.backend=none", "logger.progress_bar=false", "logger.num_eval_envs=1",
         ...     f"logger.log_dir={tempfile.mkdtemp()}"])
         >>> nets = make_networks(cfg, "sac", env_info(cfg))
         >>> run = RecipeRun(cfg, "SAC", nets.policy, make_replay_buffer(cfg), modules={"actor": nets.actor})
         >>> with run:
-        ...     run.utd.wait()  # no update is due in this run: waits for its 64 frames
+        ...     while not run.utd.done:  # a recipe samples and updates between these two
+        ...         run.utd.wait()
+        ...         run.utd.step()
         >>> summary = run.finish()  # doctest: +ELLIPSIS
         SAC Pendulum-v1: final eval return ...
         >>> summary["frames"], summary["updates"], summary["interrupted"]
-        (64, 0, False)
+        (96, 32, False)
     """
 
     def __init__(
