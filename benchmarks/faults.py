@@ -413,9 +413,9 @@ def recipe_sigterm() -> dict:
 
     from torchrl_unilab.trainers.checkpoint import Checkpointer
 
-    tiny = ["env.name=Pendulum-v1", "network.hidden_dim=32", "optim.batch_size=64", "collector.num_envs=4",
+    tiny = ["env.name=Pendulum-v1", "network.hidden_sizes=[32,32]", "optim.batch_size=64", "collector.env_per_collector=4",
             "collector.frames_per_batch=64", "collector.init_random_frames=256", "collector.max_lead_frames=256",
-            "replay_buffer.size=20000", "logger.num_eval_envs=2", "logger.log_every=128", "logger.eval_every=100000",
+            "replay_buffer.size=20000", "logger.num_eval_envs=2", "logger.log_every=128", "logger.eval_iter=100000",
             "logger.checkpoint_every=0", "logger.progress_bar=false"]
     with tempfile.TemporaryDirectory(prefix="faults_recipe_") as tmp:
         run_dir = Path(tmp) / "run"

@@ -4,10 +4,10 @@ In one run, on one torch thread, batch 256, 256x256 networks, HalfCheetah-v5 siz
 
 * ``plain``: the loop of TorchRL's ``sota-implementations/sac`` -- ``rb.sample()``,
   ``SACLoss``, three ``Adam`` optimizers (actor, critic, alpha), ``SoftUpdate``;
-* ``recipe_loss_module``: the recipe's :class:`~torchrl_unilab.trainers.training.BufferSampler`
-  and :class:`~torchrl_unilab.trainers.training.UpdateStep` (one fused Adam) calling ``SACLoss`` itself;
+* ``recipe_loss_module``: the update of ``recipes/sac.py`` -- ``BufferSampler``, one fused Adam over
+  every parameter, ``SoftUpdate`` -- calling ``SACLoss`` itself;
 * ``recipe``: the same with the tensor-level loss (``fast_loss=True``, the default);
-* ``recipe_compiled``: the same with ``compile=True`` (``--no-compile`` skips it);
+* ``recipe_compiled``: the same under ``torch.compile`` (``--no-compile`` skips it);
 * ``e2e``: ``recipes/sac.py`` on HalfCheetah-v5 at ``utd_ratio=1``, env
   frames per second once learning has started;
 * ``sb3``: Stable-Baselines3's SAC on the same task, sizes and thread count
@@ -41,7 +41,8 @@ from torchrl.objectives import SACLoss, SoftUpdate
 
 from torchrl_unilab import make_replay_buffer
 from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
-from torchrl_unilab.trainers.training import BufferSampler, UpdateStep
+from torchrl_unilab.data import BufferSampler
+from torchrl_unilab.objectives import tensor_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 OBS, ACT, BATCH, HIDDEN = 17, 6, 256, 256  # HalfCheetah-v5
@@ -64,7 +65,7 @@ def filled_buffer(rows: int = 50_000):
 
 def config():
     return OmegaConf.create({
-        "network": {"hidden_dim": HIDDEN, "num_layers": 2, "use_layer_norm": False, "obs_norm": False},
+        "network": {"hidden_sizes": [HIDDEN, HIDDEN], "use_layer_norm": False, "obs_norm": False},
         "optim": {"gamma": 0.99, "loss_function": "l2", "alpha_init": 1.0, "target_update_polyak": 0.995,
                   "lr": 3e-4, "weight_decay": 0.0, "adam_eps": 1e-8},
     })
@@ -97,13 +98,24 @@ def plain_loop(rb):
 
 
 def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False):
-    """The recipes' update: BufferSampler + UpdateStep (one fused Adam)."""
+    """The update of recipes/sac.py: BufferSampler, the (tensor-level) loss, one fused Adam, SoftUpdate."""
     nets = networks()
     loss, target = make_loss_module(config(), "sac", nets)
-    update = UpdateStep(loss, make_optimizer(config(), loss), target, fast_loss=fast_loss, compile=compile)
-    assert update.uses_tensor_loss is fast_loss
+    optimizer = make_optimizer(config(), loss)
+    loss_fn = tensor_loss(loss) if fast_loss else loss
+    assert loss_fn is not None
+
+    def update(batch):
+        losses = loss_fn(batch)
+        (losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        target.step()
+
+    if compile:
+        update = torch.compile(update)
     sample = BufferSampler(rb, BATCH)
-    return lambda: update(sample())
+    return lambda: update(sample()[0])
 
 
 def update_rates(variants: dict, blocks: int, block_updates: int) -> dict:
@@ -137,7 +149,7 @@ def end_to_end(frames: int, threads: int) -> dict:
         with initialize_config_dir(config_dir=str(ROOT / "recipes" / "config"), version_base="1.3"):
             cfg = compose(config_name="sac", overrides=[
                 f"collector.total_frames={frames}", f"collector.init_random_frames={start_frames}",
-                "optim.utd_ratio=1.0", f"optim.num_threads={threads}", f"logger.log_dir={tmp}", "logger.log_every=250", "logger.eval_every=0",
+                "optim.utd_ratio=1.0", f"optim.num_threads={threads}", f"logger.log_dir={tmp}", "logger.log_every=250", "logger.eval_iter=0",
                 "logger.checkpoint_every=0", "logger.progress_bar=false", "logger.num_eval_envs=1",
             ])
         summary = sac.main(cfg)

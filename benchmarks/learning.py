@@ -46,13 +46,13 @@ class Task:
 SUITES: dict[str, list[Task]] = {
     "pendulum": [
         Task("sac", "Pendulum-v1", 15_000, -200.0, [
-            "collector.init_random_frames=1000", "network.hidden_dim=128", "optim.batch_size=256",
-            "optim.utd_ratio=1.0", "optim.lr=3e-4", "logger.eval_every=2500", "logger.num_eval_envs=10",
+            "collector.init_random_frames=1000", "network.hidden_sizes=[128,128]", "optim.batch_size=256",
+            "optim.utd_ratio=1.0", "optim.lr=3e-4", "logger.eval_iter=2500", "logger.num_eval_envs=10",
         ]),
     ],
     "halfcheetah": [
-        Task("sac", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_every=10000", "replay_buffer.size=100000"]),
-        Task("td3", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_every=10000", "replay_buffer.size=100000"]),
+        Task("sac", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"]),
+        Task("td3", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"]),
     ],
 }
 

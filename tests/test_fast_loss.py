@@ -8,19 +8,18 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 from torch import nn
 from torchrl.modules import ValueOperator
-from torchrl.objectives import SACLoss, SoftUpdate, ValueEstimators
+from torchrl.objectives import SACLoss, ValueEstimators
 
 from torchrl_unilab.modules.models import make_actor, make_critic
 from torchrl_unilab.objectives._fast_loss import tensor_loss
 from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
-from torchrl_unilab.trainers.training import UpdateStep
 
 OBS, PRIV, ACT, B = 5, 3, 2, 64
 
 
 def config(layer_norm: bool):
     return OmegaConf.create({
-        "network": {"hidden_dim": 32, "num_layers": 2, "use_layer_norm": layer_norm, "obs_norm": False},
+        "network": {"hidden_sizes": [32, 32], "use_layer_norm": layer_norm, "obs_norm": False},
         "optim": {"gamma": 0.9, "loss_function": "l2", "alpha_init": 0.7, "target_update_polyak": 0.9,
                   "policy_noise": 0.2, "noise_clip": 0.5, "lr": 1e-2, "weight_decay": 0.0, "adam_eps": 1e-8},
     })
@@ -105,13 +104,17 @@ def test_update_steps_follow_the_same_trajectory_with_and_without_the_tensor_los
         nets = make_networks(config(True), "sac", EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT)))
         loss, target = make_loss_module(config(True), "sac", nets)
         opt = make_optimizer(config(True), loss)
-        update = UpdateStep(loss, opt, target, fast_loss=fast_loss)
+        loss_fn = tensor_loss(loss) if fast_loss else loss  # as recipes/sac.py chooses
         if state is not None:  # the tensor loss keeps reading the parameters load_state_dict fills in
             loss.load_state_dict(state)
-        assert update.uses_tensor_loss is fast_loss
+        assert (loss_fn is not loss) is fast_loss
         torch.manual_seed(1)
-        for i in range(10):
-            update(batch(seed=i))
+        for i in range(10):  # recipes/sac.py's update
+            losses = loss_fn(batch(seed=i))
+            (losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            target.step()
         return loss.state_dict()
 
     reference, fast = run(False), run(True)
@@ -140,8 +143,6 @@ def test_unsupported_networks_and_estimators_fall_back_to_the_loss_module():
     loss = SACLoss(actor, make_critic(OBS, ACT, hidden_dim=16), num_qvalue_nets=2)
     loss.make_value_estimator(ValueEstimators.TDLambda, gamma=0.99, lmbda=0.9)
     assert tensor_loss(loss) is None
-    opt = torch.optim.Adam([p for p in loss.parameters() if p.requires_grad])
-    assert UpdateStep(loss, opt, SoftUpdate(loss, eps=0.9)).uses_tensor_loss is False
 
 
 def test_a_value_estimator_changed_after_construction_is_refused():

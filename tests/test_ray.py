@@ -277,7 +277,7 @@ def test_sac_recipe_runs_with_the_ray_backend(tmp_path):
 
     summary = run_recipe(
         "sac", tmp_path, "collector.backend=ray", "collector.num_nodes=2", "collector.num_workers=1",
-        "collector.num_envs=4", "collector.total_frames=2048", "collector.sync_every=64",
+        "collector.env_per_collector=4", "collector.total_frames=2048", "collector.sync_every=64",
     )
     assert summary["frames"] == 2048 and not summary["interrupted"]
     versions = [value for _, value in scalars(tmp_path, "learner/policy_lag")]

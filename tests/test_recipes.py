@@ -28,9 +28,9 @@ RECIPES = ROOT / "recipes"
 # A few hundred frames of Pendulum with small networks: seconds per run.
 TINY = [
     "env.name=Pendulum-v1",
-    "network.hidden_dim=32",
+    "network.hidden_sizes=[32,32]",
     "optim.batch_size=64",
-    "collector.num_envs=4",
+    "collector.env_per_collector=4",
     "collector.frames_per_batch=64",
     "collector.init_random_frames=256",
     "collector.max_lead_frames=256",
@@ -39,7 +39,7 @@ TINY = [
     "replay_buffer.size=20000",
     "logger.num_eval_envs=2",
     "logger.log_every=128",
-    "logger.eval_every=320",
+    "logger.eval_iter=320",
     "logger.checkpoint_every=320",
     "logger.progress_bar=false",
 ]
@@ -86,8 +86,11 @@ def check_run(run_dir: Path, summary: dict, *, frames: int, updates: int) -> Non
 
 def test_td3_runs_end_to_end_and_resumes(tmp_path, no_leaks):
     run_dir = tmp_path / "run"
-    first = run_recipe("td3", run_dir, "collector.total_frames=512", "logger.eval_every=192")
+    first = run_recipe("td3", run_dir, "collector.total_frames=512", "logger.eval_iter=192")
     check_run(run_dir, first, frames=512, updates=512 - 256)  # utd_ratio=1 once init_random_frames are in
+    # optim.policy_update_delay=2: Adam stepped the critics on each of the 256 updates, the actor on every other one
+    optimizer = torch.load(run_dir / "checkpoint" / "state.pt", weights_only=True)["modules"]["optimizer"]
+    assert sorted({int(state["step"]) for state in optimizer["state"].values()}) == [128, 256]
     evals = [step for step, _ in scalars(run_dir, "eval/return")]
 
     # resume=<dir> continues the counters and the same log files where the run stopped
@@ -137,7 +140,7 @@ def test_sac_ctrl_c_saves_a_checkpoint_and_the_run_resumes(tmp_path, no_leaks):
 
 
 def test_lockstep_runs_are_reproducible(tmp_path, no_leaks):
-    overrides = ["collector.lockstep=true", "env.seed=3", "logger.eval_every=64", "logger.log_every=64",
+    overrides = ["collector.lockstep=true", "env.seed=3", "logger.eval_iter=64", "logger.log_every=64",
                  "collector.total_frames=448", "logger.checkpoint_every=0"]
     run_recipe("sac", tmp_path / "a", *overrides)
     run_recipe("sac", tmp_path / "b", *overrides)
@@ -156,8 +159,8 @@ def test_sac_learns_pendulum_at_the_configured_utd(tmp_path, no_leaks):
     utd, starts = 0.5, 1000
     summary = run_recipe(
         "sac", tmp_path, "env.seed=1", "collector.total_frames=10000", f"collector.init_random_frames={starts}",
-        "network.hidden_dim=64", "optim.batch_size=128", f"optim.utd_ratio={utd}", "optim.lr=1e-3",
-        "logger.num_eval_envs=5", "logger.eval_every=1000", "logger.checkpoint_every=0", "logger.log_every=1000",
+        "network.hidden_sizes=[64,64]", "optim.batch_size=128", f"optim.utd_ratio={utd}", "optim.lr=1e-3",
+        "logger.num_eval_envs=5", "logger.eval_iter=1000", "logger.checkpoint_every=0", "logger.log_every=1000",
         "collector.max_lead_frames=512",
     )
     returns = [value for _, value in scalars(tmp_path, "eval/return")]
@@ -172,3 +175,19 @@ def test_sac_learns_pendulum_at_the_configured_utd(tmp_path, no_leaks):
     assert len(logged) >= 6
     for frames, value in logged:
         assert abs(value - utd) <= 0.1 * utd, f"achieved UTD {value:.3f} at {frames} frames, configured {utd}"
+
+
+def test_sac_trains_with_prioritized_replay_and_resumes_its_priorities(tmp_path, no_leaks):
+    """replay_buffer.prb=true: rows the workers write get priorities, the TD errors move them, a resume restores them."""
+    run_dir = tmp_path / "run"
+    prb = ["replay_buffer.prb=true", "replay_buffer.size=4096", "collector.total_frames=1024"]
+    first = run_recipe("sac", run_dir, *prb)
+    check_run(run_dir, first, frames=1024, updates=1024 - 256)
+    sampler_dir = run_dir / "checkpoint" / "replay_buffer" / "sampler"
+    tree = torch.from_file(str(sampler_dir / "sumtree.memmap"), size=4096, dtype=torch.float64)
+    # Every row written by the worker process has a priority; the updates spread them apart.
+    assert bool((tree[:1024] > 0).all()) and bool((tree[1024:] == 0).all())
+    assert tree[:1024].std() > 0.1 * tree[:1024].mean()
+
+    second = run_recipe("sac", run_dir, f"resume={run_dir}", *prb[:2], "collector.total_frames=1216")
+    check_run(run_dir, second, frames=1216, updates=1216 - 256)

@@ -1,4 +1,4 @@
-"""Learner-side pieces without worker processes: UTD pacing, the update step, checkpoints."""
+"""Learner-side pieces without worker processes: UTD pacing, sampling beside a writer, checkpoints."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from torchrl_unilab import make_replay_buffer
+from torchrl_unilab.data import BufferSampler
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.trainers.checkpoint import Checkpointer
 from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
-from torchrl_unilab.trainers.training import BufferSampler, UpdateStep, UTDController
+from torchrl_unilab.trainers.training import UTDController
 
 
 class FakeCollector:
@@ -75,7 +76,7 @@ def test_max_lead_frames_must_leave_room_for_a_batch():
 def tiny(algo: str):
     torch.manual_seed(0)
     cfg = OmegaConf.create({
-        "network": {"hidden_dim": 16, "num_layers": 1, "use_layer_norm": False, "obs_norm": True},
+        "network": {"hidden_sizes": [16], "use_layer_norm": False, "obs_norm": True},
         "optim": {"gamma": 0.99, "loss_function": "l2", "alpha_init": 1.0, "target_update_polyak": 0.9,
                   "policy_noise": 0.2, "noise_clip": 0.5, "lr": 1e-2, "weight_decay": 0.0, "adam_eps": 1e-8},
     })
@@ -94,33 +95,20 @@ def filled_buffer(rows: int = 64):
     return rb
 
 
-def test_td3_policy_delay_updates_actor_and_targets_every_other_step():
-    nets, loss, opt, target = tiny("td3")
-    update = UpdateStep(loss, opt, target, policy_delay=2)
-    sample = BufferSampler(filled_buffer(), 16)
-    actor = lambda: [p.detach().clone() for p in nets.actor.parameters()]  # noqa: E731
-    targets = lambda: loss.target_qvalue_network_params.clone()  # noqa: E731
-    before, before_t = actor(), targets()
-    update(sample())  # update 0: actor and targets move
-    mid, mid_t = actor(), targets()
-    assert any(not torch.equal(a, b) for a, b in zip(before, mid))
-    assert (before_t != mid_t).any()
-    assert set(update(sample()).keys()) == {"loss_qvalue"}  # update 1: critic only
-    assert all(torch.equal(a, b) for a, b in zip(mid, actor())) and (mid_t == targets()).all()
-
-
-def test_policy_delay_needs_td3():
-    _, loss, opt, target = tiny("sac")
-    with pytest.raises(ValueError, match="policy_delay > 1 needs a TD3Loss"):
-        UpdateStep(loss, opt, target, policy_delay=2)
+def sac_update(loss, optimizer, target, batch) -> None:
+    """The SAC recipe's gradient update."""
+    losses = loss(batch)
+    (losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    target.step()
 
 
 def test_checkpoint_round_trip_restores_everything(tmp_path):
     nets, loss, opt, target = tiny("sac")
     rb = filled_buffer()
-    update, sample = UpdateStep(loss, opt, target), BufferSampler(rb, 16)
     for _ in range(3):
-        update(sample())
+        sac_update(loss, opt, target, rb.sample(16))
     nets.normalizer.update_from_buffer(rb)
     ckpt = Checkpointer(tmp_path / "ckpt", modules={"loss": loss, "optimizer": opt, "target": target},
                         normalizer=nets.normalizer)

@@ -39,6 +39,7 @@ from tensordict import TensorDict
 from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers.samplers import RandomSampler
 
+from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 
 __all__ = ["Checkpointer", "load_buffer"]
@@ -199,8 +200,10 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> None:
     Reads the storage with ``TensorDict.load_memmap(allow_pickle=False)`` and
     the writer's and buffer's JSON metadata; a pickle file anywhere under
     ``path`` (TorchRL's ``prefetch.pkl``, a ``transform.t``) raises ``ValueError``.
-    The buffer must use a ``RandomSampler`` (it has no state) and a storage of
-    the saved capacity.
+    The buffer must use a ``RandomSampler`` (it has no state) or a
+    :class:`~torchrl_unilab.data.prioritized_sampler.SharedPrioritizedSampler`
+    (its priorities come back from TorchRL's JSON and memory-mapped trees), and
+    a storage of the saved capacity.
 
     Examples:
         >>> import tempfile, torch
@@ -223,9 +226,11 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> None:
     """
     path = Path(path)
     _refuse_pickles(path)
-    if not isinstance(replay_buffer.sampler, RandomSampler):
+    sampler = replay_buffer.sampler
+    if not isinstance(sampler, (RandomSampler, SharedPrioritizedSampler)):
         raise TypeError(
-            f"load_buffer restores buffers with a RandomSampler, got {type(replay_buffer.sampler).__name__}"
+            "load_buffer restores buffers with a RandomSampler or a SharedPrioritizedSampler, "
+            f"got {type(sampler).__name__}"
         )
     with open(path / "storage" / "storage_metadata.json") as file:
         meta = json.load(file)
@@ -243,6 +248,10 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> None:
     storage._storage.update_(data)  # noqa: SLF001
     storage._len = int(meta["len"])  # noqa: SLF001
     replay_buffer.writer.loads(path / "writer")  # JSON (and, when tracked, a memmap of generations)
+    if isinstance(sampler, SharedPrioritizedSampler):
+        if not (path / "sampler" / "sampler_metadata.json").exists():
+            raise ValueError(f"{path} was saved without prioritized replay; resume with replay_buffer.prb=false")
+        sampler.loads(path / "sampler")  # JSON and memory-mapped priority trees
     if (path / "rng_state").exists():
         rng_state = TensorDict.load_memmap(path / "rng_state", allow_pickle=False)
         rng = torch.Generator(device=rng_state.device)

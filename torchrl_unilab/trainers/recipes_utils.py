@@ -3,7 +3,7 @@
 Each ``make_*`` reads one section of the Hydra config (``env``, ``collector``,
 ``replay_buffer``, ``optim``, ``network``) and returns TorchRL objects, so the
 recipes in ``recipes/`` read top to bottom: config, collector, networks, loss,
-loop. :class:`Evaluator` runs the deterministic policy on its own envs.
+loop. :class:`EvalRunner` runs the deterministic policy on its own envs.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.data import ReplayBuffer
@@ -24,6 +24,7 @@ from torchrl.objectives.utils import TargetNetUpdater
 
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.data import replay_buffer as _rb
+from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.envs.batched_env import BatchedGymEnv, make_gym_env
 from torchrl_unilab.modules.exploration import make_exploration_policy
 from torchrl_unilab.modules.models import ALGOS, make_actor, make_critic
@@ -32,7 +33,7 @@ from torchrl_unilab.trainers.training import trainable_parameters
 
 __all__ = [
     "EnvInfo",
-    "Evaluator",
+    "EvalRunner",
     "Networks",
     "config_to_dict",
     "env_info",
@@ -102,7 +103,7 @@ class Networks:
 
     Examples:
         >>> from omegaconf import OmegaConf
-        >>> cfg = OmegaConf.create({"network": {"hidden_dim": 8, "num_layers": 1, "use_layer_norm": False}})
+        >>> cfg = OmegaConf.create({"network": {"hidden_sizes": [8], "use_layer_norm": False}})
         >>> nets = make_networks(cfg, "td3", env_info(OmegaConf.create({"env": {"name": "Pendulum-v1"}})))
         >>> nets.normalizer is None, type(nets.policy[1]).__name__
         (True, 'PerEnvMixedNoise')
@@ -129,8 +130,7 @@ def make_networks(cfg: DictConfig, algo: str, info: EnvInfo) -> Networks:
 
     Examples:
         >>> from omegaconf import OmegaConf
-        >>> cfg = OmegaConf.create({"network": {"hidden_dim": 8, "num_layers": 1, "use_layer_norm": False,
-        ...                                     "obs_norm": True}})
+        >>> cfg = OmegaConf.create({"network": {"hidden_sizes": [8], "use_layer_norm": False, "obs_norm": True}})
         >>> nets = make_networks(cfg, "sac", env_info(OmegaConf.create({"env": {"name": "Pendulum-v1"}})))
         >>> type(nets.policy[0]).__name__
         'ObservationNormalizer'
@@ -138,13 +138,13 @@ def make_networks(cfg: DictConfig, algo: str, info: EnvInfo) -> Networks:
     if algo not in ALGOS:
         raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
     net = cfg.network
+    width, depth = _hidden_sizes(net.hidden_sizes)
     actor = make_actor(
-        algo, info.obs_dim, info.action_dim, hidden_dim=int(net.hidden_dim), num_layers=int(net.num_layers),
+        algo, info.obs_dim, info.action_dim, hidden_dim=width, num_layers=depth,
         use_layer_norm=bool(net.use_layer_norm), action_low=info.action_low, action_high=info.action_high,
     )
     critic = make_critic(
-        info.obs_dim, info.action_dim, hidden_dim=int(net.hidden_dim), num_layers=int(net.num_layers),
-        use_layer_norm=bool(net.use_layer_norm),
+        info.obs_dim, info.action_dim, hidden_dim=width, num_layers=depth, use_layer_norm=bool(net.use_layer_norm),
     )
     collector = cfg.get("collector") or {}
     policy = make_exploration_policy(
@@ -160,6 +160,16 @@ def make_networks(cfg: DictConfig, algo: str, info: EnvInfo) -> Networks:
     return Networks(actor=actor, critic=critic, policy=policy, normalizer=normalizer)
 
 
+def _hidden_sizes(sizes: Any) -> tuple[int, int]:
+    """``network.hidden_sizes`` as the ``(width, depth)`` the networks take; every layer has one width."""
+    sizes = list(sizes) if isinstance(sizes, (list, tuple, ListConfig)) else None
+    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes) or len(set(sizes)) > 1:
+        raise ValueError(
+            f"network.hidden_sizes must be a non-empty list of equal ints >= 1 (e.g. [256, 256]), got {sizes!r}"
+        )
+    return sizes[0], len(sizes)
+
+
 def make_loss_module(cfg: DictConfig, algo: str, nets: Networks) -> tuple[LossModule, TargetNetUpdater]:
     """TorchRL's ``SACLoss`` or ``TD3Loss`` from the ``optim`` section, with its ``SoftUpdate``.
 
@@ -171,7 +181,7 @@ def make_loss_module(cfg: DictConfig, algo: str, nets: Networks) -> tuple[LossMo
 
     Examples:
         >>> from omegaconf import OmegaConf
-        >>> cfg = OmegaConf.create({"network": {"hidden_dim": 8, "num_layers": 1, "use_layer_norm": False},
+        >>> cfg = OmegaConf.create({"network": {"hidden_sizes": [8], "use_layer_norm": False},
         ...                         "optim": {"gamma": 0.99, "loss_function": "l2", "alpha_init": 1.0,
         ...                                   "target_update_polyak": 0.995}})
         >>> nets = make_networks(cfg, "sac", env_info(OmegaConf.create({"env": {"name": "Pendulum-v1"}})))
@@ -223,7 +233,13 @@ def make_optimizer(cfg: DictConfig, loss_module: LossModule) -> torch.optim.Adam
 
 
 def make_replay_buffer(cfg: DictConfig) -> ReplayBuffer:
-    """The shared replay buffer from the ``replay_buffer`` section (``size``, ``scratch_dir``).
+    """The shared replay buffer from the ``replay_buffer`` section (``size``, ``scratch_dir``, ``prb``).
+
+    ``replay_buffer.prb=true`` samples with a
+    :class:`~torchrl_unilab.data.prioritized_sampler.SharedPrioritizedSampler`
+    (TorchRL's prioritized sampler, aware of the rows the workers write) with
+    exponents ``replay_buffer.alpha`` and ``replay_buffer.beta``; the recipe
+    then feeds the loss's ``td_error`` back with ``update_priority``.
 
     Examples:
         >>> from omegaconf import OmegaConf
@@ -233,8 +249,12 @@ def make_replay_buffer(cfg: DictConfig) -> ReplayBuffer:
         1000
     """
     section = cfg.replay_buffer
+    size = int(section.size)
+    sampler = None
+    if section.get("prb", False):
+        sampler = SharedPrioritizedSampler(size, alpha=float(section.alpha), beta=float(section.beta))
     return _rb.make_replay_buffer(
-        int(section.size), scratch_dir=section.get("scratch_dir"), batch_size=int(cfg.optim.batch_size)
+        size, scratch_dir=section.get("scratch_dir"), batch_size=int(cfg.optim.batch_size), sampler=sampler
     )
 
 
@@ -246,7 +266,7 @@ def make_collector(
     ``collector.backend=ray`` builds a
     :class:`~torchrl_unilab.collectors.ray_collector.RayOffPolicyCollector` instead, with
     the same interface: ``collector.num_nodes`` nodes, each running
-    ``num_workers`` x ``num_envs`` (see ``docs/guide/ray.rst``).
+    ``num_workers`` x ``env_per_collector`` envs (see ``docs/guide/ray.rst``).
 
     The collector gets the frames left in the run (``total_frames -
     frames_done``) and the random frames not yet collected; a resumed run
@@ -258,9 +278,9 @@ def make_collector(
         >>> from omegaconf import OmegaConf
         >>> from torchrl_unilab.trainers.recipes_utils import make_collector
         >>> cfg = OmegaConf.create({"env": {"name": "Pendulum-v1", "seed": 0},
-        ...     "collector": {"num_workers": 1, "num_envs": 2, "frames_per_batch": 32, "total_frames": 64,
+        ...     "collector": {"num_workers": 1, "env_per_collector": 2, "frames_per_batch": 32, "total_frames": 64,
         ...                   "init_random_frames": 64, "lockstep": False},
-        ...     "network": {"hidden_dim": 8, "num_layers": 1, "use_layer_norm": False},
+        ...     "network": {"hidden_sizes": [8], "use_layer_norm": False},
         ...     "replay_buffer": {"size": 256, "scratch_dir": None}, "optim": {"batch_size": 8}})
         >>> nets = make_networks(cfg, "sac", env_info(cfg))
         >>> with make_collector(cfg, nets.policy, make_replay_buffer(cfg)) as collector:
@@ -290,7 +310,7 @@ def make_collector(
         cfg.env.name,
         policy,
         num_workers=workers,
-        num_envs=int(col.num_envs),
+        num_envs=int(col.env_per_collector),
         frames_per_batch=int(col.frames_per_batch),
         total_frames=total - frames_done,
         replay_buffer=replay_buffer,
@@ -303,7 +323,7 @@ def make_collector(
 
 def _make_ray_collector(cfg: DictConfig, policy: TensorDictModuleBase, replay_buffer: ReplayBuffer, *,
                         frames_done: int) -> Any:
-    """``collector.backend=ray``: ``collector.num_nodes`` Ray actors of ``num_workers`` x ``num_envs`` each.
+    """``collector.backend=ray``: ``collector.num_nodes`` Ray actors of ``num_workers`` x ``env_per_collector`` each.
 
     ``collector.ray_address`` joins a running cluster (``"auto"`` or
     ``"host:6379"``); ``null`` starts a local one, which the collector's
@@ -321,7 +341,7 @@ def _make_ray_collector(cfg: DictConfig, policy: TensorDictModuleBase, replay_bu
         policy,
         num_nodes=int(col.get("num_nodes", 2)),
         num_workers=int(col.num_workers),
-        num_envs=int(col.num_envs),
+        num_envs=int(col.env_per_collector),
         frames_per_batch=int(col.frames_per_batch),
         total_frames=int(col.total_frames) - frames_done,
         init_random_frames=max(0, int(col.init_random_frames) - frames_done),
@@ -332,8 +352,13 @@ def _make_ray_collector(cfg: DictConfig, policy: TensorDictModuleBase, replay_bu
     )
 
 
-class Evaluator:
+class EvalRunner:
     """Runs the deterministic policy for one episode on each of ``num_envs`` envs of its own.
+
+    Not TorchRL's :class:`torchrl.collectors.Evaluator`: that one runs a
+    collector (in a thread or process) over an env it does not reseed. This
+    one steps its own batched envs in the caller's thread and reseeds them
+    before every evaluation, which keeps lock-step runs reproducible.
 
     The envs live in the main process, apart from the collector's, and are
     reseeded with the same seeds before every evaluation, so successive
@@ -351,7 +376,7 @@ class Evaluator:
         >>> import torch
         >>> from tensordict.nn import TensorDictModule
         >>> policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
-        >>> evaluator = Evaluator("Pendulum-v1", 2, seed=0)
+        >>> evaluator = EvalRunner("Pendulum-v1", 2, seed=0)
         >>> result = evaluator(policy)
         >>> sorted(result), result["eval/episode_length"]
         (['eval/episode_length', 'eval/return', 'eval/return_std'], 200.0)

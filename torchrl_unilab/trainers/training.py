@@ -1,12 +1,13 @@
-"""The learner side of the recipes: the gradient update, batch sampling and update-to-data control.
+"""The learner side of the recipes that is not the algorithm: update-to-data pacing, schedules, signals.
 
-* :class:`UpdateStep` runs one update of TorchRL's ``SACLoss`` or ``TD3Loss``:
-  loss, one backward, one fused Adam step, the soft target update.
-* :class:`BufferSampler` draws uniform batches from the shared replay buffer
-  into tensors it reuses, without rebuilding a TensorDict per step.
 * :class:`UTDController` holds gradient updates per collected frame at
   ``utd_ratio``: the learner waits for data when it is ahead, and the
   collector's workers are paused (``allow_frames``) when they are ahead.
+* :class:`Every` fires when a frame count crosses a multiple of a period.
+* :class:`GracefulStop` turns Ctrl-C and SIGTERM into a request the loop polls.
+
+The gradient update itself (loss, backward, optimiser step, target update)
+is written out in each recipe, ``recipes/sac.py`` and ``recipes/td3.py``.
 """
 
 from __future__ import annotations
@@ -15,229 +16,16 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Sequence
 
 import torch
-from tensordict import NestedKey, TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torch import nn
 from torchrl.data import ReplayBuffer
-from torchrl.objectives import LossModule, TD3Loss
-from torchrl.objectives.utils import TargetNetUpdater
 
 from torchrl_unilab.data.replay_buffer import buffer_lock
 from torchrl_unilab.modules.normalization import ObservationNormalizer
-from torchrl_unilab.objectives._fast_loss import tensor_loss
 
-__all__ = ["SAMPLE_KEYS", "BufferSampler", "Every", "GracefulStop", "UTDController", "UpdateStep", "policy_lag",
-           "trainable_parameters", "update_normalizer"]
-
-#: Keys :class:`BufferSampler` gathers by default: what the SAC and TD3 losses
-#: read, and the policy version of each row (for :func:`policy_lag`).
-SAMPLE_KEYS: tuple[NestedKey, ...] = (
-    "observation",
-    "action",
-    ("next", "observation"),
-    ("next", "reward"),
-    ("next", "done"),
-    ("next", "terminated"),
-    "policy_version",
-)
-
-
-class UpdateStep:
-    """One gradient update: ``loss_module(batch)``, backward, optimizer step, target update.
-
-    All losses (actor, critics, entropy coefficient) are summed and
-    back-propagated once; they touch disjoint parameters (TorchRL's losses
-    detach the critic inside the actor loss), so a single optimizer over all
-    parameters is exact and costs one fused Adam kernel per step instead of three.
-
-    With a :class:`~torchrl.objectives.TD3Loss` and ``policy_delay=d``, the
-    actor loss and the target update run on every ``d``-th update only; the
-    other updates compute ``loss_module.value_loss`` alone, and the actor's
-    parameters, having no gradient, are skipped by the optimizer.
-
-    With ``fast_loss=True`` (the default) and networks from
-    :mod:`torchrl_unilab.modules.models`, the losses are computed by a tensor-level
-    equivalent of the loss module (same parameters, same random draws, equal
-    values and gradients; about 1.6x the updates/s on CPU, see
-    ``benchmarks/learner_throughput.py``); other networks or loss settings use
-    the loss module itself (:attr:`uses_tensor_loss` says which).
-
-    ``compile=True`` wraps loss and backward in :func:`torch.compile` (the
-    first calls take tens of seconds on CPU; see ``benchmarks/README.md``).
-
-    Args:
-        loss_module: a TorchRL ``SACLoss`` or ``TD3Loss``.
-        optimizer: optimises every trainable parameter of ``loss_module``
-            (see :func:`torchrl_unilab.trainers.recipes_utils.make_optimizer`).
-        target_updater: e.g. ``SoftUpdate(loss_module, eps=0.995)``.
-
-    Keyword Args:
-        policy_delay: update the actor (and targets) every ``policy_delay``
-            updates; ``> 1`` only with ``TD3Loss``.
-        fast_loss: use the tensor-level loss where the networks allow it.
-        compile: compile loss and backward with :func:`torch.compile`.
-        compile_mode: the ``mode`` passed to :func:`torch.compile`.
-
-    Examples:
-        >>> import torch
-        >>> from torchrl.objectives import SACLoss, SoftUpdate
-        >>> from torchrl_unilab.modules.models import make_actor, make_critic
-        >>> from torchrl_unilab.trainers.training import UpdateStep
-        >>> loss = SACLoss(make_actor("sac", 3, 1, hidden_dim=8), make_critic(3, 1, hidden_dim=8))
-        >>> opt = torch.optim.Adam([p for p in loss.parameters() if p.requires_grad], lr=1e-3)
-        >>> update = UpdateStep(loss, opt, SoftUpdate(loss, eps=0.99))
-        >>> batch = TensorDict({"observation": torch.randn(4, 3), "action": torch.rand(4, 1),
-        ...     ("next", "observation"): torch.randn(4, 3), ("next", "reward"): torch.randn(4, 1),
-        ...     ("next", "done"): torch.zeros(4, 1, dtype=torch.bool),
-        ...     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool)}, [4])
-        >>> sorted(update(batch).keys())
-        ['alpha', 'entropy', 'loss_actor', 'loss_alpha', 'loss_qvalue']
-        >>> update.updates, update.uses_tensor_loss
-        (1, True)
-    """
-
-    def __init__(
-        self,
-        loss_module: LossModule,
-        optimizer: torch.optim.Optimizer,
-        target_updater: TargetNetUpdater,
-        *,
-        policy_delay: int = 1,
-        fast_loss: bool = True,
-        compile: bool = False,
-        compile_mode: str | None = None,
-    ) -> None:
-        if isinstance(policy_delay, bool) or not isinstance(policy_delay, int) or policy_delay < 1:
-            raise ValueError(f"policy_delay must be an int >= 1, got {policy_delay!r}")
-        self.is_td3 = isinstance(loss_module, TD3Loss)
-        if policy_delay > 1 and not self.is_td3:
-            raise ValueError(
-                f"policy_delay > 1 needs a TD3Loss, got policy_delay={policy_delay} with {type(loss_module).__name__}"
-            )
-        self.loss_module = loss_module
-        self.optimizer = optimizer
-        self.target_updater = target_updater
-        self.policy_delay = policy_delay
-        self.updates = 0
-        self._tensor_loss = tensor_loss(loss_module) if fast_loss else None
-        full, critic = self._full_loss, self._critic_loss
-        if compile:
-            full = torch.compile(full, mode=compile_mode)
-            critic = torch.compile(critic, mode=compile_mode)
-        self._full, self._critic = full, critic
-
-    @property
-    def uses_tensor_loss(self) -> bool:
-        """Whether updates run the tensor-level loss (``fast_loss``) rather than the loss module."""
-        return self._tensor_loss is not None
-
-    def _full_loss(self, batch: TensorDictBase) -> TensorDictBase:
-        if self._tensor_loss is not None:
-            losses = self._tensor_loss(batch)
-            _total(losses).backward()
-            return TensorDict({key: value.detach() for key, value in losses.items()})
-        losses = self.loss_module(batch)
-        _total(losses).backward()
-        return losses.detach()
-
-    def _critic_loss(self, batch: TensorDictBase) -> TensorDictBase:
-        if self._tensor_loss is not None:
-            loss = self._tensor_loss(batch, update_actor=False)["loss_qvalue"]
-        else:
-            loss, _ = self.loss_module.value_loss(batch)
-        loss.backward()
-        return TensorDict({"loss_qvalue": loss.detach()})
-
-    def __call__(self, batch: TensorDictBase) -> TensorDictBase:
-        """Runs one update on ``batch``; returns the detached losses (and SAC's alpha, entropy)."""
-        update_actor = self.updates % self.policy_delay == 0
-        losses = self._full(batch) if update_actor else self._critic(batch)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if update_actor or not self.is_td3:
-            self.target_updater.step()
-        self.updates += 1
-        return losses
-
-
-def _total(losses: TensorDictBase | dict[str, torch.Tensor]) -> torch.Tensor:
-    return sum(value for key, value in losses.items() if key.startswith("loss_"))
-
-
-class BufferSampler:
-    """Uniform batches of ``keys`` from a shared replay buffer, gathered into reused tensors.
-
-    ``replay_buffer.sample()`` takes about 1.5 ms per batch of 256 on a small
-    CPU: the sampler, the storage and the TensorDict machinery. This sampler
-    draws ``torch.randint(len(buffer), (batch_size,))`` -- the distribution of
-    TorchRL's ``RandomSampler`` -- and copies those rows of the storage
-    straight into tensors allocated once (about 0.2 ms), holding the buffer's
-    process-shared write lock so that no row is read half-written. The
-    returned TensorDict and its tensors are the same objects on every call:
-    use each batch before drawing the next.
-
-    Args:
-        replay_buffer: a buffer from :func:`torchrl_unilab.make_replay_buffer`,
-            with its storage laid out (by the collector or by ``extend``).
-        batch_size: rows per batch.
-
-    Keyword Args:
-        keys: the keys to gather; missing keys raise ``KeyError``.
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from torchrl_unilab import make_replay_buffer
-        >>> rb = make_replay_buffer(100)
-        >>> _ = rb.extend(TensorDict({"observation": torch.arange(10.0)[:, None]}, [10]))
-        >>> sampler = BufferSampler(rb, 4, keys=["observation"])
-        >>> batch = sampler()
-        >>> batch["observation"].shape, bool((batch["observation"] < 10).all())
-        (torch.Size([4, 1]), True)
-    """
-
-    def __init__(
-        self, replay_buffer: ReplayBuffer, batch_size: int, *, keys: Sequence[NestedKey] = SAMPLE_KEYS
-    ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        storage = replay_buffer.storage
-        if not getattr(storage, "initialized", False):
-            raise ValueError("replay_buffer's storage is not laid out yet; create the collector (or extend) first")
-        self.replay_buffer = replay_buffer
-        self.batch_size = batch_size
-        data = storage._storage  # noqa: SLF001 - the memory-mapped TensorDict behind the storage
-        self._sources = []
-        out = TensorDict(batch_size=[batch_size])
-        for key in keys:
-            leaf = data.get(key)  # KeyError names the missing key
-            leaf = leaf.as_tensor() if hasattr(leaf, "as_tensor") else leaf
-            self._sources.append(leaf)
-            out.set(key, torch.empty((batch_size, *leaf.shape[1:]), dtype=leaf.dtype))
-        self._keys = list(keys)
-        self._targets = [out.get(key) for key in keys]
-        self._batch = out
-        self._index = torch.empty(batch_size, dtype=torch.int64)
-        self._lock = buffer_lock(replay_buffer)
-
-    def __call__(self) -> TensorDictBase:
-        """Draws one batch (the same TensorDict object each call, refilled)."""
-        with self._lock:
-            size = len(self.replay_buffer)  # buffer_lock holds the _replay_lock this takes
-            if size == 0:
-                raise RuntimeError("the replay buffer is empty; wait for frames before sampling")
-            torch.randint(size, (self.batch_size,), out=self._index)
-            for source, target in zip(self._sources, self._targets):
-                torch.index_select(source, 0, self._index, out=target)
-        # Put the tensors back: the caller may have replaced entries in place
-        # (observation normalisation does) since the previous batch.
-        batch = self._batch
-        for key, target in zip(self._keys, self._targets):
-            batch.set(key, target)
-        return batch
-
+__all__ = ["Every", "GracefulStop", "UTDController", "policy_lag", "trainable_parameters", "update_normalizer"]
 
 def update_normalizer(normalizer: ObservationNormalizer, replay_buffer: ReplayBuffer) -> int:
     """``normalizer.update_from_buffer(replay_buffer)`` under the buffer's write lock; returns rows read.
@@ -277,6 +65,13 @@ def policy_lag(batch: TensorDictBase, published_version: int) -> float:
 
 class Every:
     """Fires once each time a counter crosses a multiple of ``period`` (``period <= 0``: never).
+
+    Not :class:`torchrl.record.loggers.monitoring.Every`: that one is a
+    schedule a ``LoggerMonitor`` applies to the counters of a watched object's
+    ``stats()``, polled by the monitor. The recipes decide in their own loop,
+    after each update, whether logging, evaluation or a checkpoint is due; the
+    frame count jumps by whole batches there, so a multiple is rarely hit
+    exactly, and a resumed run starts past 0.
 
     Args:
         period: the interval, e.g. in frames.

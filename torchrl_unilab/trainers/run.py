@@ -1,0 +1,214 @@
+"""What a recipe's run needs besides the algorithm: directory, checkpoint, logging, evaluation, collection pacing.
+
+:class:`RecipeRun` holds the parts of ``recipes/sac.py`` and ``recipes/td3.py``
+that do not depend on the algorithm, so that each recipe shows only its own:
+networks, loss, optimiser, and a loop of sampling, loss, backward, optimiser
+step and target update.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torch import nn
+from torchrl.data import ReplayBuffer
+
+from torchrl_unilab.collectors import WorkerError
+from torchrl_unilab.modules.normalization import ObservationNormalizer
+from torchrl_unilab.trainers.checkpoint import Checkpointer
+from torchrl_unilab.trainers.logging_utils import LearningCurve, RunLogger, make_logger
+from torchrl_unilab.trainers.recipes_utils import EvalRunner, env_kwargs, make_collector, run_dir
+from torchrl_unilab.trainers.training import (
+    Every,
+    GracefulStop,
+    UTDController,
+    policy_lag,
+    update_normalizer,
+)
+
+__all__ = ["RecipeRun"]
+
+
+class RecipeRun:
+    """Run directory, checkpoint and resume, logger, evaluation, collector and UTD pacing of one recipe run.
+
+    Building it makes the run directory (``logger.log_dir``, ``resume`` or
+    Hydra's), saves the config there, restores ``modules``, ``normalizer``,
+    the RNG and ``replay_buffer`` from the checkpoint when ``resume`` is set,
+    and starts the collector (:attr:`collector`) paced by a
+    :class:`~torchrl_unilab.trainers.training.UTDController` (:attr:`utd`).
+
+    Use it as a context around the training loop: inside, the first Ctrl-C or
+    SIGTERM sets :attr:`stop_requested` (the loop ends after its update and a
+    checkpoint is saved); on the way out the collector shuts down. Call
+    :meth:`after_update` after each gradient update and :meth:`finish` after
+    the loop.
+
+    Args:
+        cfg: the recipe's Hydra config (sections ``env``, ``collector``,
+            ``replay_buffer``, ``optim``, ``logger``, ``resume``).
+        name: the algorithm's name for titles and messages, e.g. ``"SAC"``.
+        policy: what the workers and the evaluation run.
+        replay_buffer: the shared buffer the collector fills.
+        modules: what the checkpoint saves and restores, by name (loss
+            module, optimiser, target updater).
+
+    Keyword Args:
+        normalizer: the observation normaliser, if ``network.obs_norm``.
+
+    Examples:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from omegaconf import OmegaConf
+        >>> import torchrl_unilab
+        >>> from torchrl_unilab.trainers.recipes_utils import env_info, make_networks, make_replay_buffer
+        >>> checkout = Path(torchrl_unilab.__file__).parents[1]  # the recipes' configs are in the source tree
+        >>> cfg = OmegaConf.load(checkout / "recipes" / "config" / "sac.yaml")
+        >>> cfg.merge_with_dotlist(["env.name=Pendulum-v1", "network.hidden_sizes=[8]", "collector.total_frames=96",
+        ...     "collector.init_random_frames=64", "collector.env_per_collector=2", "collector.frames_per_batch=32",
+        ...     "optim.batch_size=32", "logger.backend=none", "logger.progress_bar=false", "logger.num_eval_envs=1",
+        ...     f"logger.log_dir={tempfile.mkdtemp()}"])
+        >>> nets = make_networks(cfg, "sac", env_info(cfg))
+        >>> run = RecipeRun(cfg, "SAC", nets.policy, make_replay_buffer(cfg), modules={"actor": nets.actor})
+        >>> with run:
+        ...     while not run.utd.done:  # a recipe samples and updates between these two
+        ...         run.utd.wait()
+        ...         run.utd.step()
+        >>> summary = run.finish()  # doctest: +ELLIPSIS
+        SAC Pendulum-v1: final eval return ...
+        >>> summary["frames"], summary["updates"], summary["interrupted"]
+        (96, 32, False)
+    """
+
+    def __init__(
+        self,
+        cfg: DictConfig,
+        name: str,
+        policy: TensorDictModuleBase,
+        replay_buffer: ReplayBuffer,
+        modules: Mapping[str, nn.Module | Any],
+        *,
+        normalizer: ObservationNormalizer | None = None,
+    ) -> None:
+        self.cfg, self.name, self.policy = cfg, name, policy
+        self.replay_buffer, self.normalizer = replay_buffer, normalizer
+        self.out_dir = run_dir(cfg)
+        os.makedirs(self.out_dir, exist_ok=True)
+        OmegaConf.save(cfg, os.path.join(self.out_dir, "config.yaml"))
+
+        self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoint"), modules=dict(modules),
+                                         normalizer=normalizer)
+        saved = self.checkpointer.load(replay_buffer) if cfg.resume else {}
+        frames_done, updates_done = saved.get("frames", 0), saved.get("updates", 0)
+
+        log = cfg.logger
+        self.logger = RunLogger(
+            make_logger(log.backend, self.out_dir, log.exp_name, project_name=log.project_name,
+                        state_dict=saved.get("logger")),
+            os.path.join(self.out_dir, "learning_curve.png"),
+            cfg.collector.total_frames,
+            frames=frames_done, updates=updates_done, elapsed=saved.get("elapsed", 0.0),
+            curve=LearningCurve.from_state(saved.get("curve", [])),
+            title=f"{name} {cfg.env.name}", progress_bar=log.progress_bar,
+        )
+        # Deterministic policy on envs of its own, reseeded before each evaluation.
+        self.eval_runner = EvalRunner(cfg.env.name, log.num_eval_envs, seed=cfg.env.seed + 10_000,
+                                      env_kwargs=env_kwargs(cfg))
+
+        col = cfg.collector
+        self.collector = make_collector(cfg, policy, replay_buffer, frames_done=frames_done)
+        self.utd = UTDController(
+            self.collector, cfg.optim.utd_ratio,
+            learning_starts=max(col.init_random_frames, cfg.optim.batch_size),
+            total_frames=col.total_frames, max_lead_frames=col.max_lead_frames,
+            lockstep=col.lockstep, frames_offset=frames_done, updates=updates_done,
+        )
+        self._sync_every = int(col.sync_every)
+        self._log_due = Every(log.log_every, start=frames_done)
+        self._eval_due = Every(log.eval_iter, start=frames_done)
+        self._checkpoint_due = Every(log.checkpoint_every, start=frames_done)
+        self._stop = GracefulStop()
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a Ctrl-C or SIGTERM asked the run to stop."""
+        return self._stop.requested
+
+    def __enter__(self) -> RecipeRun:
+        self._stop.__enter__()
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
+        stopped = self.stop_requested
+        try:
+            self._stop.__exit__(exc_type, exc, tb)
+        finally:
+            self.collector.shutdown(raise_on_error=not stopped)
+        # The workers also get a terminal's Ctrl-C and fail; after a stop request that is expected.
+        return exc_type is not None and issubclass(exc_type, WorkerError) and stopped
+
+    def save_checkpoint(self) -> None:
+        """Saves modules, normaliser, RNG, buffer and counters; no worker writes while the buffer is dumped."""
+        with self.collector.pause():
+            self._save()
+
+    def _save(self) -> None:
+        counters = {"frames": self.utd.frames, "updates": self.utd.updates, **self.logger.state()}
+        self.checkpointer.save(self.replay_buffer, counters=counters)
+
+    def after_update(self, batch: TensorDictBase, losses: Mapping[str, Any]) -> None:
+        """After one gradient update: publish the weights every ``collector.sync_every`` updates; log, evaluate
+        and checkpoint when ``logger.log_every``, ``logger.eval_iter`` and ``logger.checkpoint_every`` frames have passed.
+        """
+        utd, collector = self.utd, self.collector
+        self.logger.add_losses(losses)
+        if utd.updates % self._sync_every == 0:
+            if self.normalizer is not None:
+                update_normalizer(self.normalizer, self.replay_buffer)
+            collector.update_policy_weights_()  # the normaliser's statistics travel with the weights
+        frames = utd.frames
+        if self._log_due(frames):
+            episodes = collector.metrics()
+            self.logger.log_training(frames=frames, updates=utd.updates, extra={
+                "train/episode_return": episodes["mean_return"],
+                "train/episode_length": episodes["mean_length"],
+                "utd/achieved": utd.window(),  # updates per frame over this log window
+                "utd/cumulative": utd.achieved(),
+                "learner/policy_lag": policy_lag(batch, collector.policy_version),
+                "learner/waited_s": utd.waited_s,
+            })
+        if self._eval_due(frames):
+            self.logger.log_eval(frames=frames, values=self.eval_runner(self.policy))
+        if self._checkpoint_due(frames):
+            self.save_checkpoint()
+
+    def finish(self) -> dict[str, Any]:
+        """After the loop: a final evaluation and checkpoint; returns the run's summary."""
+        utd, logger, stopped = self.utd, self.logger, self.stop_requested
+        if not stopped and (not logger.curve.points or logger.curve.points[-1][0] != utd.frames):
+            logger.log_eval(frames=utd.frames, values=self.eval_runner(self.policy))
+        self._save()  # the collector is shut down: no writer is left
+        if stopped:
+            print(f"\nInterrupted: checkpoint saved; continue with resume={self.out_dir}")
+        logger.close()
+        self.eval_runner.close()
+        summary = {
+            "final_return": logger.last_eval,
+            "frames": utd.frames,
+            "updates": utd.updates,
+            "utd_achieved": utd.achieved(),
+            "elapsed_s": logger.elapsed,
+            "run_dir": self.out_dir,
+            "plot": logger.plot_path,
+            "checkpoint": str(self.checkpointer.directory),
+            "interrupted": stopped,
+        }
+        print(f"{self.name} {self.cfg.env.name}: final eval return {summary['final_return']:.1f} after "
+              f"{summary['frames']} frames, {summary['updates']} updates, {summary['elapsed_s'] / 60:.1f} min\n"
+              f"learning curve: {summary['plot']}\ncheckpoint: {summary['checkpoint']} (resume={self.out_dir})")
+        return summary
