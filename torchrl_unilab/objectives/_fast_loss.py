@@ -71,7 +71,7 @@ def _gamma(loss: LossModule) -> float:
     estimator = loss.value_estimator
     if type(estimator) is not TD0Estimator:
         raise ValueError(f"the tensor-level loss computes TD(0) targets, the loss now has {type(estimator).__name__}; "
-                         "build UpdateStep with fast_loss=False")
+                         "set compile.fast_loss=false, or call the loss module itself")
     return float(estimator.gamma)
 
 
@@ -84,7 +84,7 @@ def _check_unweighted(loss: LossModule, batch: TensorDictBase) -> None:
     if loss.tensor_keys.priority_weight in batch.keys():
         raise ValueError(
             f"the batch holds priority weights ({loss.tensor_keys.priority_weight!r}), which the tensor-level "
-            "loss does not apply; build UpdateStep with fast_loss=False for prioritized replay"
+            "loss does not apply; call the loss module itself for prioritized replay"
         )
 
 

@@ -138,14 +138,12 @@ def make_networks(cfg: DictConfig, algo: str, info: EnvInfo) -> Networks:
     if algo not in ALGOS:
         raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
     net = cfg.network
-    width, depth = _hidden_sizes(net.hidden_sizes)
+    sizes = _hidden_sizes(net.hidden_sizes)
     actor = make_actor(
-        algo, info.obs_dim, info.action_dim, hidden_dim=width, num_layers=depth,
+        algo, info.obs_dim, info.action_dim, hidden_sizes=sizes,
         use_layer_norm=bool(net.use_layer_norm), action_low=info.action_low, action_high=info.action_high,
     )
-    critic = make_critic(
-        info.obs_dim, info.action_dim, hidden_dim=width, num_layers=depth, use_layer_norm=bool(net.use_layer_norm),
-    )
+    critic = make_critic(info.obs_dim, info.action_dim, hidden_sizes=sizes, use_layer_norm=bool(net.use_layer_norm))
     collector = cfg.get("collector") or {}
     policy = make_exploration_policy(
         actor, algo, actor.spec,
@@ -160,14 +158,12 @@ def make_networks(cfg: DictConfig, algo: str, info: EnvInfo) -> Networks:
     return Networks(actor=actor, critic=critic, policy=policy, normalizer=normalizer)
 
 
-def _hidden_sizes(sizes: Any) -> tuple[int, int]:
-    """``network.hidden_sizes`` as the ``(width, depth)`` the networks take; every layer has one width."""
+def _hidden_sizes(sizes: Any) -> list[int]:
+    """``network.hidden_sizes`` as a list, the width of each hidden layer."""
     sizes = list(sizes) if isinstance(sizes, (list, tuple, ListConfig)) else None
-    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes) or len(set(sizes)) > 1:
-        raise ValueError(
-            f"network.hidden_sizes must be a non-empty list of equal ints >= 1 (e.g. [256, 256]), got {sizes!r}"
-        )
-    return sizes[0], len(sizes)
+    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+        raise ValueError(f"network.hidden_sizes must be a non-empty list of ints >= 1 (e.g. [256, 256]), got {sizes!r}")
+    return sizes
 
 
 def make_loss_module(cfg: DictConfig, algo: str, nets: Networks) -> tuple[LossModule, TargetNetUpdater]:
