@@ -18,6 +18,7 @@ module works without it, building a collector does not.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import socket
 import threading
@@ -51,12 +52,28 @@ _RAY_PASSED_DEFAULTS = {
 }
 
 
+#: How long TorchRL's Ray weight-sync rendezvous waits for every node (its own default is 60 s).
+WEIGHT_SYNC_RENDEZVOUS_S = 300
+
+
 def _ray():
     try:
         import ray
     except ImportError as err:  # pragma: no cover - exercised by the no-Ray import test
         raise ImportError('Ray is not installed; install the extra with: pip install -e ".[ray]"') from err
+    _wait_longer_for_the_rendezvous()
     return ray
+
+
+def _wait_longer_for_the_rendezvous() -> None:
+    # TorchRL's RayWeightSyncScheme waits a module-level 60 s for its gloo rendezvous, on the learner
+    # and on each node. Nodes whose workers were still starting on a loaded 2-core machine (load 10)
+    # missed it (DistStoreError: wait timeout after 60000ms), twice in a day; the learner and every
+    # node call this, so both sides wait longer.
+    import torchrl.weight_update._ray as torchrl_ray
+
+    if getattr(torchrl_ray, "_DIST_TIMEOUT", None) is not None:
+        torchrl_ray._DIST_TIMEOUT = datetime.timedelta(seconds=WEIGHT_SYNC_RENDEZVOUS_S)  # noqa: SLF001
 
 
 class NodeError(WorkerError):
@@ -151,6 +168,7 @@ class RayNodeCollector(OffPolicyCollector):
                 raise ValueError(f"RayNodeCollector supports {name!r} only at {default!r}, got {value!r}")
         if isinstance(create_env_fn, list) and create_env_fn and all(isinstance(f, str) for f in create_env_fn):
             create_env_fn = create_env_fn[0]  # RayCollector repeats the gymnasium id once per worker
+        _wait_longer_for_the_rendezvous()
         self.num_nodes = int(num_nodes)
         self.node_host = f"{socket.gethostname()} (pid {os.getpid()})"
         self._remote_buffer = replay_buffer
