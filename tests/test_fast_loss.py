@@ -151,7 +151,7 @@ def test_a_value_estimator_changed_after_construction_is_refused():
     fast = tensor_loss(loss)  # the default estimator, TD(0)
     assert fast is not None
     loss.make_value_estimator(ValueEstimators.TDLambda, gamma=0.99, lmbda=0.9)
-    with pytest.raises(ValueError, match="TD\\(0\\) targets.*fast_loss=False"):
+    with pytest.raises(ValueError, match="TD\\(0\\) targets.*compile.fast_loss=false"):
         fast(batch())
 
 
