@@ -60,15 +60,19 @@ def resolve_weight_names(policy: nn.Module, weights: Any) -> dict[str, torch.Ten
     """
     given = _flat_weights(weights)
     current = dict(policy.state_dict())
+    # TensorDict.from_module also holds non-persistent buffers: per-env exploration state (TD3's noise
+    # stds), not weights. TorchRL's Ray scheme sends them; they are no part of what workers load.
+    state = {f"{name}.{buffer}" if name else buffer
+             for name, module in policy.named_modules() for buffer in module._non_persistent_buffers_set}  # noqa: SLF001
     best: tuple[int, str, list[str], list[str]] | None = None
     for prefix in ("", *(f"{name}." for name, _ in policy.named_modules() if name)):
-        unknown = sorted(n for n in given if prefix + n not in current)
+        unknown = sorted(n for n in given if prefix + n not in current and prefix + n not in state)
         if unknown and best is not None and len(unknown) >= best[0]:
             continue
         missing = sorted(n[len(prefix):] for n in current if n.startswith(prefix) and n[len(prefix):] not in given)
         if not unknown and not missing:
             out = dict(current)
-            out.update({prefix + n: value for n, value in given.items()})
+            out.update({prefix + n: value for n, value in given.items() if prefix + n in current})
             return out
         if best is None or len(unknown) + len(missing) < best[0]:
             best = (len(unknown) + len(missing), prefix, unknown, missing)
