@@ -256,6 +256,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         probe = self._worker_envs[0] if isinstance(self._worker_envs[0], EnvBase) else self._worker_envs[0]()
         probe = as_batched_env(probe)
         self._probe_env = probe
+        self._env_specs = _spec_snapshot(probe)
         self.num_envs = probe.batch_size[0]
         frames_per_batch = _check_int("frames_per_batch", frames_per_batch, 1)
         if frames_per_batch % self.num_envs:
@@ -413,10 +414,6 @@ class OffPolicyCollector(MultiAsyncCollector):
 
     def _close_probe(self) -> None:
         probe, self._probe_env = self._probe_env, None
-        if probe is not None:
-            # getattr_env reads the probe while it lives; afterwards, this snapshot of its specs.
-            with contextlib.suppress(Exception):
-                self._env_specs = _spec_snapshot(probe)
         if probe is not None and not isinstance(self._worker_envs[0], EnvBase):
             with contextlib.suppress(Exception):
                 probe.close(raise_if_closed=False)
@@ -689,9 +686,9 @@ class OffPolicyCollector(MultiAsyncCollector):
         attributes live in the worker processes (an env instance stepped by a
         thread of this process answers them all).
         """
-        env = self._probe_env
-        if env is None and attr in self._env_specs:
+        if attr in self._env_specs:
             return self._env_specs[attr]
+        env = self._probe_env
         if env is None and isinstance(self._worker_envs[0], EnvBase):
             env = self._worker_envs[0]
         if env is None:

@@ -61,6 +61,7 @@ def _ray():
         import ray
     except ImportError as err:  # pragma: no cover - exercised by the no-Ray import test
         raise ImportError('Ray is not installed; install the extra with: pip install -e ".[ray]"') from err
+    _wait_longer_for_the_rendezvous()
     return ray
 
 
@@ -325,7 +326,6 @@ class RayOffPolicyCollector(RayCollector):
         ray_init_config: Mapping[str, Any] | None = None,
     ) -> None:
         ray = _ray()
-        _wait_longer_for_the_rendezvous()
         for name, value, minimum in (("num_nodes", num_nodes, 1), ("num_workers", num_workers, 1),
                                      ("num_envs", num_envs, 1), ("init_random_frames", init_random_frames, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
