@@ -204,6 +204,9 @@ def test_nodes_write_to_a_ray_replay_buffer_and_lost_nodes_are_reported():
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            # by now each node's next batch has been fetched while the learner holds back, so neither has a
+            # call in flight whose failure would show: the loss must be found all the same
+            time.sleep(1.5)
             ray.kill(collector.remote_collectors[0])
             start = time.monotonic()
             assert wait_until(lambda: collector.lost_nodes == [0], timeout=10), "lost node not reported within 10 s"

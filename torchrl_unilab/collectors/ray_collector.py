@@ -356,6 +356,7 @@ class RayOffPolicyCollector(RayCollector):
         self._lost: dict[int, str] = {}
         self._pending: dict[Any, int] = {}  # the next() call in flight on each node -> node index
         self._fetched: dict[Any, TensorDictBase | None] = {}  # finished calls, in arrival order
+        self._pings: dict[Any, int] = {}  # liveness calls to nodes whose batch waits in _fetched -> node index
         self._pump_error: BaseException | None = None
         self._cond = threading.Condition()
         self._written = 0
@@ -433,7 +434,8 @@ class RayOffPolicyCollector(RayCollector):
             del self._fetched[future]
             idx = self._pending.pop(future)
             # ask again before yielding: every live node keeps a call in flight, whose failure shows at once
-            self._pending[self._nodes[idx].next.remote()] = idx
+            if idx not in self._lost:
+                self._pending[self._nodes[idx].next.remote()] = idx
             self.collected_frames += self.frames_per_batch
             yield out
         if self._pending:
@@ -457,10 +459,26 @@ class RayOffPolicyCollector(RayCollector):
             self.receive_s += time.perf_counter() - start
 
     def _watch_nodes(self) -> None:
-        """While the learner holds collection back: fetch what nodes finished, so a lost node shows at once."""
+        """While the learner holds collection back: fetch what nodes finished, so a lost node shows at once.
+
+        A node whose batch already waits here has no ``next()`` in flight to fail,
+        so it is pinged instead (a cheap call; the actor is idle).
+        """
+        ray = _ray()
         waiting = [f for f in self._pending if f not in self._fetched]
         if waiting:
-            self._fetch(_ray().wait(waiting, num_returns=len(waiting), timeout=0)[0])
+            self._fetch(ray.wait(waiting, num_returns=len(waiting), timeout=0)[0])
+        idle = {self._pending[f] for f in self._fetched if f in self._pending} - set(self._lost)
+        for idx in idle - set(self._pings.values()):
+            self._pings[self._nodes[idx].host.remote()] = idx
+        if not self._pings:
+            return
+        for ref in ray.wait(list(self._pings), num_returns=len(self._pings), timeout=0)[0]:
+            idx = self._pings.pop(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                self._node_lost(idx, err)  # its fetched batch is still delivered; it is not asked again
 
     def _node_lost(self, idx: int, err: Exception) -> None:
         self._lost[idx] = f"node {idx} on {self.node_hosts[idx]}: {err}"
