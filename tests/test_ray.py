@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,11 +25,12 @@ import torch
 ray = pytest.importorskip("ray")
 
 import cloudpickle  # noqa: E402
-from conftest import linear_policy, wait_until  # noqa: E402
-from torchrl.data import LazyTensorStorage, ReplayBuffer  # noqa: E402
+from conftest import linear_policy, shm_entries, wait_until  # noqa: E402
+from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter  # noqa: E402
 from torchrl.envs import Transform, TransformedEnv  # noqa: E402
 
 from torchrl_unilab import BatchedGymEnv, make_replay_buffer  # noqa: E402
+from torchrl_unilab._residue import pid_alive, sweep_stale  # noqa: E402
 from torchrl_unilab.collectors.ray_collector import NodeError, RayOffPolicyCollector  # noqa: E402
 
 # Ray actors unpickle this module's env factory without importing the test module.
@@ -45,6 +45,14 @@ def ray_cluster():
     ray.init(num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_shm_residue():
+    """Nodes, their workers and the learner leave nothing in /dev/shm (every entry counts under CI)."""
+    before = shm_entries()
+    yield
+    assert wait_until(lambda: not shm_entries() - before, timeout=10), sorted(shm_entries() - before)
 
 
 def _proc_table() -> dict[int, tuple[int, str]]:
@@ -190,8 +198,11 @@ def test_observation_statistics_travel_to_the_nodes_with_the_weights():
 
 def test_nodes_write_to_a_ray_replay_buffer_and_lost_nodes_are_reported():
     """RayReplayBuffer path; a killed node is reported within 10 s: warned under "continue", raised under "raise"."""
-    rrb = ReplayBuffer(storage=functools.partial(LazyTensorStorage, 10_000), batch_size=64, service_backend="ray",
-                       service_backend_options={"remote_config": {"num_cpus": 0}})
+    # compilable: TorchRL's default counters are mp.Value-s, whose named semaphores outlive the buffer's actor,
+    # which rrb.shutdown() kills
+    rrb = ReplayBuffer(storage=functools.partial(LazyTensorStorage, 10_000, compilable=True),
+                       writer=functools.partial(RoundRobinWriter, compilable=True), batch_size=64,
+                       service_backend="ray", service_backend_options={"remote_config": {"num_cpus": 0}})
     collector = RayOffPolicyCollector(
         "Pendulum-v1", linear_policy(3, 1), num_nodes=2, num_workers=1, num_envs=4, frames_per_batch=32,
         init_random_frames=64, seed=1, replay_buffer=rrb, on_node_failure="continue", remote_configs=NODE,
@@ -228,12 +239,12 @@ def test_nodes_write_to_a_ray_replay_buffer_and_lost_nodes_are_reported():
     finally:
         collector.shutdown(raise_on_error=False)
         rrb.shutdown()
-        # a killed actor cannot remove its scratch buffer directory: the test does, by the actor's pid
-        for host in collector.node_hosts:
-            pid = host.rsplit("pid ", 1)[1].rstrip(")")
-            for path in Path(tempfile.gettempdir()).glob(f"torchrl_unilab_rb_{pid}_*"):
-                shutil.rmtree(path, ignore_errors=True)
     assert wait_until(lambda: gone(pids), timeout=15)
+    # a killed actor cannot remove its scratch buffer directory nor its weight block; the next collector
+    # to start sweeps them (by their dead creator's pid), as the test does here
+    wait_until(lambda: not any(pid_alive(pid) for pid in pids), timeout=10)  # reaped: no longer a zombie
+    sweep_stale(tempfile.gettempdir(), "torchrl_unilab_rb_")
+    sweep_stale("/dev/shm", "tul_w_")
 
 
 class CrashAfter(Transform):

@@ -18,8 +18,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing as mp
+import multiprocessing.connection
 import os
-import queue
 import signal
 import sys
 import tempfile
@@ -155,7 +155,10 @@ class WorkerPool:
     Args:
         ctx: multiprocessing context (``spawn``).
         target: the worker entry point; called as
-            ``target(idx, *args, stop_event, error_queue, started, stderr_fd)``.
+            ``target(idx, *args, stop_event, error_pipe, started, stderr_fd)``;
+            a worker that fails sends ``(idx, message, traceback)`` on its
+            ``error_pipe`` (the write end of a pipe: unlike an ``mp.Queue`` it
+            has no named semaphore in ``/dev/shm`` to outlive a killed process).
         args: per-worker positional arguments after the index.
         num_workers: how many workers to start.
         in_thread: which workers run as threads of this process (default: none).
@@ -172,7 +175,9 @@ class WorkerPool:
                  in_thread: Sequence[bool] | None = None) -> None:
         self.ctx = ctx
         self.stop_event = StopFlag()  # an mp.Event's lock stays held by a worker killed inside is_set()
-        self.error_queue = ctx.Queue()
+        pipes = [ctx.Pipe(duplex=False) for _ in range(num_workers)]
+        self._error_readers = [reader for reader, _ in pipes]
+        self._error_writers = [writer for _, writer in pipes]
         self.poll_interval = poll_interval
         self.started = torch.zeros(num_workers, dtype=torch.uint8).share_memory_()
         in_thread = list(in_thread) if in_thread is not None else [False] * num_workers
@@ -180,7 +185,7 @@ class WorkerPool:
         self._parent_stderr = [_InheritedFd(-1) for _ in range(num_workers)]
         self.procs = []
         for i in range(num_workers):
-            common = (i, *args, self.stop_event, self.error_queue, self.started)
+            common = (i, *args, self.stop_event, self._error_writers[i], self.started)
             if in_thread[i]:
                 self.procs.append(_ThreadWorker(target, (*common, None), name=f"{name}-worker-{i}"))
             else:
@@ -197,27 +202,26 @@ class WorkerPool:
                 proc.start()
             else:
                 self._stderr_files[i] = _start_with_captured_stderr(proc, self._parent_stderr[i])
+                self._error_writers[i].close()  # the child has its own copy: EOF here once it exits
         self._watcher = threading.Thread(target=self._watch, name="collector-watcher", daemon=True)
         self._watcher.start()
 
     def _watch(self) -> None:
+        open_readers = list(self._error_readers)
         while not self._stopping:
-            try:
-                idx, message, tb = self.error_queue.get(timeout=self.poll_interval)
-                self._fail(WorkerError(idx, message, tb))
-                return
-            except queue.Empty:
-                pass
-            except (EOFError, OSError, ValueError):
-                return
+            for reader in mp.connection.wait(open_readers, timeout=self.poll_interval):
+                report = _receive(reader)
+                if report is not None:
+                    self._fail(WorkerError(*report))
+                    return
+                open_readers.remove(reader)  # the worker is gone, or was killed mid-report
             for idx, proc in enumerate(self.procs):
                 if proc.exitcode not in (None, 0) and not self._stopping:
                     # Give the worker's own report a moment to arrive; it is more useful.
-                    with contextlib.suppress(queue.Empty, EOFError, OSError, ValueError):
-                        idx, message, tb = self.error_queue.get(timeout=0.5)
-                        self._fail(WorkerError(idx, message, tb))
-                        return
-                    self._fail(self._unexplained_exit(idx, proc.exitcode))
+                    reader = self._error_readers[idx]
+                    report = _receive(reader) if reader in open_readers and reader.poll(0.5) else None
+                    self._fail(WorkerError(*report) if report is not None else
+                               self._unexplained_exit(idx, proc.exitcode))
                     return
 
     def _unexplained_exit(self, idx: int, code: int) -> WorkerError:
@@ -276,17 +280,32 @@ class WorkerPool:
         if self._watcher is not None:
             self._watcher.join(1.0)
         # Pick up an error reported while we were stopping (e.g. during a pause).
-        with contextlib.suppress(queue.Empty, EOFError, OSError, ValueError):
-            while self.error is None:
-                idx, message, tb = self.error_queue.get_nowait()
-                self.error = WorkerError(idx, message, tb)
-        self.error_queue.close()
-        self.error_queue.join_thread()
+        for reader in self._error_readers:
+            report = _receive(reader) if self.error is None and _readable(reader) else None
+            if report is not None:
+                self.error = WorkerError(*report)
+            reader.close()
+        for writer in self._error_writers:
+            writer.close()  # a thread worker's end
         for i, fd in enumerate(self._stderr_files):
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
                 self._stderr_files[i] = None
+
+
+def _readable(reader: mp.connection.Connection) -> bool:
+    with contextlib.suppress(OSError, ValueError):
+        return reader.poll(0)
+    return False
+
+
+def _receive(reader: mp.connection.Connection) -> tuple[int, str, str] | None:
+    """A worker's ``(idx, message, traceback)`` report, or None at EOF (or for a report cut short by a kill)."""
+    try:
+        return reader.recv()
+    except (EOFError, OSError, ValueError, TypeError, AttributeError, ImportError):
+        return None
 
 
 def _start_with_captured_stderr(proc: mp.process.BaseProcess, parent_stderr: _InheritedFd) -> int:

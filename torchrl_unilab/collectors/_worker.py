@@ -439,7 +439,7 @@ _METRIC_PHASES = {
 
 def worker_main(worker_idx: int, cfg: WorkerConfig, env_sources: list, policy_bytes: bytes, extras_bytes: bytes,
                 sink, weights: SharedWeights, metrics: CollectorMetrics, control: FrameControl, stop_event,
-                error_queue, started, stderr_fd: int | None) -> None:
+                error_pipe, started, stderr_fd: int | None) -> None:
     """:class:`~torchrl_unilab.OffPolicyCollector`'s worker entry point; reports any exception to the parent.
 
     A process worker gets its env factory as cloudpickled bytes and ``stderr_fd``;
@@ -473,7 +473,7 @@ def worker_main(worker_idx: int, cfg: WorkerConfig, env_sources: list, policy_by
         loop.run()
     except BaseException as err:  # noqa: BLE001 - everything must reach the parent
         code = 1
-        error_queue.put((worker_idx, f"{type(err).__name__}: {err}", traceback.format_exc()))
+        error_pipe.send((worker_idx, f"{type(err).__name__}: {err}", traceback.format_exc()))
     finally:
         if loop is not None:
             with contextlib.suppress(Exception):
@@ -483,8 +483,7 @@ def worker_main(worker_idx: int, cfg: WorkerConfig, env_sources: list, policy_by
         if code:
             raise SystemExit(code)
         return
-    error_queue.close()
-    error_queue.join_thread()
+    error_pipe.close()
     # Everything shared is closed and the report is flushed; skip the interpreter's
     # slow teardown so that shutdown() does not wait for torch and MuJoCo to unload.
     os._exit(code)
