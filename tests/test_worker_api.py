@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import queue
+import signal
 import time
 
 import pytest
@@ -232,6 +234,26 @@ def test_subprocess_crash_reaches_parent_with_traceback(no_leaks):
             proc.metrics()
         assert "unknown gymnasium id 'NoSuchEnv-v1'" in str(info.value)
         assert "Traceback" in info.value.worker_traceback and "make_gym_env" in info.value.worker_traceback
+    finally:
+        proc.stop()
+        weights.close()
+
+
+def test_a_killed_collector_process_is_reported_by_its_signal(no_leaks):
+    """CollectorProcess runs on the collector's worker pool: a SIGKILL is named, and nothing is left behind."""
+    rb, actor, weights = learner_side(5000)
+    proc = CollectorProcess(env_name=ENV, num_envs=2, replay_buffer=rb, weight_sync_name=weights.name,
+                            weight_param_shapes=layout_of(actor), actor_hidden_dim=16)
+    try:
+        deadline = time.monotonic() + 120  # a first start can take a minute on a loaded 2-core machine
+        while rb.write_count < 200 and time.monotonic() < deadline:
+            proc.metrics()
+            time.sleep(0.05)
+        assert rb.write_count >= 200
+        os.kill(proc.process.pid, signal.SIGKILL)
+        proc.process.join(30)
+        with pytest.raises(WorkerError, match="process killed by SIGKILL without reporting an exception"):
+            proc.metrics()
     finally:
         proc.stop()
         weights.close()

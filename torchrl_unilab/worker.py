@@ -22,10 +22,12 @@ Learner side::
 from __future__ import annotations
 
 import contextlib
+import inspect
 import multiprocessing as mp
 import os
 import queue
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -34,14 +36,24 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictSequential
 from torchrl.data import ReplayBuffer
 from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.envs.utils import ExplorationType
 
-from torchrl_unilab.collectors._processes import WorkerError
-from torchrl_unilab._sync import StopFlag
-from torchrl_unilab.collectors._worker import LoopHooks, WorkerConfig, WorkerLoop, _parent_alive, probe_row
+from torchrl_unilab.collectors._processes import (
+    WorkerPool,
+    report_error,
+    restore_stderr,
+    shut_down_at_exit,
+    worker_started,
+)
+from torchrl_unilab.collectors._worker import (
+    LoopHooks,
+    WorkerConfig,
+    WorkerLoop,
+    _parent_alive,
+    probe_row,
+)
 from torchrl_unilab.collectors.metrics import PHASES, CollectorMetrics
 from torchrl_unilab.collectors.trace import PhaseTimer
 from torchrl_unilab.data.replay_buffer import buffer_lock, init_storage, storage_keys
@@ -51,9 +63,8 @@ from torchrl_unilab.envs.privileged import (
     resolve_collector_actor_dims,
     resolve_offpolicy_actor_priv_info,
 )
-from torchrl_unilab.modules.exploration import make_exploration_policy, sample_offpolicy_actions
+from torchrl_unilab.modules.exploration import make_collector_policy, sample_offpolicy_actions
 from torchrl_unilab.modules.models import actor_algo, make_actor
-from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.weight_update.weight_sync import SharedWeights
 
 __all__ = [
@@ -159,8 +170,8 @@ def init_offpolicy_storage(
     """
     env = _make_env(env_name, num_envs, sim_backend, env_cfg_override, privileged)
     try:
-        policy = make_exploration_policy(make_collector_actor("sac", env, actor_hidden_dim=8), "sac",
-                                         env.action_spec_unbatched)
+        policy, _ = make_collector_policy(make_collector_actor("sac", env, actor_hidden_dim=8), "sac",
+                                          env.action_spec_unbatched)
         init_storage(replay_buffer, probe_row(env, policy, ExplorationType.RANDOM))
     finally:
         env.close()
@@ -445,16 +456,17 @@ def off_policy_collector_fn(
         actor = make_collector_actor(algo_type, env, obs_dim=obs_dim, action_dim=action_dim,
                                      actor_hidden_dim=actor_hidden_dim, use_layer_norm=use_layer_norm,
                                      actor_kwargs=actor_kwargs)
-        policy = make_exploration_policy(actor, algo, env.action_spec_unbatched)
+        if obs_normalization and shared_obs_normalizer_stats is None:
+            raise ValueError("obs_normalization=True needs shared_obs_normalizer_stats (a SharedWeights "
+                             "created from the learner's ObservationNormalizer)")
+        policy, normalizer = make_collector_policy(
+            actor, algo, env.action_spec_unbatched, obs_norm=bool(obs_normalization),
+            obs_dim=resolve_collector_actor_dims(env, obs_dim, action_dim)[0])
         timer = PhaseTimer(_trace_path(trace_enabled), thread_time=trace_thread_time,
                            process_name=f"off_policy_collector {env_name}")
         hooks = LoopHooks(timer=timer)
-        if obs_normalization:
-            if shared_obs_normalizer_stats is None:
-                raise ValueError("obs_normalization=True needs shared_obs_normalizer_stats (a SharedWeights "
-                                 "created from the learner's ObservationNormalizer)")
-            normalizer = ObservationNormalizer(resolve_collector_actor_dims(env, obs_dim, action_dim)[0])
-            policy = TensorDictSequential(normalizer, policy)
+        if normalizer is not None:
+            # the seed's contract: its statistics have their own block, apart from the actor's weights
             hooks.extra_syncs.append((shared_obs_normalizer_stats, normalizer))
         weights = SharedWeights.attach(weight_sync_name, weight_param_shapes, lock=weight_sync_lock)
         metrics = CollectorMetrics(index + 1)
@@ -519,13 +531,31 @@ def _collector_slot(replay_buffer, collector_index: int | None, num_collectors: 
     return collector_index, stride
 
 
+def _collector_process_main(idx: int, fn_kwargs: dict, stop_event, error_pipe, started, stderr_fd) -> None:
+    """:class:`CollectorProcess`'s entry point, called as :class:`~torchrl_unilab.collectors._processes.WorkerPool`
+    calls the collector's workers: the same start-up marks, stderr capture and error report."""
+    worker_started(started, idx)
+    restore_stderr(stderr_fd)
+    code = 0
+    try:
+        off_policy_collector_fn(stop_event, **fn_kwargs)
+    except BaseException as err:  # noqa: BLE001 - everything must reach the parent
+        report_error(error_pipe, idx, err)
+        code = 1
+    error_pipe.close()
+    sys.exit(code)  # a normal exit: the metrics queue's feeder thread flushes what it holds
+
+
 class CollectorProcess:
     """Launches ``off_policy_collector_fn`` in a spawned process, watches it, re-raises its errors.
 
     All keyword arguments go to :func:`off_policy_collector_fn`; ``stop_event`` and
-    ``metrics_queue`` are created when not given. :meth:`metrics` drains the
-    queue's metrics messages and raises :class:`~torchrl_unilab.WorkerError` with
-    the subprocess's traceback on an error message or an unexplained exit.
+    ``metrics_queue`` are created when not given. The process is started and
+    watched by the collector's own worker pool, so an error reaches the learner
+    as it does from :class:`~torchrl_unilab.OffPolicyCollector`'s workers: a
+    :class:`~torchrl_unilab.WorkerError` with the subprocess's traceback, or
+    the signal that killed it and what it printed to stderr.
+    :meth:`metrics` drains the queue's metrics messages and raises that error.
 
     Examples:
         >>> CollectorProcess(env_name="Pendulum-v1", num_envs=2, replay_buffer=None, weight_sync_name="x",
@@ -536,67 +566,57 @@ class CollectorProcess:
     """
 
     def __init__(self, *, ctx: mp.context.BaseContext | None = None, **fn_kwargs: Any) -> None:
-        import inspect
-
         accepted = set(inspect.signature(off_policy_collector_fn).parameters) - {"kwargs"}
         unknown = sorted(set(fn_kwargs) - accepted)
         if unknown:
             raise TypeError(f"off_policy_collector_fn() got an unexpected keyword argument {unknown[0]!r}")
         self.ctx = ctx or mp.get_context("spawn")
-        fn_kwargs.setdefault("stop_event", StopFlag())  # an mp.Event's lock dies with a worker killed in is_set()
+        stop_event = fn_kwargs.pop("stop_event", None)
         fn_kwargs.setdefault("metrics_queue", self.ctx.Queue(maxsize=64))
-        self.stop_event = fn_kwargs["stop_event"]
         self.metrics_queue = fn_kwargs["metrics_queue"]
-        self.process = self.ctx.Process(target=off_policy_collector_fn, kwargs=fn_kwargs, daemon=True,
-                                        name="off_policy_collector")
-        self.process.start()
+        self._pool = WorkerPool(self.ctx, target=_collector_process_main, args=(fn_kwargs,), num_workers=1,
+                                name="off_policy_collector", stop_event=stop_event)
+        self.stop_event = self._pool.stop_event
+        self.process = self._pool.procs[0]
+        self._pool.start()
+        shut_down_at_exit(self)
         self.latest: dict | None = None
 
     def metrics(self) -> list[dict]:
         """Returns the metrics messages received since the last call; raises on a worker error."""
-        out = []
+        out, failed = [], False
         with contextlib.suppress(queue.Empty, EOFError, OSError):
             while True:
                 message = self.metrics_queue.get_nowait()
                 if message.get("type") == "error":
-                    self.stop()
-                    raise WorkerError(0, message["error"], message["traceback"])
+                    failed = True  # the same report comes through the pool, which also names a kill
+                    continue
                 out.append(message)
         if out:
             self.latest = out[-1]
+        if failed:
+            self.process.join(5.0)  # it is on its way out
         self.raise_if_failed()
         return out
 
     def raise_if_failed(self) -> None:
         """Raises :class:`~torchrl_unilab.WorkerError` if the process died with an error."""
-        code = self.process.exitcode
-        if code not in (None, 0) and not self.stop_event.is_set():
-            # The error is the process's last message: read everything it left, waiting a little for the pipe.
-            deadline = time.monotonic() + 1.0
-            with contextlib.suppress(EOFError, OSError):
-                while True:
-                    try:
-                        message = self.metrics_queue.get(timeout=max(deadline - time.monotonic(), 0.01))
-                    except queue.Empty:
-                        break
-                    if message.get("type") == "error":
-                        raise WorkerError(0, message["error"], message["traceback"])
-            raise WorkerError(0, f"collector process exited with code {code}", "(no traceback)")
+        if self.process.exitcode not in (None, 0) and self._pool.error is None and self._pool._watcher is not None:
+            self._pool._watcher.join(5.0)  # it reads the report the process left, or names its exit
+        self._pool.raise_if_failed()
 
     def stop(self, timeout: float = 4.0) -> None:
-        """Sets ``stop_event`` and joins the process (terminating it past ``timeout``)."""
-        self.stop_event.set()
-        self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(1.0)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(1.0)
+        """Sets ``stop_event`` and joins the process (terminating, then killing it past ``timeout``)."""
+        self._pool.stop(timeout)
+
+    def shutdown(self, timeout: float | None = 4.0, raise_on_error: bool = False) -> None:
+        """:meth:`stop` under the collectors' name (the interpreter's exit calls it); raises a worker error if asked."""
+        self.stop(4.0 if timeout is None else timeout)
+        if raise_on_error:
+            self._pool.raise_if_failed()
 
     def __enter__(self) -> CollectorProcess:
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
-

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from multiprocessing import reduction
@@ -34,7 +35,7 @@ import torch
 
 from torchrl_unilab._sync import StopFlag
 
-__all__ = ["WorkerError", "WorkerPool", "restore_stderr", "shut_down_at_exit", "worker_started"]
+__all__ = ["WorkerError", "WorkerPool", "report_error", "restore_stderr", "shut_down_at_exit", "worker_started"]
 
 _BOOTSTRAP_HINT = (
     "it exited before reaching its entry point. Under the 'spawn' start method each worker re-imports the "
@@ -91,6 +92,12 @@ def restore_stderr(stderr_fd: int | None) -> None:
         sys.stderr.flush()
         os.dup2(stderr_fd, 2)
         os.close(stderr_fd)
+
+
+def report_error(error_pipe, worker_idx: int, err: BaseException) -> None:
+    """Worker side, inside ``except``: sends ``err`` and its traceback to the pool's watcher."""
+    with contextlib.suppress(OSError, ValueError):  # the parent is gone: nobody to tell
+        error_pipe.send((worker_idx, f"{type(err).__name__}: {err}", traceback.format_exc()))
 
 
 def worker_started(started: torch.Tensor, idx: int) -> None:
@@ -162,6 +169,8 @@ class WorkerPool:
         args: per-worker positional arguments after the index.
         num_workers: how many workers to start.
         in_thread: which workers run as threads of this process (default: none).
+        stop_event: what :meth:`stop` sets and workers poll (default: a new
+            :class:`~torchrl_unilab._sync.StopFlag`); anything with ``set`` / ``is_set``.
 
     Examples:
         >>> import multiprocessing as mp
@@ -172,9 +181,10 @@ class WorkerPool:
 
     def __init__(self, ctx: mp.context.BaseContext, target: Callable, args: Sequence, num_workers: int,
                  poll_interval: float = 0.05, name: str = "OffPolicyCollector",
-                 in_thread: Sequence[bool] | None = None) -> None:
+                 in_thread: Sequence[bool] | None = None, stop_event: Any = None) -> None:
         self.ctx = ctx
-        self.stop_event = StopFlag()  # an mp.Event's lock stays held by a worker killed inside is_set()
+        # default: an mp.Event's lock stays held by a worker killed inside is_set()
+        self.stop_event = StopFlag() if stop_event is None else stop_event
         pipes = [ctx.Pipe(duplex=False) for _ in range(num_workers)]
         self._error_readers = [reader for reader, _ in pipes]
         self._error_writers = [writer for _, writer in pipes]

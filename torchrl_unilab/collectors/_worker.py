@@ -15,7 +15,6 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -28,7 +27,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from torchrl_unilab.collectors._batches import BatchSlots, SlotWriter
 from torchrl_unilab.collectors._control import FrameControl
-from torchrl_unilab.collectors._processes import restore_stderr, worker_started
+from torchrl_unilab.collectors._processes import report_error, restore_stderr, worker_started
 from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.collectors.trace import PhaseTimer
 from torchrl_unilab.envs.envpool_env import EnvPoolEnv
@@ -473,7 +472,7 @@ def worker_main(worker_idx: int, cfg: WorkerConfig, env_sources: list, policy_by
         loop.run()
     except BaseException as err:  # noqa: BLE001 - everything must reach the parent
         code = 1
-        error_pipe.send((worker_idx, f"{type(err).__name__}: {err}", traceback.format_exc()))
+        report_error(error_pipe, worker_idx, err)
     finally:
         if loop is not None:
             with contextlib.suppress(Exception):

@@ -15,7 +15,7 @@ from typing import Any
 import cloudpickle
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModuleBase, TensorDictSequential
+from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.data import ReplayBuffer
@@ -24,13 +24,23 @@ from torchrl.envs.utils import ExplorationType, RandomPolicy
 
 from torchrl_unilab.collectors._batches import BatchSlots
 from torchrl_unilab.collectors._control import FrameControl, split_random_frames
-from torchrl_unilab.collectors._processes import WorkerError, WorkerPool, shut_down_at_exit
-from torchrl_unilab.collectors._worker import NONFINITE_MODES, WorkerConfig, as_batched_env, probe_row, worker_main
+from torchrl_unilab.collectors._processes import (
+    WorkerError,
+    WorkerPool,
+    shut_down_at_exit,
+)
+from torchrl_unilab.collectors._worker import (
+    NONFINITE_MODES,
+    WorkerConfig,
+    as_batched_env,
+    probe_row,
+    worker_main,
+)
 from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.data.replay_buffer import init_storage, storage_keys
 from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
-from torchrl_unilab.modules.exploration import make_exploration_policy
+from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme
 
@@ -272,9 +282,10 @@ class OffPolicyCollector(MultiAsyncCollector):
         if policy is None:
             policy = RandomPolicy(probe.full_action_spec_unbatched)
         self._user_policy = policy
-        policy, self.obs_norm = _assemble_policy(
-            _on_cpu(policy), probe, algo, obs_norm,
-            dict(td3_noise=td3_noise, td3_std_min=td3_std_min, td3_std_max=td3_std_max, td3_std=td3_std),
+        policy, self.obs_norm = make_collector_policy(
+            _on_cpu(policy), algo, probe.action_spec_unbatched, obs_norm=obs_norm,
+            obs_dim=probe.observation_spec["observation"].shape[-1] if obs_norm is True else None,
+            td3_noise=td3_noise, td3_std_min=td3_std_min, td3_std_max=td3_std_max, td3_std=td3_std,
         )
         with contextlib.ExitStack() as on_error:
             on_error.callback(self._close_probe)
@@ -902,22 +913,6 @@ def _spec_snapshot(env: EnvBase) -> dict[str, Any]:
             value = getattr(env, attr)
             out[attr] = value.clone() if hasattr(value, "clone") else copy.copy(value)
     return out
-
-
-def _assemble_policy(policy, env: EnvBase, algo: str | None, obs_norm, exploration: dict[str, Any]):
-    """Wraps the actor with its exploration module and an observation normaliser, as asked."""
-    if algo is not None:
-        policy = make_exploration_policy(policy, algo, env.action_spec_unbatched, **exploration)
-    normalizer = None
-    if obs_norm is True:
-        normalizer = ObservationNormalizer(env.observation_spec["observation"].shape[-1])
-    elif isinstance(obs_norm, ObservationNormalizer):
-        normalizer = obs_norm
-    elif obs_norm not in (None, False):
-        raise TypeError(f"obs_norm must be True, False, None or an ObservationNormalizer, got {obs_norm!r}")
-    if normalizer is not None:
-        policy = TensorDictSequential(normalizer, policy)
-    return policy, normalizer
 
 
 def _cap(frames: int | float) -> int | None:

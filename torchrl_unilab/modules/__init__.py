@@ -9,6 +9,7 @@ Example:
 from torchrl_unilab.modules.exploration import (
     ActionProjection,
     PerEnvMixedNoise,
+    make_collector_policy,
     make_exploration_policy,
     sample_offpolicy_actions,
 )

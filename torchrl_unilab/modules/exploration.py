@@ -12,15 +12,18 @@ passes through unchanged.
 * SAC: the actor itself samples its TanhNormal; :class:`ActionProjection` only
   clamps the result onto the action bounds.
 
-:func:`make_exploration_policy` assembles either, and
-:func:`sample_offpolicy_actions` is the tensor-in, tensor-out entry point the
-collector workers call each step.
+:func:`make_exploration_policy` assembles either; :func:`make_collector_policy`
+adds the observation normaliser, and is the one builder of what the workers run
+(the collector, the function API and the recipes call it).
+:func:`sample_offpolicy_actions` is the tensor-in, tensor-out entry point of
+the original design.
 """
 
 from __future__ import annotations
 
 import warnings
 import weakref
+from typing import Any
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
@@ -34,11 +37,13 @@ from torchrl.data import Bounded, Composite, TensorSpec
 from torchrl.envs.utils import ExplorationType, exploration_type, set_exploration_type
 
 from torchrl_unilab.modules.models import ALGOS, actor_algo
+from torchrl_unilab.modules.normalization import ObservationNormalizer
 
 __all__ = [
     "TD3_NOISES",
     "ActionProjection",
     "PerEnvMixedNoise",
+    "make_collector_policy",
     "make_exploration_policy",
     "sample_offpolicy_actions",
 ]
@@ -419,6 +424,50 @@ def make_exploration_policy(
     else:
         explore = PerEnvMixedNoise.constant(action_spec, std=td3_std, generator=generator)
     return TensorDictSequential(actor, explore)
+
+
+def make_collector_policy(
+    actor: TensorDictModuleBase,
+    algo: str | None,
+    action_spec: TensorSpec,
+    *,
+    obs_norm: bool | ObservationNormalizer | None = None,
+    obs_dim: int | None = None,
+    **exploration: Any,
+) -> tuple[TensorDictModuleBase, ObservationNormalizer | None]:
+    """What the workers run: ``[normalizer,] actor, exploration``, and the normaliser.
+
+    ``algo`` (``"sac"``, ``"td3"``, or ``None`` for a policy that explores by
+    itself) wraps ``actor`` with :func:`make_exploration_policy` and the
+    ``exploration`` keyword arguments (``td3_noise``, ``td3_std``, ...).
+    ``obs_norm=True`` puts a new :class:`~torchrl_unilab.ObservationNormalizer`
+    of width ``obs_dim`` in front, an ``ObservationNormalizer`` puts that one.
+    The policy's ``state_dict`` then carries the actor's weights and the
+    normalisation statistics, so one weight publish sends both.
+
+    Examples:
+        >>> from torchrl_unilab.modules.models import make_actor
+        >>> actor = make_actor("sac", obs_dim=3, action_dim=1, hidden_dim=8)
+        >>> policy, norm = make_collector_policy(actor, "sac", actor.spec, obs_norm=True, obs_dim=3)
+        >>> [type(m).__name__ for m in policy], norm is policy[0]
+        (['ObservationNormalizer', 'TensorDictSequential'], True)
+        >>> make_collector_policy(actor, None, actor.spec, obs_norm="yes")
+        Traceback (most recent call last):
+        ...
+        TypeError: obs_norm must be True, False, None or an ObservationNormalizer, got 'yes'
+    """
+    policy = actor if algo is None else make_exploration_policy(actor, algo, action_spec, **exploration)
+    if obs_norm is True:
+        if obs_dim is None:
+            raise ValueError("obs_norm=True needs obs_dim, the width of the observation")
+        normalizer = ObservationNormalizer(obs_dim)
+    elif isinstance(obs_norm, ObservationNormalizer):
+        normalizer = obs_norm
+    elif obs_norm in (None, False):
+        return policy, None
+    else:
+        raise TypeError(f"obs_norm must be True, False, None or an ObservationNormalizer, got {obs_norm!r}")
+    return TensorDictSequential(normalizer, policy), normalizer
 
 
 def sample_offpolicy_actions(

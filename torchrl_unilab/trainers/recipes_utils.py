@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from tensordict.nn import TensorDictModuleBase, TensorDictSequential
+from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType, set_exploration_type
@@ -26,7 +26,7 @@ from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.data import replay_buffer as _rb
 from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.envs.batched_env import BatchedGymEnv, make_gym_env
-from torchrl_unilab.modules.exploration import make_exploration_policy
+from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.models import ALGOS, make_actor, make_critic
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.trainers.training import trainable_parameters
@@ -145,16 +145,13 @@ def make_networks(cfg: DictConfig, algo: str, info: EnvInfo) -> Networks:
     )
     critic = make_critic(info.obs_dim, info.action_dim, hidden_sizes=sizes, use_layer_norm=bool(net.use_layer_norm))
     collector = cfg.get("collector") or {}
-    policy = make_exploration_policy(
-        actor, algo, actor.spec,
+    policy, normalizer = make_collector_policy(
+        actor, algo, actor.spec, obs_norm=bool(net.get("obs_norm", False)), obs_dim=info.obs_dim,
         td3_noise=collector.get("td3_noise", "constant"),
         td3_std=float(collector.get("td3_std", 0.1)),
         td3_std_min=float(collector.get("td3_std_min", 0.001)),
         td3_std_max=float(collector.get("td3_std_max", 0.4)),
     )
-    normalizer = ObservationNormalizer(info.obs_dim) if net.get("obs_norm", False) else None
-    if normalizer is not None:
-        policy = TensorDictSequential(normalizer, policy)
     return Networks(actor=actor, critic=critic, policy=policy, normalizer=normalizer)
 
 
@@ -325,7 +322,9 @@ def _make_ray_collector(cfg: DictConfig, policy: TensorDictModuleBase, replay_bu
     ``"host:6379"``); ``null`` starts a local one, which the collector's
     shutdown stops. Batches arrive in this process and go into ``replay_buffer``.
     """
-    from torchrl_unilab.collectors.ray_collector import RayOffPolicyCollector  # Ray is an optional dependency
+    from torchrl_unilab.collectors.ray_collector import (
+        RayOffPolicyCollector,  # Ray is an optional dependency
+    )
 
     col = cfg.collector
     if col.get("lockstep", False):
