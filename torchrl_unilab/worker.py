@@ -38,8 +38,9 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data import ReplayBuffer
 from torchrl.envs import EnvBase, TransformedEnv
-from torchrl.envs.utils import ExplorationType
+from torchrl.envs.utils import ExplorationType, RandomPolicy
 
+from torchrl_unilab.collectors._control import FrameControl
 from torchrl_unilab.collectors._processes import (
     WorkerPool,
     report_error,
@@ -51,7 +52,6 @@ from torchrl_unilab.collectors._worker import (
     LoopHooks,
     WorkerConfig,
     WorkerLoop,
-    _parent_alive,
     probe_row,
 )
 from torchrl_unilab.collectors.metrics import PHASES, CollectorMetrics
@@ -63,7 +63,10 @@ from torchrl_unilab.envs.privileged import (
     resolve_collector_actor_dims,
     resolve_offpolicy_actor_priv_info,
 )
-from torchrl_unilab.modules.exploration import make_collector_policy, sample_offpolicy_actions
+from torchrl_unilab.modules.exploration import (
+    make_collector_policy,
+    sample_offpolicy_actions,
+)
 from torchrl_unilab.modules.models import actor_algo, make_actor
 from torchrl_unilab.weight_update.weight_sync import SharedWeights
 
@@ -170,9 +173,8 @@ def init_offpolicy_storage(
     """
     env = _make_env(env_name, num_envs, sim_backend, env_cfg_override, privileged)
     try:
-        policy, _ = make_collector_policy(make_collector_actor("sac", env, actor_hidden_dim=8), "sac",
-                                          env.action_spec_unbatched)
-        init_storage(replay_buffer, probe_row(env, policy, ExplorationType.RANDOM))
+        # the row is the env's transition plus the collector's keys; the policy only has to fit the action spec
+        init_storage(replay_buffer, probe_row(env, RandomPolicy(env.action_spec), ExplorationType.RANDOM))
     finally:
         env.close()
 
@@ -310,24 +312,30 @@ def _as_request(raw: Any) -> dict:
 
 
 class _LockStep:
-    """Hands a token to the learner every ``env_steps_per_sync`` steps and waits for its reply."""
+    """Lock-step as a frame allowance, the collector's own pacing: each learner token allows one more batch.
 
-    def __init__(self, ready_queue, done_queue, stop_event, timer, service) -> None:
+    After every write a token goes on ``ready_queue``; the loop then waits for
+    its allowance, and each token read from ``done_queue`` meanwhile raises it
+    by one batch. ``service`` (batch packing) runs while it waits.
+    """
+
+    def __init__(self, ready_queue, done_queue, frames_per_batch: int, num_collectors: int, service) -> None:
         if ready_queue is None or done_queue is None:
             raise ValueError("sync_collection=True needs collection_ready_queue and trainer_done_queue")
-        self.ready, self.done, self.stop_event = ready_queue, done_queue, stop_event
-        self.timer, self.service = timer, service
+        self.ready, self.done, self.service = ready_queue, done_queue, service
+        self.frames_per_batch = frames_per_batch
+        self.control = FrameControl([0] * num_collectors, frames_per_batch)
+        self.control.allow(frames_per_batch)  # the first batch
 
-    def __call__(self) -> bool:
+    def batch_written(self) -> None:
         self.ready.put(True)
-        with self.timer("wait"):
-            while not self.stop_event.is_set() and _parent_alive():
-                if self.service is not None:
-                    self.service()  # the learner may ask for a packed batch while we wait
-                with contextlib.suppress(queue.Empty):
-                    self.done.get(timeout=0.02)
-                    return True
-        return False
+
+    def while_waiting(self) -> None:
+        if self.service is not None:
+            self.service()  # the learner may ask for a packed batch while we wait
+        with contextlib.suppress(queue.Empty):
+            self.done.get_nowait()
+            self.control.allow(self.control.allowed + self.frames_per_batch)
 
 
 def _trace_path(trace_enabled: bool | str | os.PathLike) -> Path | None:
@@ -475,15 +483,19 @@ def off_policy_collector_fn(
         if collector_pack_request_queue is not None:
             hooks.between_steps = _Packer(collector_pack_request_queue, collector_pack_ready_queue,
                                           collector_pack_shared_slots or [], replay_buffer, timer)
-        lockstep = (_LockStep(collection_ready_queue, trainer_done_queue, stop_event, timer, hooks.between_steps)
-                    if sync_collection else None)
+        lockstep = (_LockStep(collection_ready_queue, trainer_done_queue, num_envs * env_steps_per_sync, stride,
+                              hooks.between_steps) if sync_collection else None)
 
         def after_write() -> bool:
             if reporter is not None:
                 reporter()
-            return lockstep() if lockstep is not None else True
+            if lockstep is not None:
+                lockstep.batch_written()
+            return True
 
         hooks.after_write = after_write
+        if lockstep is not None:
+            hooks.while_waiting = lockstep.while_waiting
         config = WorkerConfig(
             num_workers=stride,  # the trajectory-id stride
             frames_per_batch=num_envs * env_steps_per_sync,
@@ -493,8 +505,8 @@ def off_policy_collector_fn(
             exploration_type=ExplorationType.RANDOM,
             row_keys=storage_keys(replay_buffer),
         )
-        loop = WorkerLoop(index, config, env, policy, replay_buffer, weights, metrics, None, stop_event, hooks,
-                          sync_module=actor)
+        loop = WorkerLoop(index, config, env, policy, replay_buffer, weights, metrics,
+                          lockstep.control if lockstep is not None else None, stop_event, hooks, sync_module=actor)
         loop.run()
         loop.close()
         loop = None

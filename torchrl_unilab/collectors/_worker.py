@@ -27,7 +27,11 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from torchrl_unilab.collectors._batches import BatchSlots, SlotWriter
 from torchrl_unilab.collectors._control import FrameControl
-from torchrl_unilab.collectors._processes import report_error, restore_stderr, worker_started
+from torchrl_unilab.collectors._processes import (
+    report_error,
+    restore_stderr,
+    worker_started,
+)
 from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.collectors.trace import PhaseTimer
 from torchrl_unilab.envs.envpool_env import EnvPoolEnv
@@ -86,13 +90,16 @@ class LoopHooks:
             e.g. observation-normaliser statistics.
         between_steps: called after every env step (collector-side batch packing).
         after_write: called after every buffer write; returns False to end the loop
-            (lock-step handshake, metrics messages).
+            (metrics messages, the lock-step token).
+        while_waiting: called while the worker waits for its frame allowance
+            (the lock-step handshake, batch packing).
     """
 
     timer: PhaseTimer = field(default_factory=PhaseTimer)
     extra_syncs: list = field(default_factory=list)
     between_steps: Callable[[], None] | None = None
     after_write: Callable[[], bool] | None = None
+    while_waiting: Callable[[], None] | None = None
     before_batch: Callable[[], None] | None = None
     postproc: Callable[[TensorDictBase], TensorDictBase] | None = None
     after_batch: Callable[[TensorDictBase], None] | None = None
@@ -244,9 +251,10 @@ class WorkerLoop:
         if self.control is None:
             return not self.should_stop()
         frames = self.cfg.frames_per_batch
-        return self.control.wait(
-            lambda: self.should_stop() or self.control.claim(frames, self.idx), timeout=None, on_poll=lambda: None
-        ) and not self.should_stop()
+        with self.timer("wait"):
+            claimed = self.control.wait(lambda: self.should_stop() or self.control.claim(frames, self.idx),
+                                        timeout=None, on_poll=self.hooks.while_waiting or (lambda: None))
+        return claimed and not self.should_stop()
 
     def finite_rows(self, batch: TensorDictBase) -> TensorDictBase:
         """Raises on non-finite values (``nonfinite="raise"``), or drops the rows holding them ("drop").
