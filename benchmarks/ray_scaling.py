@@ -23,7 +23,7 @@ rounds (local, ray, ray_buffer, local, ...), each held back between its rounds
 with ``allow_frames``, so a shared machine's drifts weigh on all alike. A round
 times ``--frames`` frames from a batch boundary (``wait_for_frames``).
 
-Run: ``python benchmarks/ray_scaling.py [--rounds 5] [--frames 4096] [--num-envs 8]``
+Run: ``python benchmarks/ray_scaling.py [--rounds 5] [--frames 4096] [--num-envs 8] [--frames-per-batch 64]``
 """
 
 from __future__ import annotations
@@ -124,10 +124,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--frames", type=int, default=4096, help="frames timed per round")
     parser.add_argument("--num-envs", type=int, default=8, help="envs per worker")
+    parser.add_argument("--frames-per-batch", type=int, default=FRAMES_PER_BATCH,
+                        help="frames of one batch (one ray.get and extend on the learner)")
     args = parser.parse_args()
-    n = args.num_envs
+    n, fpb = args.num_envs, args.frames_per_batch
     ray.init(num_cpus=2, include_dashboard=False)
-    common = dict(frames_per_batch=FRAMES_PER_BATCH, total_frames=-1, seed=0)
+    common = dict(frames_per_batch=fpb, total_frames=-1, seed=0)
     local_rb, ray_rb = make_replay_buffer(1_000_000), make_replay_buffer(1_000_000)
     ray_buffer = ReplayBuffer(storage=functools.partial(LazyTensorStorage, 1_000_000), batch_size=256,
                               service_backend="ray", service_backend_options={"remote_config": {"num_cpus": 0}})
@@ -139,7 +141,7 @@ def main() -> None:
     }
     try:
         for collector in collectors.values():  # warm-up: workers started, first batches through
-            timed_round(collector, 4 * FRAMES_PER_BATCH)
+            timed_round(collector, 4 * fpb)
         rates: dict[str, list[float]] = {name: [] for name in collectors}
         ray_receive_s, ray_frames = 0.0, 0
         for _ in range(args.rounds):
@@ -149,11 +151,12 @@ def main() -> None:
                 if before is not None:
                     ray_receive_s += collector.receive_s - before[0]
                     ray_frames += collector.frames_written - before[1]
-        batch = ray_rb[:FRAMES_PER_BATCH]
+        batch = ray_rb[:fpb]
         result = {
             "benchmark": "ray_scaling",
             "env": ENV,
             "num_envs_per_worker": n,
+            "frames_per_batch": fpb,
             "workers_total": 2,
             "rounds": args.rounds,
             "local_fps": statistics.median(rates["local"]),
@@ -163,11 +166,11 @@ def main() -> None:
             "ray_buffer_over_local": statistics.median(
                 r / l for r, l in zip(rates["ray_buffer"], rates["local"])),
             "ray_over_local_per_round": [round(r / l, 3) for r, l in zip(rates["ray"], rates["local"])],
-            "bytes_per_frame": tensor_bytes(batch) / FRAMES_PER_BATCH,
-            "serialized_bytes_per_frame": len(ray.cloudpickle.dumps(batch.clone())) / FRAMES_PER_BATCH,
+            "bytes_per_frame": tensor_bytes(batch) / fpb,
+            "serialized_bytes_per_frame": len(ray.cloudpickle.dumps(batch.clone())) / fpb,
             "receive_us_per_frame": ray_receive_s / max(ray_frames, 1) * 1e6,
-            "receive_us_per_frame_17d": receive_cost(17),
-            "receive_us_per_frame_1000d": receive_cost(1000),
+            "receive_us_per_frame_17d": receive_cost(17, fpb),
+            "receive_us_per_frame_1000d": receive_cost(1000, fpb),
             "bytes_per_frame_1000d": tensor_bytes(synthetic_batch(FRAMES_PER_BATCH, 1000)) / FRAMES_PER_BATCH,
             "sample_ms_local": sample_ms(ray_rb),
             "sample_ms_ray_buffer": sample_ms(ray_buffer),
