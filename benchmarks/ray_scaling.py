@@ -23,7 +23,7 @@ rounds (local, ray, ray_buffer, local, ...), each held back between its rounds
 with ``allow_frames``, so a shared machine's drifts weigh on all alike. A round
 times ``--frames`` frames from a batch boundary (``wait_for_frames``).
 
-Run: ``python benchmarks/ray_scaling.py [--rounds 5] [--frames 4096] [--num-envs 8] [--frames-per-batch 64]``
+Run: ``python benchmarks/ray_scaling.py [--rounds 5] [--frames 4096] [--num-envs 8] [--frames-per-batch 512]``
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from torchrl_unilab.modules.exploration import make_exploration_policy
 from torchrl_unilab.modules.models import make_actor
 
 ENV = "HalfCheetah-v5"
-FRAMES_PER_BATCH = 64
+FRAMES_PER_BATCH = 512  # the learner's cost is per batch: 64 gave 0.50 x local, 512 gave 1.10 x
 
 
 def sac_policy():
