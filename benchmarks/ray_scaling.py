@@ -39,7 +39,7 @@ import time
 import ray
 import torch
 from tensordict import TensorDict
-from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter
 
 from torchrl_unilab import OffPolicyCollector, make_replay_buffer
 from torchrl_unilab.collectors.ray_collector import RayOffPolicyCollector
@@ -131,7 +131,9 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False)
     common = dict(frames_per_batch=fpb, total_frames=-1, seed=0)
     local_rb, ray_rb = make_replay_buffer(1_000_000), make_replay_buffer(1_000_000)
-    ray_buffer = ReplayBuffer(storage=functools.partial(LazyTensorStorage, 1_000_000), batch_size=256,
+    # compilable: TorchRL's default counters are mp.Value-s, whose named semaphores outlive the buffer's actor
+    ray_buffer = ReplayBuffer(storage=functools.partial(LazyTensorStorage, 1_000_000, compilable=True),
+                              writer=functools.partial(RoundRobinWriter, compilable=True), batch_size=256,
                               service_backend="ray", service_backend_options={"remote_config": {"num_cpus": 0}})
     node_cfg = dict(num_nodes=2, num_workers=1, num_envs=n, remote_configs={"num_cpus": 0.5}, **common)  # 4 actors on 2 CPUs
     collectors = {
