@@ -274,7 +274,7 @@ class RayOffPolicyCollector(RayCollector):
         num_workers: worker processes per node. num_envs: envs per worker.
         frames_per_batch: frames of one batch (one worker's write, one ``ray.get``).
             The learner's cost is per batch, so use a few hundred: at 512 the Ray path
-            ran at 1.10 x the local collector, at 64 at 0.50 x
+            ran at 0.80 x the local collector, at 64 at 0.50 x
             (``python benchmarks/ray_scaling.py --frames-per-batch 512``).
         total_frames: frames to collect over all nodes, ``-1`` for no limit.
         init_random_frames: uniformly random frames over all nodes and workers,
