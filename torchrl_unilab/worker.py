@@ -613,9 +613,7 @@ class CollectorProcess:
 
     def raise_if_failed(self) -> None:
         """Raises :class:`~torchrl_unilab.WorkerError` if the process died with an error."""
-        if self.process.exitcode not in (None, 0) and self._pool.error is None and self._pool._watcher is not None:
-            self._pool._watcher.join(5.0)  # it reads the report the process left, or names its exit
-        self._pool.raise_if_failed()
+        self._pool.raise_if_failed(wait_for_report=5.0)  # a report the exited process left is read first
 
     def stop(self, timeout: float = 4.0) -> None:
         """Sets ``stop_event`` and joins the process (terminating, then killing it past ``timeout``)."""

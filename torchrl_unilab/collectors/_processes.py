@@ -257,8 +257,16 @@ class WorkerPool:
             self.error = error
         self.stop_event.set()
 
-    def raise_if_failed(self) -> None:
-        """Re-raises the first worker error, if any."""
+    def raise_if_failed(self, wait_for_report: float = 0.0) -> None:
+        """Re-raises the first worker error, if any.
+
+        With ``wait_for_report`` > 0, a worker that has already exited with an
+        error gives the watcher up to that many seconds to read its report (or
+        to name its exit) before this looks.
+        """
+        exited = any(p.exitcode not in (None, 0) for p in self.procs)
+        if wait_for_report > 0 and exited and self.error is None and self._watcher is not None:
+            self._watcher.join(wait_for_report)
         if self.error is not None:
             raise self.error
 
