@@ -160,6 +160,8 @@ class WorkerLoop:
         self.ep_return = torch.zeros(n, dtype=torch.float64)
         self._action_shape = tuple(env.action_spec.shape)
         self._version_rows = (self.version, torch.full((n,), self.version, dtype=torch.int64))
+        #: The policy's private TensorDict state (see _carry_policy_state), per lane.
+        self._policy_state: dict[tuple, TensorDictBase] = {}
         # EnvPoolEnv's own lanes only: a TransformedEnv forwards attribute reads to its base env,
         # and stepping that base env's lanes directly would skip the transforms.
         self.lanes = LanePolicyState(policy, env.lanes) if type(env) is EnvPoolEnv and env.lanes > 1 else None
@@ -191,7 +193,12 @@ class WorkerLoop:
                 with torch.no_grad(), set_exploration_type(self.cfg.exploration_type):
                     policy_td = td.copy()
                     policy_td.set("is_init", is_init)
-                    action = self.policy(policy_td).get("action")
+                    carried = self._policy_state.get(_lane_key(envs))
+                    if carried is not None:
+                        policy_td.update(carried)
+                    policy_td = self.policy(policy_td)
+                    action = policy_td.get("action")
+                    self._carry_policy_state(policy_td, envs)
             if tuple(action.shape) != (n, *self._action_shape[1:]):
                 raise ValueError(
                     f"policy returned an action of shape {tuple(action.shape)}, the env's action_spec is "
@@ -212,6 +219,17 @@ class WorkerLoop:
             version[:n_random] = RANDOM_VERSION
         td.set("action", action)
         return version
+
+    def _carry_policy_state(self, policy_td: TensorDictBase, envs: slice) -> None:
+        """Keeps the entries under private ``"_"`` keys the policy wrote, for its next call on ``envs``.
+
+        TorchRL's exploration modules keep per-env state in the TensorDict (the OU
+        process's ``"_ou_prev_noise"`` and ``"_ou_steps"``), which TorchRL's
+        collectors carry from step to step; the rows stored never hold it.
+        """
+        private = [key for key in policy_td.keys() if isinstance(key, str) and key.startswith("_")]
+        if private:
+            self._policy_state[_lane_key(envs)] = policy_td.select(*private)
 
     def end_episodes(self, transition: TensorDictBase, envs: slice = _ALL) -> None:
         """Counts the step of the envs ``envs`` (``transition`` holds their rows), and starts their new episodes."""
@@ -426,6 +444,10 @@ class LanePolicyState:
             yield
         finally:
             saved[:] = [m._buffers[name] for m, name in self._slots]  # noqa: SLF001
+
+
+def _lane_key(envs: slice) -> tuple:
+    return (envs.start, envs.stop)
 
 
 def _parent_alive() -> bool:

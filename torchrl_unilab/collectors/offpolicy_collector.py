@@ -19,7 +19,7 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.data import ReplayBuffer
-from torchrl.envs import EnvBase, StepCounter, TransformedEnv
+from torchrl.envs import EnvBase, ParallelEnv, StepCounter, TransformedEnv
 from torchrl.envs.utils import ExplorationType, RandomPolicy
 
 from torchrl_unilab.collectors._batches import BatchSlots
@@ -37,7 +37,7 @@ from torchrl_unilab.collectors._worker import (
     worker_main,
 )
 from torchrl_unilab.collectors.metrics import CollectorMetrics
-from torchrl_unilab.data.replay_buffer import init_storage, storage_keys
+from torchrl_unilab.data.replay_buffer import init_storage, storage_keys, writer_keys
 from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
 from torchrl_unilab.modules.exploration import make_collector_policy
@@ -126,7 +126,8 @@ class OffPolicyCollector(MultiAsyncCollector):
             timing and a seeded run is reproducible.
         seed: env ``j`` of worker ``i`` gets seed ``seed + i * num_envs + j``
             (:meth:`set_seed` sets it after construction).
-        exploration_type: ``ExplorationType`` the policy runs under. Default ``RANDOM``.
+        exploration_type: ``ExplorationType`` the policy runs under, or its name (``"RANDOM"``,
+            as TorchRL's trainer configs give it). Default ``RANDOM``.
         env_kwargs: keyword arguments for ``gymnasium.make`` (gymnasium ids only).
         stagger_resets: stagger the first episode ends of a batch (gymnasium ids only).
         engine: what steps a gymnasium id: ``"auto"`` (default) runs gymnasium's MuJoCo tasks on
@@ -199,7 +200,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         replay_buffer: ReplayBuffer | None = None,
         init_random_frames: int | None = 0,
         seed: int | None = None,
-        exploration_type: ExplorationType = ExplorationType.RANDOM,
+        exploration_type: ExplorationType | str = ExplorationType.RANDOM,
         env_kwargs: Mapping[str, Any] | None = None,
         stagger_resets: bool = True,
         engine: str = "auto",
@@ -244,6 +245,7 @@ class OffPolicyCollector(MultiAsyncCollector):
             _check_cpu(name, value)
         if nonfinite not in NONFINITE_MODES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
+        exploration_type = _exploration_type(exploration_type)
         self.metrics_window = _check_int("metrics_window", metrics_window, 1)
         self.num_sub_threads = _check_int("num_sub_threads", num_sub_threads, 1)
         if max_frames_per_traj is not None:
@@ -358,8 +360,11 @@ class OffPolicyCollector(MultiAsyncCollector):
                 replay_buffer.storage._storage.share_memory_()
             return all_keys
         # A buffer laid out by the user (TorchRL's own pre-initialisation) gets the
-        # keys it has; a key it needs that the rows lack is an error, not a zero.
+        # keys it has; a key it needs that the rows lack is an error, not a zero,
+        # unless the buffer's own writer fills it in (TensorDictReplayBuffer's "index").
         names = {str(k): k for k in all_keys}
+        filled = set(writer_keys(replay_buffer))
+        have = [k for k in have if str(k) not in filled]
         missing = sorted(str(k) for k in have if str(k) not in names)
         if missing:
             raise ValueError(
@@ -839,10 +844,8 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
     num_workers = _check_int("num_workers", 1 if num_workers is None else num_workers, 1)
     if not many:
         if isinstance(create_env_fn, EnvBase) and num_workers > 1:
-            raise ValueError(
-                "an env instance cannot be shared by several workers; pass a factory (callable) or a list of "
-                f"num_workers={num_workers} env instances"
-            )
+            # TorchRL's collectors pickle the instance into each worker; so do we.
+            create_env_fn = EnvCopy(create_env_fn, num_workers)
         items = [create_env_fn] * num_workers
     if isinstance(create_env_kwargs, Mapping) or create_env_kwargs is None:
         kwargs_list = [dict(create_env_kwargs or {})] * num_workers
@@ -881,6 +884,57 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
             source = functools.partial(_with_transforms, source, transforms)
         out.append(source)
     return out, num_workers
+
+
+class EnvCopy:
+    """A factory of copies of an env instance that has not started, one per worker process.
+
+    TorchRL's multi-process collectors take one ``EnvBase`` with ``num_workers=N``
+    and give each worker a pickled copy of it; this does the same. An instance
+    that has started worker processes of its own (a ``ParallelEnv`` after
+    ``reset``/``set_seed``/``rollout``) cannot be copied, and raises a
+    ``ValueError`` that says what to pass instead.
+
+    Args:
+        env: the instance to copy.
+        num_workers: the number of workers asked for (named in errors).
+
+    Examples:
+        >>> from torchrl.envs import GymEnv
+        >>> make = EnvCopy(GymEnv("Pendulum-v1"), num_workers=2)
+        >>> first, second = make(), make()
+        >>> first is not second, first.batch_size
+        (True, torch.Size([]))
+    """
+
+    def __init__(self, env: EnvBase, num_workers: int) -> None:
+        started = _started_batched_env(env)
+        advice = (f"pass a factory (a callable or EnvCreator building the env) or a list of num_workers={num_workers} "
+                  "env instances, or create the env without starting it")
+        if started is not None:
+            raise ValueError(
+                f"create_env_fn is an env instance whose {type(started).__name__} has already started its worker "
+                f"processes, so it cannot be copied into num_workers={num_workers} workers; {advice}"
+            )
+        try:
+            self._bytes = cloudpickle.dumps(env)
+        except Exception as err:  # noqa: BLE001 - any pickling failure means the same to the user
+            raise ValueError(
+                f"create_env_fn is an env instance that cannot be copied into num_workers={num_workers} workers "
+                f"({type(err).__name__}: {err}); {advice}"
+            ) from err
+
+    def __call__(self) -> EnvBase:
+        return cloudpickle.loads(self._bytes)
+
+
+def _started_batched_env(env: EnvBase) -> EnvBase | None:
+    """The ``ParallelEnv`` inside ``env`` (through ``TransformedEnv`` layers) whose processes run, if any."""
+    while isinstance(env, TransformedEnv):
+        env = env.base_env
+    if isinstance(env, ParallelEnv) and not env.is_closed:
+        return env
+    return None
 
 
 def _with_transforms(env_fn: Callable[[], EnvBase], transforms: list) -> EnvBase:
@@ -923,6 +977,15 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def _exploration_type(value: ExplorationType | str) -> ExplorationType:
+    if isinstance(value, ExplorationType):
+        return value
+    names = [member.name for member in ExplorationType]
+    if isinstance(value, str) and value.upper() in names:
+        return ExplorationType[value.upper()]
+    raise ValueError(f"exploration_type must be an ExplorationType or one of {names}, got {value!r}")
 
 
 def _check_cpu(name: str, value: Any) -> None:

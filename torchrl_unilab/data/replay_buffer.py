@@ -19,13 +19,15 @@ import weakref
 from pathlib import Path
 
 from tensordict import TensorDictBase
+import torch
 from torchrl.data import LazyMemmapStorage, ReplayBuffer
+from torchrl.data.replay_buffers.writers import TensorDictMaxValueWriter, TensorDictRoundRobinWriter
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 
 from torchrl_unilab._residue import sweep_stale
 from torchrl_unilab.data.buffer_writer import CommitWriter
 
-__all__ = ["buffer_lock", "make_replay_buffer", "init_storage", "storage_keys", "owned_scratch_dir"]
+__all__ = ["buffer_lock", "make_replay_buffer", "init_storage", "storage_keys", "owned_scratch_dir", "writer_keys"]
 
 _OWNED_DIR_ATTR = "_torchrl_unilab_owned_dir"
 #: Temporary scratch directories are named ``{prefix}{pid}_...`` after their creator.
@@ -115,6 +117,32 @@ def storage_keys(replay_buffer: ReplayBuffer) -> list | None:
     return sorted(storage._storage.keys(include_nested=True, leaves_only=True), key=str)
 
 
+#: Writers that stamp each row they store with its storage index under ``"index"``
+#: (``TensorDictReplayBuffer`` and its prioritized subclass build the first).
+_INDEXING_WRITERS = (TensorDictRoundRobinWriter, TensorDictMaxValueWriter)
+
+
+def writer_keys(replay_buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
+    """The entries ``replay_buffer``'s own writer adds to every row it stores, with a zero value of each.
+
+    ``TensorDictReplayBuffer`` (and ``TensorDictPrioritizedReplayBuffer``) write
+    through a ``TensorDictRoundRobinWriter``, which sets ``"index"`` (the row's
+    storage index, int64) on the data before storing it. Rows a collector hands
+    to that buffer's ``extend`` get it there, as any data does; a storage laid out
+    ahead of the workers must have room for it.
+
+    Examples:
+        >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+        >>> writer_keys(TensorDictReplayBuffer(storage=LazyTensorStorage(10)))
+        {'index': tensor(0)}
+        >>> writer_keys(make_replay_buffer(10))
+        {}
+    """
+    if isinstance(replay_buffer._writer, _INDEXING_WRITERS):  # noqa: SLF001 - TorchRL keeps the writer private
+        return {"index": torch.zeros((), dtype=torch.long)}
+    return {}
+
+
 def init_storage(replay_buffer: ReplayBuffer, row: TensorDictBase) -> None:
     """Lays out ``replay_buffer``'s storage from one flat transition ``row``.
 
@@ -139,6 +167,9 @@ def init_storage(replay_buffer: ReplayBuffer, row: TensorDictBase) -> None:
     if row.batch_dims != 0:
         raise ValueError(f"row must be a single transition (batch_size []), got batch_size {tuple(row.batch_size)}")
     storage = replay_buffer.storage
+    extra = writer_keys(replay_buffer)
+    if extra:
+        row = row.clone(False).update(extra)
     want = sorted(row.keys(include_nested=True, leaves_only=True), key=str)
     have = storage_keys(replay_buffer)
     if have is None:

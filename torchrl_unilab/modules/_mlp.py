@@ -59,6 +59,8 @@ def mlp_steps(net: nn.Module, *, root: nn.Module | None = None) -> list[Step] | 
         >>> mlp_steps(nn.Sequential(nn.Conv1d(1, 1, 1))) is None
         True
     """
+    if not isinstance(net, nn.Module):  # a TensorDictModule may wrap a plain function
+        return None
     root = net if root is None else root
     names = {id(module): tuple(name.split(".")) if name else () for name, module in root.named_modules()}
     steps: list[Step] = []

@@ -8,9 +8,23 @@ tensors and keeps the copy only if the sequence was even and unchanged around
 the copy, so a reader never loads a half-written set of weights and the
 writer never waits for readers.
 
-Non-persistent buffers (such as the per-env noise scales of
-:class:`~torchrl_unilab.modules.exploration.PerEnvMixedNoise`) are not part of the
-``state_dict`` and therefore never travel: worker-side state survives every sync.
+What travels, and what stays with each worker (the rule TorchRL's own weight
+sync follows, minus per-env state):
+
+* every entry of the module's ``state_dict``: parameters and persistent buffers,
+  of any dtype (float, integer, bool) and any size. A zero-element tensor (the
+  device anchor of TorchRL's ``OrnsteinUhlenbeckProcessModule``) takes no bytes
+  in the block; parameters shared or tied between submodules appear under each
+  of their names and load into the one tensor they share. The annealing state of
+  TorchRL's exploration modules (``AdditiveGaussianModule.sigma``,
+  ``OrnsteinUhlenbeckProcessModule.eps``) is a persistent buffer, so the
+  learner's ``step()`` reaches the workers with the weights, as with TorchRL's
+  collectors.
+* non-persistent buffers (such as the per-env noise scales of
+  :class:`~torchrl_unilab.modules.exploration.PerEnvMixedNoise`) are not part of
+  the ``state_dict`` and never travel: worker-side per-env state survives every
+  sync. So does state carried in the TensorDict rather than the module (the OU
+  process's running noise under its private ``"_ou_*"`` keys).
 """
 
 from __future__ import annotations
@@ -74,6 +88,14 @@ def _offsets(layout: WeightLayout) -> tuple[list[int], int]:
     return offsets, max(pos, _HEADER_BYTES + _ALIGN)
 
 
+def _view(buffer: memoryview, shape: tuple[int, ...], dtype: torch.dtype, offset: int) -> torch.Tensor:
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        # torch.frombuffer refuses a count of 0; such a tensor holds nothing to share.
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buffer, dtype=dtype, count=count, offset=offset).view(shape)
+
+
 class SharedWeights:
     """A module's weights and a version counter in named shared memory.
 
@@ -125,10 +147,7 @@ class SharedWeights:
                 "weight_param_shapes must match the learner's actor"
             )
         self._header = np.ndarray((2,), dtype=np.int64, buffer=shm.buf)
-        self._views = [
-            torch.frombuffer(shm.buf, dtype=dtype, count=int(np.prod(shape, dtype=np.int64)), offset=off).view(shape)
-            for (_, shape, dtype), off in zip(layout, offsets)
-        ]
+        self._views = [_view(shm.buf, shape, dtype, off) for (_, shape, dtype), off in zip(layout, offsets)]
 
     # ----------------------------------------------------------- construction
     @classmethod

@@ -1,0 +1,228 @@
+"""The drop-in across TorchRL's off-policy family, driven with TorchRL's own classes.
+
+Each test stands for a script of TorchRL's ``sota-implementations`` that failed with the
+collector class swapped (issue 17): ``sac-async.py``'s ``TensorDictReplayBuffer`` (an ``"index"``
+entry in every row), ``ddpg.py``'s Ornstein-Uhlenbeck exploration (a zero-element buffer, state
+carried in the TensorDict), and the config-driven trainers (one env instance for several workers,
+the collector picked from TorchRL's config store). ``benchmarks/sota_dropin.py`` runs the scripts
+themselves against a pytorch/rl checkout.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import pytest
+import torch
+from conftest import wait_until
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torchrl.data import Bounded, LazyMemmapStorage, LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
+from torchrl.envs import (
+    Compose,
+    DoubleToFloat,
+    EnvCreator,
+    GymEnv,
+    InitTracker,
+    ParallelEnv,
+    RewardSum,
+    SerialEnv,
+    StepCounter,
+    TransformedEnv,
+)
+from torchrl.modules import MLP, AdditiveGaussianModule, OrnsteinUhlenbeckProcessModule
+
+from torchrl_unilab import OffPolicyCollector, SharedWeights
+from torchrl_unilab.weight_update.weight_sync import layout_of
+
+
+def pendulum():
+    return GymEnv("Pendulum-v1")
+
+
+def make_env(num_envs: int = 2):
+    """The shape of TorchRL's sota ``make_train_environment``."""
+    env = SerialEnv(num_envs, EnvCreator(pendulum))
+    return TransformedEnv(env, Compose(InitTracker(), StepCounter(200), DoubleToFloat(), RewardSum()))
+
+
+def flatten(td):
+    return td.reshape(-1)
+
+
+def actor_net():
+    return TensorDictModule(MLP(in_features=3, out_features=1, num_cells=[16], activation_class=torch.nn.Tanh),
+                            in_keys=["observation"], out_keys=["action"])
+
+
+def to_cpu(td):
+    return td.to("cpu")
+
+
+@pytest.mark.parametrize("storage", ["LazyTensorStorage", "LazyMemmapStorage"])
+@pytest.mark.parametrize("pre_initialised", [True, False], ids=["laid-out", "empty"])
+def test_tensordict_replay_buffer_rows_carry_their_index(storage, pre_initialised, tmp_path, no_leaks):
+    """sac-async.py's make_replay_buffer: TensorDictReplayBuffer(shared=True), which stamps "index" on each row."""
+    if storage == "LazyMemmapStorage":
+        replay_buffer = TensorDictReplayBuffer(pin_memory=False, prefetch=0, batch_size=64, shared=True,
+                                               storage=LazyMemmapStorage(5_000, device="cpu",
+                                                                         scratch_dir=tmp_path / "rb"))
+        replay_buffer.append_transform(to_cpu)  # as the sota helper does with a scratch_dir
+    else:
+        replay_buffer = TensorDictReplayBuffer(pin_memory=False, prefetch=0, batch_size=64, shared=True,
+                                               storage=LazyTensorStorage(5_000))
+    if pre_initialised:
+        replay_buffer.extend(make_env().rollout(1).view(-1))
+        replay_buffer.empty()
+    collector = OffPolicyCollector(functools.partial(make_env), TensorDictSequential(actor_net()),
+                                   frames_per_batch=100, total_frames=-1, device="cpu", env_device="cpu",
+                                   compile_policy=False, cudagraph_policy=False, replay_buffer=replay_buffer,
+                                   extend_buffer=True, postproc=flatten, no_cuda_sync=True)
+    try:
+        collector.set_seed(0)
+        collector.start()
+        deadline = time.monotonic() + 120
+        while replay_buffer.write_count < 600:
+            assert time.monotonic() < deadline
+            collector.metrics()  # raises a worker's error instead of waiting
+            time.sleep(0.01)
+        sample = replay_buffer.sample()
+    finally:
+        collector.shutdown()
+    written = int(replay_buffer.write_count)
+    stored = replay_buffer.storage[:written]
+    # each stored row holds its own storage position, as the buffer's own extend writes it
+    assert torch.equal(stored["index"], torch.arange(written))
+    assert sample.shape == torch.Size([64])
+    assert torch.equal(replay_buffer.storage[sample["index"]]["observation"], sample["observation"])
+    obs = sample["next", "observation"]
+    assert torch.allclose(obs[:, 0] ** 2 + obs[:, 1] ** 2, torch.ones(64), atol=1e-4), "real env data"
+
+
+def test_shared_weights_take_any_state_a_policy_holds():
+    """Zero-element, integer and bool tensors, tied parameters; non-persistent buffers stay per worker."""
+
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(3, 2)
+            self.b = torch.nn.Linear(3, 2)
+            self.b.weight = self.a.weight  # tied
+            self.register_buffer("empty", torch.zeros(0))
+            self.register_buffer("steps", torch.tensor(7, dtype=torch.int64))
+            self.register_buffer("flags", torch.tensor([True, False, True]))
+            self.register_buffer("per_env", torch.ones(4), persistent=False)
+
+    learner, worker = Odd(), Odd()
+    with torch.no_grad():
+        worker.a.weight.zero_()
+        worker.steps.zero_()
+        worker.flags.zero_()
+        worker.per_env.fill_(5.0)
+    weights = SharedWeights.create(learner)
+    reader = SharedWeights.attach(weights.name, layout_of(learner))
+    try:
+        assert reader.load_into(worker) == 1
+        assert torch.equal(worker.a.weight, learner.a.weight) and worker.b.weight is worker.a.weight
+        assert worker.steps.item() == 7 and worker.flags.tolist() == [True, False, True]
+        assert worker.empty.shape == (0,)
+        assert worker.per_env.tolist() == [5.0] * 4, "a non-persistent buffer is the worker's own state"
+        with torch.no_grad():
+            learner.steps.fill_(9)
+            learner.a.weight.add_(1.0)
+        assert weights.publish(learner) == 2
+        assert reader.load_into(worker) == 2
+        assert worker.steps.item() == 9 and torch.equal(worker.b.weight, learner.a.weight)
+    finally:
+        reader.close()
+        weights.close()
+
+
+def test_ddpg_ou_exploration_runs_anneals_and_keeps_its_noise_process(no_leaks):
+    """ddpg.py: actor + OrnsteinUhlenbeckProcessModule, annealed by the learner, its noise state in the TensorDict."""
+    actor = TensorDictModule(lambda obs: torch.zeros(*obs.shape[:-1], 1), in_keys=["observation"],
+                             out_keys=["action"])
+    ou = OrnsteinUhlenbeckProcessModule(spec=Bounded(-2.0, 2.0, shape=(1,)), annealing_num_steps=1_000, sigma=0.5)
+    policy = TensorDictSequential(actor, ou)
+    collector = OffPolicyCollector(make_env, policy, frames_per_batch=200, total_frames=1_000, device="cpu",
+                                   init_random_frames=0, compile_policy=False, cudagraph_policy=False)
+    collector.set_seed(0)
+    batches = []
+    for batch in collector:
+        ou.step(200)  # what ddpg.py does after each batch
+        collector.update_policy_weights_()
+        batches.append(batch)
+    assert collector.get_cached_weights("policy")["module", "1", "eps"] == ou.eps, "eps reached the shared block"
+    collector.shutdown()
+    rows = torch.cat(batches)
+    # within an episode, OU noise is a slowly moving process: consecutive actions are strongly
+    # correlated. Noise restarted at every step (state dropped) would be uncorrelated.
+    traj = rows["collector", "traj_ids"]
+    first = rows[traj == traj[0]]["action"].squeeze(-1)
+    assert len(first) > 50
+    corr = torch.corrcoef(torch.stack([first[:-1], first[1:]]))[0, 1]
+    assert corr > 0.8, f"lag-1 correlation of OU actions {corr:.2f}"
+
+
+def test_additive_gaussian_sigma_annealed_by_the_learner_reaches_the_workers(no_leaks):
+    """td3.py: AdditiveGaussianModule's sigma is a persistent buffer and travels with the weights."""
+    spec = Bounded(-2.0, 2.0, shape=(1,))
+    actor = TensorDictModule(lambda obs: torch.zeros(*obs.shape[:-1], 1), in_keys=["observation"],
+                             out_keys=["action"])
+    noise = AdditiveGaussianModule(spec=spec, sigma_init=1.0, sigma_end=0.0, annealing_num_steps=100)
+    collector = OffPolicyCollector(make_env, TensorDictSequential(actor, noise), frames_per_batch=100,
+                                   total_frames=600, device="cpu")
+    stds = []
+    for i, batch in enumerate(collector):
+        stds.append(float(batch["action"].std()))
+        if i == 1:
+            noise.step(100)  # sigma_end reached: 0
+            collector.update_policy_weights_()
+    collector.shutdown()
+    assert stds[0] > 0.3 and stds[-1] < 1e-3, stds
+
+
+def test_one_env_instance_serves_several_workers(no_leaks):
+    """The trainers' pattern: one env instance with num_workers=N; each worker gets its own copy."""
+    env = TransformedEnv(ParallelEnv(2, EnvCreator(pendulum)), Compose(StepCounter(200), DoubleToFloat()))
+    replay_buffer = ReplayBuffer(storage=LazyTensorStorage(10_000), shared=True)
+    collector = OffPolicyCollector(env, actor_net(), num_workers=2, frames_per_batch=100, total_frames=-1,
+                                   device="cpu", replay_buffer=replay_buffer)
+    try:
+        collector.set_seed(3)
+        collector.start()
+        assert wait_until(lambda: all(w["frames"] > 0 for w in collector.metrics()["workers"]), timeout=120)
+    finally:
+        collector.shutdown()
+    assert env.base_env.is_closed, "the instance itself never started: workers run copies"
+    rows = replay_buffer[:]
+    assert {int(t) % 2 for t in rows["collector", "traj_ids"].unique()} == {0, 1}, "both workers wrote rows"
+    first_obs = rows[rows["step_count"].squeeze(-1) == 0]["observation"]
+    assert len(first_obs) >= 4
+    assert len(torch.unique(first_obs, dim=0)) == len(first_obs), "every env of every worker has its own seed"
+
+
+def test_a_started_env_instance_cannot_be_copied_and_says_what_to_pass(no_leaks):
+    env = TransformedEnv(ParallelEnv(2, EnvCreator(pendulum)), StepCounter(200))
+    env.set_seed(0)  # starts its processes
+    try:
+        with pytest.raises(ValueError, match="already started.*num_workers=2.*pass a factory"):
+            OffPolicyCollector(env, actor_net(), num_workers=2, frames_per_batch=100, total_frames=200)
+    finally:
+        env.close(raise_if_closed=False)
+
+
+def test_exploration_type_by_name_as_trainer_configs_give_it():
+    with pytest.raises(ValueError, match="exploration_type must be .*'RANDOM'.*got 'sideways'"):
+        OffPolicyCollector("Pendulum-v1", actor_net(), frames_per_batch=16, exploration_type="sideways")
+
+
+def test_collector_is_registered_in_torchrl_config_store():
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # Hydra's plugin discovery, as at the start of every Hydra app
+    node = ConfigStore.instance().load("collector/off_policy.yaml").node
+    assert node._target_ == "torchrl_unilab.OffPolicyCollector"
+    multi_async = ConfigStore.instance().load("collector/multi_async.yaml").node
+    assert set(multi_async) <= set(node), "every field of TorchRL's MultiAsyncCollectorConfig"
