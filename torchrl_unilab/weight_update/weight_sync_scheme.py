@@ -94,6 +94,12 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
     as the copy is made: the writer never waits for a worker, and a worker never
     reads a torn mix of two versions. CUDA weights are copied to the shared CPU block.
 
+    What travels is the policy's ``state_dict``: parameters and persistent buffers
+    of any dtype and size, so the annealed ``sigma``/``eps`` of TorchRL's
+    exploration modules reach the workers as with TorchRL's own schemes.
+    Non-persistent buffers and state the policy keeps in the TensorDict (per-env
+    noise) stay with each worker (:mod:`torchrl_unilab.weight_update.weight_sync`).
+
     Args:
         strategy: kept for TorchRL's interface; weights always travel as a ``state_dict``.
 
