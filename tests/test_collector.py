@@ -250,7 +250,7 @@ def test_user_scratch_dir_is_kept(tmp_path, no_leaks):
         (dict(num_workers=0), ValueError, "num_workers must be an int >= 1, got 0"),
         (dict(create_env_fn=42), TypeError, "create_env_fn must be a gymnasium id"),
         (dict(no_such_option=True), TypeError, "unexpected keyword argument 'no_such_option'"),
-        (dict(split_trajs=True), ValueError, "'split_trajs' only as one of .*split_trajectories"),
+        (dict(split_trajs=True, replay_buffer="big"), ValueError, "split_trajs=True splits the batches"),
         (dict(compile_policy=True), ValueError, "'compile_policy' only as one of"),
         (dict(reset_at_each_iter=True), ValueError, "max_frames_per_traj"),
     ],
@@ -260,6 +260,8 @@ def test_bad_arguments(kwargs, error, match, no_leaks):
                 frames_per_batch=512, replay_buffer=None)
     if kwargs.get("replay_buffer") == "capacity-too-small":
         kwargs = {"replay_buffer": make_replay_buffer(256)}
+    elif kwargs.get("replay_buffer") == "big":
+        kwargs = {**kwargs, "replay_buffer": make_replay_buffer(4096)}
     args.update(kwargs)
     with pytest.raises(error, match=match):
         OffPolicyCollector(args.pop("create_env_fn"), args.pop("policy"), **args)

@@ -255,3 +255,24 @@ def test_torchrl_sac_trainer_built_from_its_config_classes(collector, tmp_path, 
     finally:
         trainer.collector.shutdown()
         GlobalHydra.instance().clear()
+
+
+def test_split_trajs_then_multistep_postproc_as_redq_uses_them(no_leaks):
+    """redq.py's collector: split_trajs=True with TorchRL's MultiStep as postproc."""
+    from torchrl.data.postprocs import MultiStep
+
+    collector = OffPolicyCollector(make_env, actor_net(), frames_per_batch=400, total_frames=800, device="cpu",
+                                   split_trajs=True, postproc=MultiStep(gamma=0.99, n_steps=3),
+                                   max_frames_per_traj=150)
+    batches = list(collector)
+    collector.shutdown()
+    batch = batches[-1]
+    mask = batch["collector", "mask"]
+    assert batch.ndim == 2 and mask.shape == batch.shape
+    traj = batch["collector", "traj_ids"]
+    # one trajectory per row, its valid steps first and in order
+    for ids, valid, steps in zip(traj, mask, batch["step_count"].squeeze(-1)):
+        assert (ids[valid] == ids[0]).all()
+        assert torch.equal(steps[valid], steps[valid][0] + torch.arange(int(valid.sum())))
+    assert int(mask.sum()) == 400
+    assert "steps_to_next_obs" in batch.keys(), "MultiStep ran on the split batch"

@@ -18,6 +18,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.collectors import MultiAsyncCollector
+from torchrl.collectors.utils import split_trajectories
 from torchrl.data import ReplayBuffer
 from torchrl.envs import EnvBase, ParallelEnv, StepCounter, TransformedEnv
 from torchrl.envs.utils import ExplorationType, RandomPolicy
@@ -31,6 +32,7 @@ from torchrl_unilab.collectors._processes import (
 )
 from torchrl_unilab.collectors._worker import (
     NONFINITE_MODES,
+    TRAJ_KEY,
     WorkerConfig,
     as_batched_env,
     probe_row,
@@ -52,8 +54,6 @@ _TORCHRL_PARAMS = inspect.signature(MultiAsyncCollector.__mro__[1].__init__).par
 _RESTRICTED = {
     "reset_at_each_iter": ((False,), "workers keep their episodes running across batches; bound episodes "
                                       "with max_frames_per_traj"),
-    "split_trajs": ((None, False), "batches are flat transitions; call torchrl.collectors.utils.split_trajectories "
-                                   "on a yielded batch"),
     "reset_when_done": ((True,), "off-policy transitions need episodes that reset when done"),
     "compile_policy": ((None, False), "workers act on CPU through a fast tensor path; torch.compile does not speed "
                                       "it up there"),
@@ -153,6 +153,10 @@ class OffPolicyCollector(MultiAsyncCollector):
         postproc: applied to each batch: in the worker before it is written into
             ``replay_buffer``, or in this process to each yielded batch.
         update_at_each_batch: publish the policy's weights before each yielded batch.
+        split_trajs: yield each batch split into trajectories, ``[trajectories, steps]`` padded
+            with ``("collector", "mask")``, as TorchRL's ``split_trajectories`` makes them
+            (then ``postproc``, as TorchRL orders them). Without a ``replay_buffer`` only:
+            buffer rows are flat transitions.
         extend_buffer: accepted (both values): workers always write whole batches.
         weight_sync_schemes: ``{"policy": SeqlockWeightSyncScheme()}`` (the default).
         num_sub_threads: torch threads per worker process. Default 1.
@@ -222,6 +226,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         extend_buffer: bool = True,
         weight_sync_schemes: Mapping[str, SeqlockWeightSyncScheme] | None = None,
         track_policy_version: bool = False,
+        split_trajs: bool | None = None,
         num_sub_threads: int = 1,
         init_fn: Callable[[], None] | None = None,
         pre_collect_hook: Callable[[], None] | None = None,
@@ -292,7 +297,8 @@ class OffPolicyCollector(MultiAsyncCollector):
         with contextlib.ExitStack() as on_error:
             on_error.callback(self._close_probe)
             row = probe_row(probe, policy, exploration_type)
-            if postproc is not None:
+            if postproc is not None and replay_buffer is not None:
+                # Workers apply postproc before their buffer writes; yielded batches get it here instead.
                 row = postproc(row.unsqueeze(0))[0]
             on_error.pop_all()
         self._row = row
@@ -310,7 +316,12 @@ class OffPolicyCollector(MultiAsyncCollector):
         self.update_at_each_batch = update_at_each_batch
         self.max_frames_per_traj = max_frames_per_traj or 0
         self.track_policy_version = track_policy_version
-        self.split_trajs = False
+        self.split_trajs = bool(split_trajs)
+        if self.split_trajs and replay_buffer is not None:
+            raise ValueError(
+                "split_trajs=True splits the batches this collector yields; with a replay_buffer, workers write "
+                "flat transitions and iteration yields None. Pass split_trajs=False, or no replay_buffer"
+            )
         self.reset_at_each_iter = False
         self.reset_when_done = True
         self.trajs_per_batch = self.trajs_per_write = self.traj_format = None
@@ -463,6 +474,10 @@ class OffPolicyCollector(MultiAsyncCollector):
         out = None
         while out is None:
             out = self._slots.take(timeout=None, on_poll=self._raise_if_failed)
+        if self.split_trajs:
+            # A batch is step-major over the worker's envs; a stable sort by trajectory id makes each
+            # trajectory one run of consecutive steps, which is what split_trajectories expects.
+            out = split_trajectories(out[torch.argsort(out.get(TRAJ_KEY), stable=True)], prefix="collector")
         if self.postproc is not None:
             out = self.postproc(out)
         return out
