@@ -43,8 +43,8 @@ def compile_update(update: Callable[..., Any], compile_cfg: Any, device: torch.d
     """``update`` compiled as the ``compile`` section asks for the learner's ``device``.
 
     Args:
-        update: ``update(batch) -> {name: tensor}``, one gradient step on a
-            TensorDict batch, returning detached tensors.
+        update: ``update(batch) -> {name: tensor}`` (or ``None``), one gradient
+            step on a TensorDict batch, returning detached tensors.
         compile_cfg: the recipe's ``compile`` section, or any mapping with
             its keys (``compile``, ``compile_mode``, ``cudagraphs``; missing
             keys count as off).
@@ -89,11 +89,11 @@ def compile_update(update: Callable[..., Any], compile_cfg: Any, device: torch.d
     return update
 
 
-def _returning_tensordict(update: Callable[..., Any]) -> Callable[..., TensorDict]:
+def _returning_tensordict(update: Callable[..., Any]) -> Callable[..., TensorDict | None]:
     @functools.wraps(update)
-    def wrapped(*args: Any, **kwargs: Any) -> TensorDict:
+    def wrapped(*args: Any, **kwargs: Any) -> TensorDict | None:
         out = update(*args, **kwargs)
-        return out if isinstance(out, TensorDict) else TensorDict(dict(out))
+        return out if out is None or isinstance(out, TensorDict) else TensorDict(dict(out))
     return wrapped
 
 
@@ -103,5 +103,5 @@ def _marking_steps(update: Callable[..., Any]) -> Callable[..., Any]:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         torch.compiler.cudagraph_mark_step_begin()
         out = update(*args, **kwargs)
-        return {key: value.clone() for key, value in out.items()}
+        return None if out is None else {key: value.clone() for key, value in out.items()}
     return wrapped
