@@ -160,6 +160,31 @@ def test_collector_publishes_the_original_of_a_policy_it_had_to_copy_to_cpu(monk
         assert collector.policy_version == 3
 
 
+def test_what_module_to_leaves_behind_is_moved_too_and_the_actor_still_acts():
+    actor = make_actor("sac", 3, 1, hidden_dim=8, action_low=-2.0, action_high=2.0)
+    moved = offpolicy_collector._attributes_to_cpu(copy.deepcopy(actor))  # noqa: SLF001
+    kwargs = moved.module[-1].distribution_kwargs
+    assert kwargs["tanh_loc"] is False and torch.equal(kwargs["high"], torch.tensor([2.0]))
+    assert moved.spec["action"].space.low.device.type == "cpu"
+    td = moved(TensorDict({"observation": torch.randn(4, 3)}, [4]))
+    assert td["action"].abs().max() <= 2.0
+
+
+@cuda
+def test_a_cuda_policy_given_to_the_collector_is_copied_to_the_cpu_bounds_and_specs_included(no_leaks):
+    with torch.device("cuda"):  # bounds and spec made on the GPU, as make_networks does for a GPU learner
+        actor = make_actor("sac", 3, 1, hidden_dim=8, action_low=-2.0, action_high=2.0)
+    cpu = offpolicy_collector._on_cpu(actor)
+    tensors = [*cpu.parameters(), *cpu.buffers(), *cpu.module[-1].distribution_kwargs.values()]
+    assert all(t.device.type == "cpu" for t in tensors if isinstance(t, torch.Tensor))
+    assert cpu.spec["action"].space.low.device.type == "cpu"
+    with OffPolicyCollector("Pendulum-v1", actor, algo="sac", num_envs=2, frames_per_batch=32, total_frames=64,
+                            replay_buffer=make_replay_buffer(256), init_random_frames=0) as collector:
+        collector.start()
+        assert collector.wait_for_frames(64, timeout=120)
+        collector.update_policy_weights_()
+
+
 # ------------------------------------------------------------------ sampling
 def filled_buffer(rows: int = 64):
     rb = make_replay_buffer(128)

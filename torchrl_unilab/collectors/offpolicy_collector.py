@@ -18,7 +18,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.collectors import MultiAsyncCollector
-from torchrl.data import ReplayBuffer
+from torchrl.data import ReplayBuffer, TensorSpec
 from torchrl.envs import EnvBase, ParallelEnv, StepCounter, TransformedEnv
 from torchrl.envs.utils import ExplorationType, RandomPolicy
 
@@ -954,7 +954,24 @@ def _on_cpu(policy: nn.Module) -> nn.Module:
     tensors = list(policy.parameters()) + list(policy.buffers()) if isinstance(policy, nn.Module) else []
     if all(t.device.type == "cpu" for t in tensors):
         return policy
-    return copy.deepcopy(policy).to("cpu")
+    return _attributes_to_cpu(copy.deepcopy(policy).to("cpu"))
+
+
+def _attributes_to_cpu(policy: nn.Module) -> nn.Module:
+    """Moves what ``.to()`` leaves behind to the CPU: distribution keyword arguments and specs, in place.
+
+    A ProbabilisticActor's distribution keyword arguments (a TanhNormal's action bounds) and specs are
+    plain attributes, not buffers: left on the GPU, every worker would initialise CUDA to act.
+    """
+    for module in policy.modules():
+        kwargs = getattr(module, "distribution_kwargs", None)
+        if isinstance(kwargs, dict):
+            module.distribution_kwargs = {key: value.cpu() if isinstance(value, torch.Tensor) else value
+                                          for key, value in kwargs.items()}
+        for name, value in list(vars(module).items()):
+            if isinstance(value, TensorSpec):  # a Composite may say device=None and hold CUDA leaves
+                vars(module)[name] = value.to("cpu")
+    return policy
 
 
 #: EnvBase attributes getattr_env answers after the envs moved to the workers.
