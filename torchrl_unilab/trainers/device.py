@@ -3,7 +3,7 @@
 The networks, the loss, the optimiser and the target updater live on the
 learner's device; the collector's workers always act on a CPU copy of the
 policy, and the replay buffer stays in shared CPU memory (batches cross to the
-device in :class:`~torchrl_unilab.data.BufferSampler`, weights come back in
+device in :class:`~torchrl_unilab.data.buffer_sampler.BufferSampler`, weights come back in
 :meth:`SharedWeights.publish <torchrl_unilab.SharedWeights.publish>`).
 
 ``network.device: null`` means CUDA when ``torch.cuda.is_available()``, else

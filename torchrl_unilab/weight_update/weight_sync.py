@@ -225,8 +225,7 @@ class SharedWeights:
         """Copies ``source``'s weights into the block and returns the new version.
 
         ``source`` may live on any device. Its tensors are first staged in host
-        memory (:class:`~torchrl_unilab.weight_update._staging.HostStaging`, laid
-        out as the block): CUDA tensors with one batched ``non_blocking``
+        memory, in one buffer laid out as the block: CUDA tensors with one batched ``non_blocking``
         device-to-host copy into pinned memory and one synchronisation, instead
         of one blocking ``.cpu()`` per tensor. The seqlock write that follows is
         one ``memcpy`` of the staged bytes into the block.
