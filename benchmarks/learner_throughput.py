@@ -8,6 +8,9 @@ In one run, on one torch thread, batch 256, 256x256 networks, HalfCheetah-v5 siz
   every parameter, ``SoftUpdate`` -- calling ``SACLoss`` itself;
 * ``recipe``: the same with the tensor-level loss (``fast_loss=True``, the default);
 * ``recipe_compiled``: the same under ``torch.compile`` (``--no-compile`` skips it);
+* ``recipe_prefetch`` (``--prefetch``): the same with the next batch sampled by a
+  thread while the update runs, and ``sample_ms``, one batch's sampling: what
+  overlapping sampling with the update buys on a CPU;
 * ``e2e``: ``recipes/sac.py`` on HalfCheetah-v5 at ``utd_ratio=1``, env
   frames per second once learning has started;
 * ``sb3``: Stable-Baselines3's SAC on the same task, sizes and thread count
@@ -20,7 +23,30 @@ so that other load on the machine weighs on every variant alike. Prints one
 JSON line.
 
     python benchmarks/learner_throughput.py [--blocks 12] [--block-updates 20] [--e2e-frames 3000]
-                                            [--e2e-threads 1] [--no-compile] [--no-sb3]
+                                            [--e2e-threads 1] [--no-compile] [--no-sb3] [--prefetch]
+
+``--device cuda`` measures a learner on a GPU instead (collection stays on CPU
+workers), the same update of ``recipes/sac.py`` with batches sampled through
+pinned memory:
+
+* ``eager``, ``compiled`` (``compile.compile=true``: torch.compile in
+  inductor's ``"reduce-overhead"`` mode, as TorchRL's sota scripts) and
+  ``compiled_cudagraphs`` (plus ``compile.cudagraphs=true``: tensordict's
+  ``CudaGraphModule``) updates per second;
+* ``*_serial``: the same with a ``torch.cuda.synchronize()`` after each update,
+  so that sampling the next batch cannot overlap the update on the GPU; the
+  ``overlap_gain_*`` ratios are what the overlap brings;
+* ``sample_ms`` (pinned) and ``sample_pageable_ms``: CPU time of one call of
+  the sampler; ``publish_ms``: one weight publish from the GPU to the shared
+  block, against ``publish_per_tensor_ms`` (one ``.cpu()`` per tensor first);
+* ``e2e_frames_per_s_{1,2}_workers``: ``recipes/sac.py`` on HalfCheetah-v5 at
+  ``utd_ratio=1`` with ``network.device=cuda``, compiled with CUDA graphs,
+  with 1 and 2 CPU workers.
+
+    python benchmarks/learner_throughput.py --device cuda [--block-updates 200] [--e2e-frames 20000]
+
+LeanRL's figures on an H100 are the anchor: CleanRL's SAC at 127 frames/s (one
+update per env step), LeanRL's at 725 with torch.compile and CUDA graphs.
 """
 
 from __future__ import annotations
@@ -31,6 +57,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -39,10 +66,12 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 from torchrl.objectives import SACLoss, SoftUpdate
 
-from torchrl_unilab import make_replay_buffer
-from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
+from torchrl_unilab import SharedWeights, make_replay_buffer
 from torchrl_unilab.data import BufferSampler
 from torchrl_unilab.objectives import tensor_loss
+from torchrl_unilab.trainers.compile import compile_update
+from torchrl_unilab.trainers.device import learner_device
+from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 OBS, ACT, BATCH, HIDDEN = 17, 6, 256, 256  # HalfCheetah-v5
@@ -63,17 +92,18 @@ def filled_buffer(rows: int = 50_000):
     return rb
 
 
-def config():
+def config(compile: bool = False, cudagraphs: bool = False):
     return OmegaConf.create({
         "network": {"hidden_sizes": [HIDDEN, HIDDEN], "use_layer_norm": False, "obs_norm": False},
         "optim": {"gamma": 0.99, "loss_function": "l2", "alpha_init": 1.0, "target_update_polyak": 0.995,
                   "lr": 3e-4, "weight_decay": 0.0, "adam_eps": 1e-8},
+        "compile": {"compile": compile, "compile_mode": None, "cudagraphs": cudagraphs},
     })
 
 
-def networks():
+def networks(device: torch.device | str = "cpu"):
     torch.manual_seed(0)
-    return make_networks(config(), "sac", EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT)))
+    return make_networks(config(), "sac", EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT)), device=device)
 
 
 def plain_loop(rb):
@@ -97,11 +127,19 @@ def plain_loop(rb):
     return step
 
 
-def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False):
-    """The update of recipes/sac.py: BufferSampler, the (tensor-level) loss, one fused Adam, SoftUpdate."""
-    nets = networks()
-    loss, target = make_loss_module(config(), "sac", nets)
-    optimizer = make_optimizer(config(), loss)
+def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False, cudagraphs: bool = False,
+                device: torch.device | str = "cpu", serial: bool = False, prefetch: bool = False):
+    """The update of recipes/sac.py: BufferSampler, the (tensor-level) loss, one fused Adam, SoftUpdate.
+
+    On ``device``, compiled as the recipe's ``compile`` section would (``compile``, ``cudagraphs``);
+    ``serial`` waits for the GPU after each update, so that the next batch is sampled after it;
+    ``prefetch`` samples the next batch in a thread (into a second sampler) while the update runs.
+    """
+    device = torch.device(device)
+    nets = networks(device)
+    cfg = config(compile, cudagraphs)
+    loss, target = make_loss_module(cfg, "sac", nets)
+    optimizer = make_optimizer(cfg, loss)
     loss_fn = tensor_loss(loss) if fast_loss else loss
     assert loss_fn is not None
 
@@ -111,19 +149,38 @@ def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         target.step()
+        return {key: value.detach() for key, value in losses.items()}
 
-    if compile:
-        update = torch.compile(update)
-    sample = BufferSampler(rb, BATCH)
-    return lambda: update(sample()[0])
+    update = compile_update(update, cfg.compile, device)
+    sample = BufferSampler(rb, BATCH, device=device)
+    if prefetch:
+        samplers, pool = [sample, BufferSampler(rb, BATCH, device=device)], ThreadPoolExecutor(1)
+        pending = {"which": 0, "next": pool.submit(sample)}
+
+        def step():
+            batch = pending["next"].result()[0]
+            pending["which"] ^= 1  # the other sampler's tensors: this batch stays intact while it fills them
+            pending["next"] = pool.submit(samplers[pending["which"]])
+            update(batch)
+        return step
+    if not serial:
+        return lambda: update(sample()[0])
+
+    def step():
+        update(sample()[0])
+        torch.cuda.synchronize(device)
+    return step
 
 
-def update_rates(variants: dict, blocks: int, block_updates: int) -> dict:
+def update_rates(variants: dict, blocks: int, block_updates: int, *, warmup_steps: int = 3,
+                 sync=lambda: None) -> dict:
+    """Median updates/s over alternating blocks; ``sync`` waits for queued device work at each block's end."""
     warmup = {}
     for name, step in variants.items():
         start = time.perf_counter()
-        for _ in range(3):  # compiles the compiled variant
+        for _ in range(warmup_steps):  # compiles the compiled variants (and captures CUDA graphs)
             step()
+        sync()
         warmup[name] = time.perf_counter() - start
     rates = {name: [] for name in variants}
     for _ in range(blocks):
@@ -131,16 +188,84 @@ def update_rates(variants: dict, blocks: int, block_updates: int) -> dict:
             start = time.perf_counter()
             for _ in range(block_updates):
                 step()
+            sync()
             rates[name].append(block_updates / (time.perf_counter() - start))
     return {name: {"ups": statistics.median(r), "best_ups": max(r), "warmup_s": warmup[name]}
             for name, r in rates.items()}
 
 
+def median_ms(call, repeats: int = 50, sync=lambda: None) -> float:
+    """Median milliseconds of ``call()`` (``sync`` after each, outside the timing)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+        sync()
+    return statistics.median(times) * 1e3
+
+
+def publish_figures(device: torch.device) -> dict:
+    """One weight publish of the SAC exploration policy from ``device`` to a shared block, batched and per tensor."""
+    nets = networks(device)
+    weights = SharedWeights.create(nets.worker_policy)
+    try:
+        state = nets.policy.state_dict()
+        batched = median_ms(lambda: weights.publish(state))
+        per_tensor = median_ms(lambda: weights.publish({k: v.cpu() for k, v in state.items()}))
+    finally:
+        weights.close()
+    return {"publish_ms": round(batched, 3), "publish_per_tensor_ms": round(per_tensor, 3)}
+
+
+def device_suite(args) -> dict:
+    """``--device cuda``: the recipe's update eager, compiled and compiled with CUDA graphs; sampling, publish, e2e."""
+    device = learner_device(args.device)
+    sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
+    rb = filled_buffer()
+    variants = {
+        "eager": recipe_loop(rb, device=device),
+        "eager_serial": recipe_loop(rb, device=device, serial=True),
+        "compiled": recipe_loop(rb, device=device, compile=True),
+        "compiled_cudagraphs": recipe_loop(rb, device=device, compile=True, cudagraphs=True),
+        "compiled_cudagraphs_serial": recipe_loop(rb, device=device, compile=True, cudagraphs=True, serial=True),
+    }
+    if args.no_compile:
+        variants = {name: step for name, step in variants.items() if not name.startswith("compiled")}
+    # CUDA graphs capture after 5 eager calls (trainers/compile.py); a few more settle the allocator.
+    rates = update_rates(variants, args.blocks, args.block_updates, warmup_steps=10, sync=sync)
+    out = {"benchmark": "learner_throughput", "device": str(device), "gpu": torch.cuda.get_device_name(device),
+           "batch_size": BATCH, "hidden": [HIDDEN, HIDDEN], "threads": 1,
+           **{f"{name}_ups": round(r["ups"], 1) for name, r in rates.items()},
+           **{f"{name}_best_ups": round(r["best_ups"], 1) for name, r in rates.items()},
+           **{f"{name}_warmup_s": round(r["warmup_s"], 1) for name, r in rates.items() if name.startswith("compiled")}}
+    for name in ("compiled", "compiled_cudagraphs"):
+        if name in rates:
+            out[f"{name}_over_eager"] = round(rates[name]["ups"] / rates["eager"]["ups"], 2)
+    for name in ("eager", "compiled_cudagraphs"):
+        if f"{name}_serial" in rates:
+            out[f"overlap_gain_{name}"] = round(rates[name]["ups"] / rates[f"{name}_serial"]["ups"], 3)
+    pinned = BufferSampler(rb, BATCH, device=device)
+    pageable = BufferSampler(rb, BATCH, device=device, pin_memory=False)
+    out["sample_ms"] = round(median_ms(pinned, sync=sync), 3)
+    out["sample_pageable_ms"] = round(median_ms(pageable, sync=sync), 3)
+    out.update(publish_figures(device))
+    if args.e2e_frames:
+        compiled = [] if args.no_compile else ["compile.compile=true", "compile.cudagraphs=true"]
+        for workers in (1, 2):
+            e2e = end_to_end(args.e2e_frames, args.e2e_threads,
+                             [f"network.device={device}", f"collector.num_workers={workers}", *compiled])
+            out[f"e2e_frames_per_s_{workers}_workers"] = round(e2e["frames_per_s"], 1)
+            out[f"e2e_utd_achieved_{workers}_workers"] = round(e2e["utd_achieved"], 3)
+    out["anchor_leanrl_h100_sac_fps"] = {"cleanrl": 127, "leanrl_compile_cudagraphs": 725}
+    return out
+
+
 START_FRAMES = 1000  # random frames before learning starts, in both end-to-end runs
 
 
-def end_to_end(frames: int, threads: int) -> dict:
-    """recipes/sac.py on HalfCheetah-v5 at utd_ratio=1: env frames/s once learning has started."""
+def end_to_end(frames: int, threads: int, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """recipes/sac.py on HalfCheetah-v5 at utd_ratio=1 (plus ``overrides``): env frames/s once learning has started."""
     sys.path.insert(0, str(ROOT / "recipes"))
     import sac  # noqa: PLC0415 - the recipe script, imported as a module
 
@@ -150,7 +275,7 @@ def end_to_end(frames: int, threads: int) -> dict:
             cfg = compose(config_name="sac", overrides=[
                 f"collector.total_frames={frames}", f"collector.init_random_frames={start_frames}",
                 "optim.utd_ratio=1.0", f"optim.num_threads={threads}", f"logger.log_dir={tmp}", "logger.log_every=250", "logger.eval_iter=0",
-                "logger.checkpoint_every=0", "logger.progress_bar=false", "logger.num_eval_envs=1",
+                "logger.checkpoint_every=0", "logger.progress_bar=false", "logger.num_eval_envs=1", *overrides,
             ])
         summary = sac.main(cfg)
         exp = Path(tmp) / cfg.logger.exp_name / "scalars"
@@ -200,13 +325,22 @@ def main() -> None:
     parser.add_argument("--e2e-threads", type=int, default=1, help="optim.num_threads of the end-to-end run")
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled update (saves ~1 min)")
     parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 baseline")
+    parser.add_argument("--prefetch", action="store_true",
+                        help="add recipe_prefetch (the next batch sampled by a thread during the update) and sample_ms")
+    parser.add_argument("--device", default="cpu",
+                        help="the learner's device: cpu (default, the figures above) or cuda (see the docstring)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if learner_device(args.device).type != "cpu":
+        print(json.dumps(device_suite(args)))
+        return
     rb = filled_buffer()
     variants = {"plain": plain_loop(rb), "recipe_loss_module": recipe_loop(rb, fast_loss=False),
                 "recipe": recipe_loop(rb)}
     if not args.no_compile:
         variants["recipe_compiled"] = recipe_loop(rb, compile=True)
+    if args.prefetch:
+        variants["recipe_prefetch"] = recipe_loop(rb, prefetch=True)
     rates = update_rates(variants, args.blocks, args.block_updates)
     out = {"benchmark": "learner_throughput", "batch_size": BATCH, "hidden": [HIDDEN, HIDDEN], "threads": 1,
            **{f"{name}_ups": round(r["ups"], 1) for name, r in rates.items()},
@@ -214,6 +348,8 @@ def main() -> None:
            **{f"{name}_ratio": round(r["ups"] / rates["plain"]["ups"], 2) for name, r in rates.items() if name != "plain"}}
     if "recipe_compiled" in rates:
         out["compile_warmup_s"] = round(rates["recipe_compiled"]["warmup_s"], 1)
+    if args.prefetch:
+        out["sample_ms"] = round(median_ms(BufferSampler(rb, BATCH)), 3)
     if args.e2e_frames:
         e2e = end_to_end(args.e2e_frames, args.e2e_threads)
         out.update({"e2e_threads": args.e2e_threads, "e2e_frames_per_s": round(e2e["frames_per_s"], 1),

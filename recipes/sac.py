@@ -13,6 +13,7 @@ into the shared replay buffer, while this process only learns, holding
     python recipes/sac.py collector.lockstep=true           # collect, train, repeat: reproducible
     python recipes/sac.py replay_buffer.prb=true            # prioritized replay
     python recipes/sac.py resume=outputs/HalfCheetah-v5_SAC/<date>   # continue a run
+    python recipes/sac.py network.device=cuda compile.compile=true compile.cudagraphs=true   # learner on a GPU
 
 Ctrl-C saves a checkpoint to resume from.
 """
@@ -26,6 +27,8 @@ from omegaconf import DictConfig
 from torchrl_unilab.data import BufferSampler
 from torchrl_unilab.modules.normalization import normalize_batch
 from torchrl_unilab.objectives import tensor_loss
+from torchrl_unilab.trainers.compile import compile_update
+from torchrl_unilab.trainers.device import learner_device
 from torchrl_unilab.trainers.recipes_utils import (
     env_info,
     make_loss_module,
@@ -40,16 +43,18 @@ from torchrl_unilab.trainers.run import RecipeRun
 def main(cfg: DictConfig) -> dict:
     torch.manual_seed(cfg.env.seed)
     torch.set_num_threads(cfg.optim.num_threads)
+    device = learner_device(cfg.network.device)  # TorchRL's key; null: cuda if available, else cpu
 
-    # Networks: actor, critic, and the exploration policy the workers run ([normaliser,] actor, noise)
-    nets = make_networks(cfg, "sac", env_info(cfg))
+    # Networks on the learner's device: actor, critic, and the exploration policy ([normaliser,] actor, noise);
+    # the workers act on a CPU copy of that policy (nets.worker_policy: the policy itself on CPU)
+    nets = make_networks(cfg, "sac", env_info(cfg), device=device)
 
     # Loss: TorchRL's SACLoss (two Q-networks, learned alpha), Polyak-averaged target critics, one Adam
     loss_module, target_net_updater = make_loss_module(cfg, "sac", nets)
     optimizer = make_optimizer(cfg, loss_module)
     # The same losses as the loss module, from its own parameters, faster (None where it does not apply);
     # it has no importance weights, so prioritized replay trains with the loss module.
-    prb = cfg.replay_buffer.prb
+    prb, priority = cfg.replay_buffer.prb, loss_module.tensor_keys.priority
     fast_loss = tensor_loss(loss_module) if cfg.compile.fast_loss and not prb else None
     loss_fn = fast_loss or loss_module
 
@@ -59,19 +64,23 @@ def main(cfg: DictConfig) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         target_net_updater.step()
-        return {key: value.detach() for key, value in loss_td.items()}
+        losses = {key: value.detach() for key, value in loss_td.items()}
+        if prb:  # returned, not read from batch: a CUDA graph writes into a batch of its own
+            losses[priority] = batch.get(priority).detach()
+        return losses
 
-    if cfg.compile.compile:
-        update = torch.compile(update, mode=cfg.compile.compile_mode)
+    # torch.compile, and on CUDA CUDA graphs, as the compile section asks (TorchRL's sota scripts, LeanRL)
+    update = compile_update(update, cfg.compile, device)
 
     # Replay buffer in shared memory; the collector's workers fill it in the background
     replay_buffer = make_replay_buffer(cfg)
     # Run directory, checkpoint (resume=...), logger, evaluation, collector and UTD pacing
-    run = RecipeRun(cfg, "SAC", nets.policy, replay_buffer, normalizer=nets.normalizer,
+    run = RecipeRun(cfg, "SAC", nets.policy, replay_buffer, normalizer=nets.normalizer, worker_policy=nets.worker_policy,
                     modules={"loss": loss_module, "optimizer": optimizer, "target_updater": target_net_updater})
     utd = run.utd
-    # replay_buffer.sample() for the keys the losses read, into reused tensors (benchmarks/sampling.py)
-    sample = BufferSampler(replay_buffer, cfg.optim.batch_size)
+    # replay_buffer.sample() for the keys the losses read, into reused tensors (benchmarks/sampling.py);
+    # for a GPU through pinned memory, the copy queued while the GPU still runs the previous update
+    sample = BufferSampler(replay_buffer, cfg.optim.batch_size, device=device)
 
     with run:  # Ctrl-C / SIGTERM: finish the update, save a checkpoint, shut the collector down
         while not utd.done and not run.stop_requested:
@@ -84,7 +93,7 @@ def main(cfg: DictConfig) -> dict:
                 normalize_batch(batch, nets.normalizer)
             losses = update(batch)
             if prb:
-                replay_buffer.update_priority(info["index"], batch.get(loss_module.tensor_keys.priority))
+                replay_buffer.update_priority(info["index"], losses[priority])
 
             utd.step()  # collector ahead: its workers pause at the cap this moves
             run.after_update(batch, losses)  # weight publish, logging, evaluation, checkpoint when due

@@ -13,11 +13,14 @@ from worker processes while this process learns at ``optim.utd_ratio``.
     python recipes/td3.py collector.lockstep=true           # collect, train, repeat: reproducible
     python recipes/td3.py replay_buffer.prb=true            # prioritized replay
     python recipes/td3.py resume=outputs/HalfCheetah-v5_TD3/<date>   # continue a run
+    python recipes/td3.py network.device=cuda compile.compile=true compile.cudagraphs=true   # learner on a GPU
 
 Ctrl-C saves a checkpoint to resume from.
 """
 
 from __future__ import annotations
+
+import functools
 
 import hydra
 import torch
@@ -26,6 +29,8 @@ from omegaconf import DictConfig
 from torchrl_unilab.data import BufferSampler
 from torchrl_unilab.modules.normalization import normalize_batch
 from torchrl_unilab.objectives import tensor_loss
+from torchrl_unilab.trainers.compile import compile_update
+from torchrl_unilab.trainers.device import learner_device
 from torchrl_unilab.trainers.recipes_utils import (
     env_info,
     make_loss_module,
@@ -40,16 +45,18 @@ from torchrl_unilab.trainers.run import RecipeRun
 def main(cfg: DictConfig) -> dict:
     torch.manual_seed(cfg.env.seed)
     torch.set_num_threads(cfg.optim.num_threads)
+    device = learner_device(cfg.network.device)  # TorchRL's key; null: cuda if available, else cpu
 
-    # Networks: deterministic actor, critic, and the exploration policy the workers run (actor + Gaussian noise)
-    nets = make_networks(cfg, "td3", env_info(cfg))
+    # Networks on the learner's device: deterministic actor, critic, and the exploration policy (actor + Gaussian
+    # noise); the workers act on a CPU copy of that policy (nets.worker_policy: the policy itself on CPU)
+    nets = make_networks(cfg, "td3", env_info(cfg), device=device)
 
     # Loss: TorchRL's TD3Loss (two Q-networks, target policy smoothing), Polyak-averaged targets, one Adam
     loss_module, target_net_updater = make_loss_module(cfg, "td3", nets)
     optimizer = make_optimizer(cfg, loss_module)
     # The same losses as the loss module, from its own parameters, faster (None where it does not apply);
     # it has no importance weights, so prioritized replay trains with the loss module.
-    prb = cfg.replay_buffer.prb
+    prb, priority = cfg.replay_buffer.prb, loss_module.tensor_keys.priority
     fast_loss = tensor_loss(loss_module) if cfg.compile.fast_loss and not prb else None
 
     def update(batch, update_actor):
@@ -59,7 +66,7 @@ def main(cfg: DictConfig) -> dict:
             loss_qvalue, metadata = loss_module.value_loss(batch)
             losses = {"loss_qvalue": loss_qvalue}
             # TD3Loss's priority: the largest TD error of the Q-networks
-            batch.set(loss_module.tensor_keys.priority, metadata["td_error"].detach().max(0)[0])
+            batch.set(priority, metadata["td_error"].detach().max(0)[0])
             if update_actor:
                 losses["loss_actor"], _ = loss_module.actor_loss(batch)
         # One backward: the actor loss reads detached critics, so each loss reaches its own network only
@@ -68,19 +75,25 @@ def main(cfg: DictConfig) -> dict:
         optimizer.zero_grad(set_to_none=True)
         if update_actor:
             target_net_updater.step()
-        return {key: value.detach() for key, value in losses.items()}
+        losses = {key: value.detach() for key, value in losses.items()}
+        if prb:  # returned, not read from batch: a CUDA graph writes into a batch of its own
+            losses[priority] = batch.get(priority)
+        return losses
 
-    if cfg.compile.compile:
-        update = torch.compile(update, mode=cfg.compile.compile_mode)
+    # torch.compile, and on CUDA CUDA graphs, as the compile section asks (TorchRL's sota scripts, LeanRL);
+    # one per value of update_actor: a CUDA graph replays the branch it captured
+    updates = {flag: compile_update(functools.partial(update, update_actor=flag), cfg.compile, device)
+               for flag in (False, True)}
 
     # Replay buffer in shared memory; the collector's workers fill it in the background
     replay_buffer = make_replay_buffer(cfg)
     # Run directory, checkpoint (resume=...), logger, evaluation, collector and UTD pacing
-    run = RecipeRun(cfg, "TD3", nets.policy, replay_buffer, normalizer=nets.normalizer,
+    run = RecipeRun(cfg, "TD3", nets.policy, replay_buffer, normalizer=nets.normalizer, worker_policy=nets.worker_policy,
                     modules={"loss": loss_module, "optimizer": optimizer, "target_updater": target_net_updater})
     utd, policy_delay = run.utd, cfg.optim.policy_update_delay
-    # replay_buffer.sample() for the keys the losses read, into reused tensors (benchmarks/sampling.py)
-    sample = BufferSampler(replay_buffer, cfg.optim.batch_size)
+    # replay_buffer.sample() for the keys the losses read, into reused tensors (benchmarks/sampling.py);
+    # for a GPU through pinned memory, the copy queued while the GPU still runs the previous update
+    sample = BufferSampler(replay_buffer, cfg.optim.batch_size, device=device)
 
     with run:  # Ctrl-C / SIGTERM: finish the update, save a checkpoint, shut the collector down
         while not utd.done and not run.stop_requested:
@@ -92,9 +105,9 @@ def main(cfg: DictConfig) -> dict:
             if nets.normalizer is not None:
                 normalize_batch(batch, nets.normalizer)
             # The policy delay: the actor and the targets move on every policy_delay-th update only
-            losses = update(batch, update_actor=utd.updates % policy_delay == 0)
+            losses = updates[utd.updates % policy_delay == 0](batch)
             if prb:
-                replay_buffer.update_priority(info["index"], batch.get(loss_module.tensor_keys.priority))
+                replay_buffer.update_priority(info["index"], losses[priority])
 
             utd.step()
             run.after_update(batch, losses)  # weight publish, logging, evaluation, checkpoint when due

@@ -19,7 +19,7 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.collectors.utils import split_trajectories
-from torchrl.data import ReplayBuffer
+from torchrl.data import ReplayBuffer, TensorSpec
 from torchrl.envs import EnvBase, ParallelEnv, StepCounter, TransformedEnv
 from torchrl.envs.utils import ExplorationType, RandomPolicy
 
@@ -289,8 +289,11 @@ class OffPolicyCollector(MultiAsyncCollector):
         if policy is None:
             policy = RandomPolicy(probe.full_action_spec_unbatched)
         self._user_policy = policy
+        cpu_policy = _on_cpu(policy)
+        # Training moves the user's (CUDA) policy, not this copy: publishes read the original.
+        self._acts_on_copy = cpu_policy is not policy
         policy, self.obs_norm = make_collector_policy(
-            _on_cpu(policy), algo, probe.action_spec_unbatched, obs_norm=obs_norm,
+            cpu_policy, algo, probe.action_spec_unbatched, obs_norm=obs_norm,
             obs_dim=probe.observation_spec["observation"].shape[-1] if obs_norm is True else None,
             td3_noise=td3_noise, td3_std_min=td3_std_min, td3_std_max=td3_std_max, td3_std=td3_std,
         )
@@ -583,8 +586,9 @@ class OffPolicyCollector(MultiAsyncCollector):
                 whatever the collector wrapped around it (``algo=``, ``obs_norm=``),
                 and the rest (normaliser statistics) is published as it is now.
                 ``None`` publishes the ``policy`` given to the constructor, which
-                the learner typically trains in place. CUDA tensors are copied to
-                the shared CPU block.
+                the learner typically trains in place (when it lives on a GPU, the
+                workers act on a CPU copy, and this publishes the original). CUDA
+                tensors reach the shared CPU block with one batched copy.
             worker_ids: accepted for TorchRL compatibility; all workers share one
                 copy of the weights, so it must be ``None``.
         """
@@ -593,8 +597,9 @@ class OffPolicyCollector(MultiAsyncCollector):
         if kwargs:
             raise TypeError(f"update_policy_weights_() got unexpected keyword arguments {sorted(kwargs)}")
         self._raise_if_failed()
-        if policy_or_weights is self._user_policy:
-            policy_or_weights = None
+        if policy_or_weights is None or policy_or_weights is self._user_policy:
+            # The constructor's policy as it is now; the workers' CPU copy of a CUDA policy is no part of training.
+            policy_or_weights = self._user_policy if self._acts_on_copy else None
         self._scheme.send(policy_or_weights, worker_ids=worker_ids)
 
     @property
@@ -964,7 +969,24 @@ def _on_cpu(policy: nn.Module) -> nn.Module:
     tensors = list(policy.parameters()) + list(policy.buffers()) if isinstance(policy, nn.Module) else []
     if all(t.device.type == "cpu" for t in tensors):
         return policy
-    return copy.deepcopy(policy).to("cpu")
+    return _attributes_to_cpu(copy.deepcopy(policy).to("cpu"))
+
+
+def _attributes_to_cpu(policy: nn.Module) -> nn.Module:
+    """Moves what ``.to()`` leaves behind to the CPU: distribution keyword arguments and specs, in place.
+
+    A ProbabilisticActor's distribution keyword arguments (a TanhNormal's action bounds) and specs are
+    plain attributes, not buffers: left on the GPU, every worker would initialise CUDA to act.
+    """
+    for module in policy.modules():
+        kwargs = getattr(module, "distribution_kwargs", None)
+        if isinstance(kwargs, dict):
+            module.distribution_kwargs = {key: value.cpu() if isinstance(value, torch.Tensor) else value
+                                          for key, value in kwargs.items()}
+        for name, value in list(vars(module).items()):
+            if isinstance(value, TensorSpec):  # a Composite may say device=None and hold CUDA leaves
+                vars(module)[name] = value.to("cpu")
+    return policy
 
 
 #: EnvBase attributes getattr_env answers after the envs moved to the workers.

@@ -66,13 +66,14 @@ def _is_td0(loss: LossModule) -> bool:
     return type(loss.value_estimator) is TD0Estimator  # the property builds the default (TD0) if unset
 
 
-def _gamma(loss: LossModule) -> float:
-    # Read on every call: make_value_estimator() may replace the estimator after construction.
+def _gamma(loss: LossModule) -> torch.Tensor:
+    # Read on every call: make_value_estimator() may replace the estimator after construction. The buffer itself,
+    # not float(): on a GPU that would wait for the device on every update (and break CUDA-graph capture).
     estimator = loss.value_estimator
     if type(estimator) is not TD0Estimator:
         raise ValueError(f"the tensor-level loss computes TD(0) targets, the loss now has {type(estimator).__name__}; "
                          "set compile.fast_loss=false, or call the loss module itself")
-    return float(estimator.gamma)
+    return estimator.gamma
 
 
 def _plain_weights(loss: LossModule) -> bool:
@@ -165,7 +166,7 @@ class _TD3TensorLoss(_TensorLoss):
         return out
 
 
-def _td0_target(batch: TensorDictBase, next_value: torch.Tensor, gamma: float) -> torch.Tensor:
+def _td0_target(batch: TensorDictBase, next_value: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
     """TD(0) as TorchRL's ``TD0Estimator``: ``r + gamma * (1 - terminated) * V(s')``, shape ``[B]``."""
     reward, terminated = batch.get(("next", "reward")), batch.get(("next", "terminated"))
     return (reward + gamma * (~terminated) * next_value).squeeze(-1)

@@ -5,8 +5,12 @@ A checkpoint is a directory holding
 * ``state.pt``: the loss module's ``state_dict`` (actor, critics, their
   targets, SAC's ``log_alpha``), the optimizer, the target updater, the
   observation normaliser (statistics and how far it has read the buffer), the
-  RNG states and the run's counters. It holds only tensors and plain Python
-  values and is read back with ``torch.load(weights_only=True)``.
+  RNG states and the run's counters. It holds only CPU tensors and plain
+  Python values and is read back with ``torch.load(weights_only=True,
+  map_location="cpu")``; ``load_state_dict`` then copies each tensor to the
+  device of the module it goes into. A run trained on a GPU resumes on a
+  CPU-only machine and the other way round (the CUDA RNG states are restored
+  only where the same number of GPUs is present).
 * ``replay_buffer/``: TorchRL's ``ReplayBuffer.dumps`` (memory-mapped storage,
   JSON metadata). The pickled prefetch queue TorchRL adds is removed: the
   buffers here never prefetch.
@@ -42,7 +46,7 @@ from torchrl.data.replay_buffers.samplers import RandomSampler
 from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 
-__all__ = ["Checkpointer", "load_buffer"]
+__all__ = ["Checkpointer", "cpu_state", "load_buffer"]
 
 _FORMAT = 1
 _STATE = "state.pt"
@@ -124,10 +128,13 @@ class Checkpointer:
         ``counters`` holds the run's progress (frames, updates, ...) and other
         plain values (lists, dicts, numbers, strings) to hand back on :meth:`load`.
         """
+        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            rng["cuda"] = torch.cuda.get_rng_state_all()  # CPU byte tensors, one per GPU
         state = {
             "format": _FORMAT,
             "modules": {name: obj.state_dict() for name, obj in self.modules.items()},
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "rng": rng,
             "counters": dict(counters),
         }
         if self.normalizer is not None:
@@ -135,6 +142,7 @@ class Checkpointer:
                 "state_dict": self.normalizer.state_dict(),
                 "buffer_write_count": self.normalizer._buffer_write_count,  # noqa: SLF001
             }
+        state = cpu_state(state)  # device-independent: resumable on a machine without the training GPU
         self._recover()  # never delete the only complete checkpoint below
         tmp, old = self._tmp, self._old
         shutil.rmtree(tmp, ignore_errors=True)
@@ -173,7 +181,7 @@ class Checkpointer:
                 "resume= takes the run directory of a previous run"
             )
         _refuse_pickles(self.directory)
-        state = torch.load(self.directory / _STATE, weights_only=True)
+        state = torch.load(self.directory / _STATE, weights_only=True, map_location="cpu")
         if state.get("format") != _FORMAT:
             raise ValueError(f"checkpoint format {state.get('format')!r} is not supported (expected {_FORMAT})")
         missing = sorted(set(self.modules) - set(state["modules"]))
@@ -189,9 +197,40 @@ class Checkpointer:
             self.normalizer._buffer_write_count = int(saved["buffer_write_count"])  # noqa: SLF001
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(_as_tuple(state["rng"]["python"]))
+        cuda_rng = state["rng"].get("cuda")
+        if cuda_rng is not None and torch.cuda.is_available() and len(cuda_rng) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_rng)
         if replay_buffer is not None:
             load_buffer(replay_buffer, self.directory / _BUFFER)
         return state["counters"]
+
+
+def cpu_state(value: Any) -> Any:
+    """``value`` with every tensor in it (nested in dicts, lists and tuples) detached and on the CPU.
+
+    What :meth:`Checkpointer.save` writes, so that a checkpoint does not name
+    the device it was trained on. The containers keep their types
+    (``OrderedDict`` included); CPU tensors are kept as they are.
+
+    Examples:
+        >>> from collections import OrderedDict
+        >>> state = cpu_state({"net": OrderedDict(w=torch.ones(2, requires_grad=True)), "steps": [torch.tensor(3), 4]})
+        >>> type(state["net"]).__name__, state["net"]["w"].requires_grad, state["steps"]
+        ('OrderedDict', False, [tensor(3), 4])
+    """
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        out = type(value)() if type(value) is not dict else {}
+        for key, item in value.items():
+            out[key] = cpu_state(item)
+        if hasattr(value, "_metadata"):  # state_dict() OrderedDicts carry per-module version metadata
+            out._metadata = value._metadata  # noqa: SLF001
+        return out
+    if isinstance(value, (list, tuple)):
+        items = [cpu_state(item) for item in value]
+        return type(value)(items) if type(value) in (list, tuple) else type(value)(*items)
+    return value
 
 
 def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> None:

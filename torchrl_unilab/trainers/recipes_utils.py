@@ -8,6 +8,7 @@ loop. :class:`EvalRunner` runs the deterministic policy on its own envs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from torchrl_unilab.envs.batched_env import BatchedGymEnv, make_gym_env
 from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.models import ALGOS, make_actor, make_critic
 from torchrl_unilab.modules.normalization import ObservationNormalizer
+from torchrl_unilab.trainers.device import module_device
 from torchrl_unilab.trainers.training import trainable_parameters
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "EvalRunner",
     "Networks",
     "config_to_dict",
+    "cpu_copy_of_policy",
     "env_info",
     "env_kwargs",
     "make_collector",
@@ -105,8 +108,8 @@ class Networks:
         >>> from omegaconf import OmegaConf
         >>> cfg = OmegaConf.create({"network": {"hidden_sizes": [8], "use_layer_norm": False}})
         >>> nets = make_networks(cfg, "td3", env_info(OmegaConf.create({"env": {"name": "Pendulum-v1"}})))
-        >>> nets.normalizer is None, type(nets.policy[1]).__name__
-        (True, 'PerEnvMixedNoise')
+        >>> nets.normalizer is None, type(nets.policy[1]).__name__, nets.worker_policy is nets.policy
+        (True, 'PerEnvMixedNoise', True)
     """
 
     actor: TensorDictModuleBase
@@ -114,12 +117,19 @@ class Networks:
     critic: nn.Module
     """One Q-network; the loss makes its ensemble and target copies."""
     policy: TensorDictModuleBase
-    """What the workers and the evaluator run: ``[normalizer,] actor, exploration``."""
+    """What the evaluation runs, on the learner's device: ``[normalizer,] actor, exploration``."""
     normalizer: ObservationNormalizer | None
     """Observation statistics, or ``None`` when ``network.obs_norm`` is off."""
+    worker_policy: TensorDictModuleBase | None = None
+    """What the collector's workers run: ``policy`` itself on the CPU; on a GPU, a CPU build of it holding the
+    same weights, which each publish refreshes from ``policy``."""
+
+    def __post_init__(self) -> None:
+        if self.worker_policy is None:
+            self.worker_policy = self.policy
 
 
-def make_networks(cfg: DictConfig, algo: str, info: EnvInfo) -> Networks:
+def make_networks(cfg: DictConfig, algo: str, info: EnvInfo, *, device: torch.device | str | None = None) -> Networks:
     """Actor, critic and exploration policy from the ``network`` (and ``collector``) sections.
 
     The policy given to the collector is ``TensorDictSequential([normalizer,]
@@ -128,31 +138,75 @@ def make_networks(cfg: DictConfig, algo: str, info: EnvInfo) -> Networks:
     exploration noise is ``collector.td3_noise`` (``"constant"`` with
     ``collector.td3_std``, or ``"mixed"`` in ``[td3_std_min, td3_std_max]``).
 
+    ``device`` (the learner's, from
+    :func:`~torchrl_unilab.trainers.device.learner_device`; default the CPU)
+    is where every tensor of the networks is made: weights, the action bounds
+    the SAC actor's ``TanhNormal`` reads at each call, specs, normaliser
+    statistics. Off the CPU, :attr:`Networks.worker_policy` is a second, CPU
+    build of the policy with the same weights, for the workers.
+
     Examples:
         >>> from omegaconf import OmegaConf
         >>> cfg = OmegaConf.create({"network": {"hidden_sizes": [8], "use_layer_norm": False, "obs_norm": True}})
-        >>> nets = make_networks(cfg, "sac", env_info(OmegaConf.create({"env": {"name": "Pendulum-v1"}})))
-        >>> type(nets.policy[0]).__name__
-        'ObservationNormalizer'
+        >>> nets = make_networks(cfg, "sac", env_info(OmegaConf.create({"env": {"name": "Pendulum-v1"}})), device="cpu")
+        >>> type(nets.policy[0]).__name__, nets.actor.module[0].module[0][0].weight.device.type
+        ('ObservationNormalizer', 'cpu')
     """
     if algo not in ALGOS:
         raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
+    device = torch.device("cpu") if device is None else torch.device(device)
+    # The default-device context reaches every tensor the builders make, bounds and specs included, which
+    # ``module.to(device)`` would leave behind (the actor's distribution keyword arguments are no buffers).
+    with contextlib.nullcontext() if device.type == "cpu" else device:
+        actor = _make_actor(cfg, algo, info)
+        critic = make_critic(info.obs_dim, info.action_dim, hidden_sizes=_hidden_sizes(cfg.network.hidden_sizes),
+                             use_layer_norm=bool(cfg.network.use_layer_norm))
+        policy, normalizer = _make_policy(cfg, algo, info, actor)
+    worker_policy = policy if device.type == "cpu" else cpu_copy_of_policy(cfg, algo, info, policy)
+    return Networks(actor=actor, critic=critic, policy=policy, normalizer=normalizer, worker_policy=worker_policy)
+
+
+def cpu_copy_of_policy(cfg: DictConfig, algo: str, info: EnvInfo, policy: TensorDictModuleBase) -> TensorDictModuleBase:
+    """A CPU build of the policy :func:`make_networks` makes, loaded with ``policy``'s ``state_dict``.
+
+    The collector's workers act on CPU; built anew (rather than moved with
+    ``.to("cpu")``), every tensor of the copy is on the CPU, the actor's
+    action bounds included. Its per-env exploration state is its own.
+
+    Examples:
+        >>> from omegaconf import OmegaConf
+        >>> cfg = OmegaConf.create({"network": {"hidden_sizes": [8], "use_layer_norm": False}})
+        >>> info = env_info(OmegaConf.create({"env": {"name": "Pendulum-v1"}}))
+        >>> policy = make_networks(cfg, "sac", info).policy
+        >>> copy = cpu_copy_of_policy(cfg, "sac", info, policy)
+        >>> copy is not policy and all(torch.equal(a, b) for a, b in zip(copy.state_dict().values(),
+        ...                                                               policy.state_dict().values()))
+        True
+    """
+    with torch.device("cpu"):
+        worker_policy, _ = _make_policy(cfg, algo, info, _make_actor(cfg, algo, info))
+    worker_policy.load_state_dict(policy.state_dict())
+    return worker_policy
+
+
+def _make_actor(cfg: DictConfig, algo: str, info: EnvInfo) -> TensorDictModuleBase:
     net = cfg.network
-    sizes = _hidden_sizes(net.hidden_sizes)
-    actor = make_actor(
-        algo, info.obs_dim, info.action_dim, hidden_sizes=sizes,
+    return make_actor(
+        algo, info.obs_dim, info.action_dim, hidden_sizes=_hidden_sizes(net.hidden_sizes),
         use_layer_norm=bool(net.use_layer_norm), action_low=info.action_low, action_high=info.action_high,
     )
-    critic = make_critic(info.obs_dim, info.action_dim, hidden_sizes=sizes, use_layer_norm=bool(net.use_layer_norm))
+
+
+def _make_policy(cfg: DictConfig, algo: str, info: EnvInfo,
+                 actor: TensorDictModuleBase) -> tuple[TensorDictModuleBase, ObservationNormalizer | None]:
     collector = cfg.get("collector") or {}
-    policy, normalizer = make_collector_policy(
-        actor, algo, actor.spec, obs_norm=bool(net.get("obs_norm", False)), obs_dim=info.obs_dim,
+    return make_collector_policy(
+        actor, algo, actor.spec, obs_norm=bool(cfg.network.get("obs_norm", False)), obs_dim=info.obs_dim,
         td3_noise=collector.get("td3_noise", "constant"),
         td3_std=float(collector.get("td3_std", 0.1)),
         td3_std_min=float(collector.get("td3_std_min", 0.001)),
         td3_std_max=float(collector.get("td3_std_max", 0.4)),
     )
-    return Networks(actor=actor, critic=critic, policy=policy, normalizer=normalizer)
 
 
 def _hidden_sizes(sizes: Any) -> list[int]:
@@ -198,15 +252,22 @@ def make_loss_module(cfg: DictConfig, algo: str, nets: Networks) -> tuple[LossMo
     else:
         raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
     loss.make_value_estimator(gamma=float(optim.gamma))
+    device = module_device(nets.actor)
+    if device.type != "cpu":
+        # The networks are there already; the estimator's gamma (and any buffer made on the CPU) join them.
+        loss.to(device)
     return loss, SoftUpdate(loss, eps=float(optim.target_update_polyak))
 
 
 def make_optimizer(cfg: DictConfig, loss_module: LossModule) -> torch.optim.Adam:
     """One Adam over every trainable parameter of the loss (actor, critics, SAC's ``log_alpha``).
 
-    Fused on CPU (one kernel for all parameters, measurably faster than three
+    Fused (one kernel for all parameters; on CPU measurably faster than three
     ``foreach`` optimizers, see ``benchmarks/learner_throughput.py``).
     ``optim.weight_decay`` applies to the networks, never to ``log_alpha``.
+    With ``compile.cudagraphs=true`` on CUDA and ``compile.compile=false`` it
+    is ``capturable``, which a CUDA-graph capture of ``step()`` requires
+    (under ``torch.compile`` the compiler takes care of it), as in LeanRL.
 
     Examples:
         >>> from omegaconf import OmegaConf
@@ -222,7 +283,10 @@ def make_optimizer(cfg: DictConfig, loss_module: LossModule) -> torch.optim.Adam
     groups = [{"params": nets, "weight_decay": float(optim.weight_decay)}]
     if alpha:
         groups.append({"params": alpha, "weight_decay": 0.0})
-    return torch.optim.Adam(groups, lr=float(optim.lr), eps=float(optim.adam_eps), fused=True)
+    compile_cfg = cfg.get("compile") or {}
+    capturable = (module_device(loss_module).type == "cuda" and bool(compile_cfg.get("cudagraphs", False))
+                  and not bool(compile_cfg.get("compile", False)))
+    return torch.optim.Adam(groups, lr=float(optim.lr), eps=float(optim.adam_eps), fused=True, capturable=capturable)
 
 
 def make_replay_buffer(cfg: DictConfig) -> ReplayBuffer:
@@ -350,6 +414,9 @@ def _make_ray_collector(cfg: DictConfig, policy: TensorDictModuleBase, replay_bu
 class EvalRunner:
     """Runs the deterministic policy for one episode on each of ``num_envs`` envs of its own.
 
+    The policy runs on its own device (a GPU learner's actor evaluates on the
+    GPU); the envs step on the CPU.
+
     Not TorchRL's :class:`torchrl.collectors.Evaluator`: that one runs a
     collector (in a thread or process) over an env it does not reseed. This
     one steps its own batched envs in the caller's thread and reseeds them
@@ -394,9 +461,11 @@ class EvalRunner:
         lengths = torch.zeros(n, dtype=torch.int64)
         running = torch.ones(n, dtype=torch.bool)
         td = env.reset()
+        device = module_device(policy)
         with set_exploration_type(ExplorationType.DETERMINISTIC):
             while running.any():
-                td = policy(td)
+                # The policy acts where it trains; the envs step on the CPU.
+                td = policy(td) if device.type == "cpu" else policy(td.to(device)).to("cpu")
                 transition, td = env.step_and_maybe_reset(td)
                 reward = transition.get(("next", "reward")).reshape(n).double()
                 returns += torch.where(running, reward, 0.0)

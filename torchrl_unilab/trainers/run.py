@@ -53,13 +53,19 @@ class RecipeRun:
         cfg: the recipe's Hydra config (sections ``env``, ``collector``,
             ``replay_buffer``, ``optim``, ``logger``, ``resume``).
         name: the algorithm's name for titles and messages, e.g. ``"SAC"``.
-        policy: what the workers and the evaluation run.
+        policy: what the evaluation runs, and what the workers run unless
+            ``worker_policy`` is given; the weights each publish sends.
         replay_buffer: the shared buffer the collector fills.
         modules: what the checkpoint saves and restores, by name (loss
             module, optimiser, target updater).
 
     Keyword Args:
         normalizer: the observation normaliser, if ``network.obs_norm``.
+        worker_policy: a CPU build of ``policy`` for the workers, when
+            ``policy`` lives on a GPU (:attr:`Networks.worker_policy
+            <torchrl_unilab.trainers.recipes_utils.Networks.worker_policy>`).
+            Each publish copies ``policy``'s weights, by name, to the shared
+            block the workers load from.
 
     Examples:
         >>> import tempfile
@@ -94,8 +100,10 @@ class RecipeRun:
         modules: Mapping[str, nn.Module | Any],
         *,
         normalizer: ObservationNormalizer | None = None,
+        worker_policy: TensorDictModuleBase | None = None,
     ) -> None:
         self.cfg, self.name, self.policy = cfg, name, policy
+        self.worker_policy = policy if worker_policy is None else worker_policy
         self.replay_buffer, self.normalizer = replay_buffer, normalizer
         self.out_dir = run_dir(cfg)
         os.makedirs(self.out_dir, exist_ok=True)
@@ -121,7 +129,7 @@ class RecipeRun:
                                       env_kwargs=env_kwargs(cfg))
 
         col = cfg.collector
-        self.collector = make_collector(cfg, policy, replay_buffer, frames_done=frames_done)
+        self.collector = make_collector(cfg, self.worker_policy, replay_buffer, frames_done=frames_done)
         self.utd = UTDController(
             self.collector, cfg.optim.utd_ratio,
             learning_starts=max(col.init_random_frames, cfg.optim.batch_size),
@@ -170,7 +178,7 @@ class RecipeRun:
         if utd.updates % self._sync_every == 0:
             if self.normalizer is not None:
                 update_normalizer(self.normalizer, self.replay_buffer)
-            collector.update_policy_weights_()  # the normaliser's statistics travel with the weights
+            self.publish_weights()  # the normaliser's statistics travel with the weights
         frames = utd.frames
         if self._log_due(frames):
             episodes = collector.metrics()
@@ -186,6 +194,23 @@ class RecipeRun:
             self.logger.log_eval(frames=frames, values=self.eval_runner(self.policy))
         if self._checkpoint_due(frames):
             self.save_checkpoint()
+
+    def publish_weights(self) -> None:
+        """Sends :attr:`policy`'s weights to the workers (they load them before their next step).
+
+        With a CPU policy the workers act on that very module. A GPU policy
+        reaches the local workers' shared block with one batched
+        device-to-host copy (:meth:`SharedWeights.publish
+        <torchrl_unilab.SharedWeights.publish>`); Ray nodes, which may have no
+        GPU, get them through the CPU :attr:`worker_policy`.
+        """
+        if self.worker_policy is self.policy:
+            self.collector.update_policy_weights_()
+        elif self.cfg.collector.get("backend", "local") == "ray":
+            self.worker_policy.load_state_dict(self.policy.state_dict())
+            self.collector.update_policy_weights_()
+        else:
+            self.collector.update_policy_weights_(self.policy)
 
     def finish(self) -> dict[str, Any]:
         """After the loop: a final evaluation and checkpoint; returns the run's summary."""

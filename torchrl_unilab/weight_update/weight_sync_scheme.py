@@ -92,7 +92,8 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
     block and bumps its version; each worker checks the version between env steps
     and copies a consistent snapshot when it has advanced. ``send`` returns as soon
     as the copy is made: the writer never waits for a worker, and a worker never
-    reads a torn mix of two versions. CUDA weights are copied to the shared CPU block.
+    reads a torn mix of two versions. CUDA weights reach the shared CPU block with one
+    batched device-to-host copy (:meth:`SharedWeights.publish <torchrl_unilab.SharedWeights.publish>`).
 
     What travels is the policy's ``state_dict``: parameters and persistent buffers
     of any dtype and size, so the annealed ``sigma``/``eps`` of TorchRL's
@@ -169,7 +170,8 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
         if worker_ids is not None:
             raise ValueError("worker_ids must be None: all workers read one shared copy of the weights")
         state = self.prepare_weights(weights)
-        self.shared.publish({name: value.detach().to("cpu") for name, value in state.items()})
+        # Tensors stay where they are: publish() brings CUDA weights over in one batched copy, not one .cpu() each.
+        self.shared.publish(state)
 
     def receive(self, timeout: float | None = None) -> int | None:
         """Worker side: loads a newer version into the registered model; returns it, or ``None``."""
