@@ -276,3 +276,20 @@ def test_split_trajs_then_multistep_postproc_as_redq_uses_them(no_leaks):
         assert torch.equal(steps[valid], steps[valid][0] + torch.arange(int(valid.sum())))
     assert int(mask.sum()) == 400
     assert "steps_to_next_obs" in batch.keys(), "MultiStep ran on the split batch"
+
+
+@pytest.mark.parametrize("config", ["CollectorConfig", "MultiAsyncCollectorConfig"])
+def test_every_field_of_torchrl_collector_configs_is_taken_at_its_default(config, no_leaks):
+    """td3_trainer/ddpg_trainer configs use TorchRL's `collector: sync` entry, with Collector's own fields."""
+    from dataclasses import MISSING, fields
+
+    from torchrl.trainers.algorithms.configs import collectors
+
+    defaults = {f.name: f.default for f in fields(getattr(collectors, config))
+                if f.default is not MISSING and not f.name.startswith("_") and f.name not in ("create_env_fn", "policy")}
+    assert "backend" in defaults or config != "CollectorConfig"
+    defaults.update(frames_per_batch=100, total_frames=200)
+    with OffPolicyCollector(make_env, actor_net(), **defaults) as collector:
+        assert sum(batch.numel() for batch in collector) == 200
+    with pytest.raises(ValueError, match="'backend' only as one of .*RayOffPolicyCollector"):
+        OffPolicyCollector(make_env, actor_net(), frames_per_batch=100, backend="ray")

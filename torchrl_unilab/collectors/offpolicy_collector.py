@@ -70,7 +70,18 @@ _RESTRICTED = {
     "traj_format": ((None,), "batches are flat transitions"),
     "compact_obs": ((False,), "rows store observation and next observation in full"),
     "auto_register_policy_transforms": ((None, False), "the policy is used as given"),
+    # TorchRL's single-process ``Collector`` (its trainer configs' ``collector: sync``) takes these too.
+    "backend": ((None, "direct", "process"), "workers are local processes; for a Ray cluster use "
+                                             "torchrl_unilab.RayOffPolicyCollector"),
+    "backend_options": ((None,), "workers are local processes"),
+    "sync": ((None, False), "this collector is asynchronous: each batch comes from whichever worker has one"),
+    "track_traj_ids": ((True,), "rows always carry ('collector', 'traj_ids')"),
+    "return_same_td": ((False,), "each batch is a new TensorDict"),
+    "interruptor": ((None,), "preemption applies to synchronous collectors; this one is asynchronous"),
 }
+#: Parameters of TorchRL's ``Collector`` that ``MultiAsyncCollector`` does not have, with their defaults.
+_COLLECTOR_PARAMS = {"backend": None, "backend_options": None, "sync": None, "track_traj_ids": True,
+                     "return_same_td": False, "interruptor": None}
 #: Accepted, with no effect on how this collector works (the docstring says why).
 _ACCEPTED = ("set_truncated", "use_buffers", "cat_results", "no_cuda_sync", "trust_policy", "worker_idx")
 _CPU_PARAMS = ("device", "storing_device", "env_device", "policy_device")
@@ -111,6 +122,7 @@ class OffPolicyCollector(MultiAsyncCollector):
 
     Keyword Args:
         num_workers: workers (``>= 1``); inferred from a list ``create_env_fn``. Default 1.
+            ``num_collectors``, the name TorchRL's ``Collector`` gives it, is accepted too.
         num_envs: environments per worker for a gymnasium id; otherwise taken from the env.
         frames_per_batch: frames each worker collects per batch; rounded up to a
             multiple of the env's batch size, as TorchRL does.
@@ -166,7 +178,9 @@ class OffPolicyCollector(MultiAsyncCollector):
         device, storing_device, env_device, policy_device: CPU devices only: workers
             act and store on CPU. A learner on CUDA passes its weights to
             :meth:`update_policy_weights_`, which copies them to the shared CPU block.
-        **torchrl_kwargs: the other ``MultiAsyncCollector`` parameters: accepted where
+        **torchrl_kwargs: the other parameters of ``MultiAsyncCollector`` and of TorchRL's
+            single-process ``Collector`` (``backend``, ``sync``, ... : a trainer config's
+            ``collector: sync`` passes them): accepted where
             they make sense for this collector (``set_truncated``, ``use_buffers``,
             ``cat_results``, ``no_cuda_sync``, ``trust_policy``, ``track_policy_version``,
             ``worker_idx``), otherwise only at their defaults; any other value raises a
@@ -198,6 +212,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         policy: TensorDictModuleBase | nn.Module | None = None,
         *,
         num_workers: int | None = None,
+        num_collectors: int | None = None,
         num_envs: int = 16,
         frames_per_batch: int,
         total_frames: int | None = -1,
@@ -251,6 +266,10 @@ class OffPolicyCollector(MultiAsyncCollector):
         if nonfinite not in NONFINITE_MODES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
         exploration_type = _exploration_type(exploration_type)
+        if num_collectors is not None:  # TorchRL's Collector(backend="process") names the workers so
+            if num_workers is not None and num_workers != num_collectors:
+                raise ValueError(f"num_collectors={num_collectors} and num_workers={num_workers} disagree; pass one")
+            num_workers = num_collectors
         self.metrics_window = _check_int("metrics_window", metrics_window, 1)
         self.num_sub_threads = _check_int("num_sub_threads", num_sub_threads, 1)
         if max_frames_per_traj is not None:
@@ -1047,13 +1066,14 @@ def _round_total_frames(total_frames: int | None, frames_per_batch: int) -> int 
 
 def _check_torchrl_kwargs(kwargs: Mapping[str, Any]) -> None:
     for name, value in kwargs.items():
-        if name not in _TORCHRL_PARAMS:
+        if name not in _TORCHRL_PARAMS and name not in _COLLECTOR_PARAMS:
             raise TypeError(f"OffPolicyCollector() got an unexpected keyword argument {name!r}")
         if name in _ACCEPTED:
             continue
-        accepted, why = _RESTRICTED.get(name, ((_TORCHRL_PARAMS[name].default,), "not supported"))
+        default = _COLLECTOR_PARAMS[name] if name in _COLLECTOR_PARAMS else _TORCHRL_PARAMS[name].default
+        accepted, why = _RESTRICTED.get(name, ((default,), "not supported"))
         if not any(value is a or (type(value) is type(a) and value == a) for a in accepted):
             raise ValueError(
-                f"OffPolicyCollector takes the MultiAsyncCollector parameter {name!r} only as one of "
+                f"OffPolicyCollector takes the TorchRL collector parameter {name!r} only as one of "
                 f"{list(accepted)}, got {value!r}: {why}"
             )
