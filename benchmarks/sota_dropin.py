@@ -84,7 +84,9 @@ stock pieces can hang at interpreter exit, and a crash or a leaked worker must n
 take the benchmark with it. Each run gets its own process group (its own session)
 and a timeout (``--timeout``), after which the whole group is killed:
 multiprocessing's resource tracker last, so that it unlinks the semaphores and
-shared memory the killed processes held. A process of the group still alive 10 s
+shared memory the killed processes held. Before that, each Python process of the
+group prints its threads' stacks into the log (``PYTHONFAULTHANDLER=1`` and a
+SIGABRT), which shows where a hang sits. A process of the group still alive 10 s
 after the script exits is reported and killed; an entry of ``/dev/shm`` made during
 the run that no live process holds any more is reported (not removed: on a shared
 machine another job may have made it). The temporary
@@ -486,6 +488,19 @@ def _kill_group(pgid: int, grace: float = 5.0) -> None:
     _wait_for(pgid, 5.0, lambda m: not m)
 
 
+def _dump_stacks(pgid: int) -> int:
+    """Makes each Python process of the group print every thread's stack, then die; returns how many.
+
+    The runs have ``PYTHONFAULTHANDLER=1``: on SIGABRT, :mod:`faulthandler` writes the
+    stacks to the process's stderr (the run's log), which shows where a hang sits.
+    The resource tracker is spared (see :func:`_kill_group`).
+    """
+    pids = [pid for pid, cmd in _group_members(pgid).items() if not _is_resource_tracker(cmd)]
+    _kill(pids, signal.SIGABRT)
+    _wait_for(pgid, 3.0, lambda m: all(_is_resource_tracker(c) for c in m.values()))
+    return len(pids)
+
+
 def _shm() -> set[str]:
     try:
         return set(os.listdir("/dev/shm"))
@@ -569,7 +584,8 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     except (OSError, RuntimeError, SyntaxError) as err:
         return Result("failed", 0.0, error=f"{type(err).__name__}: {err}")
     cmd = command_for(script, budget, trainer_collector, trainer_import, stock)
-    env = dict(os.environ, HYDRA_FULL_ERROR="1", WANDB_MODE="disabled", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, HYDRA_FULL_ERROR="1", WANDB_MODE="disabled", CUDA_VISIBLE_DEVICES="",
+               PYTHONFAULTHANDLER="1")
     # This repository's torchrl_unilab first, ahead of any editable install of another checkout.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     log_path = folder / "sota_dropin.log"
@@ -583,6 +599,7 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
+            dumped = _dump_stacks(proc.pid)
             _kill_group(proc.pid)
             proc.wait()
     seconds = time.monotonic() - start
@@ -591,7 +608,8 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     leftovers = _wait_for(proc.pid, 10.0, lambda m: not m)
     if leftovers:
         _kill_group(proc.pid, grace=2.0)
-    output = log_path.read_text(errors="replace")
+    # What the script printed, without the stack dumps of a timeout.
+    output = log_path.read_text(errors="replace").split("Fatal Python error: Aborted")[0]
     result = Result("ok", seconds, swaps=swaps, edits=edits, command=" ".join(cmd))
     error = first_error(output)
     last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "")
@@ -602,6 +620,7 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
             result.notes.append(f"then hung until the --timeout of {timeout:.0f} s (killed)")
         else:
             result.error = f"timeout after {timeout:.0f} s (killed; last output: {last[-300:]!r})"
+        result.notes.append(f"the stacks of its {dumped} process(es) at the timeout are in its log (--keep)")
     elif proc.returncode != 0:
         result.status = "failed"
         result.error = error or f"exit code {proc.returncode} (last output: {last[-300:]!r})"
@@ -610,9 +629,13 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     if leftovers and not timed_out:
         shown = "; ".join(f"{pid}: {cmd[:120]}" for pid, cmd in sorted(leftovers.items()))
         result.notes.append(f"{len(leftovers)} process(es) of its group alive 10 s after it exited, killed: {shown}")
-    left = sorted(_shm() - shm_before - _mapped_shm())
+    left = _shm() - shm_before - _mapped_shm()
+    if left:  # a resource tracker (ours or another job's) may still be removing them
+        time.sleep(5.0)
+        left = sorted(left & _shm() - _mapped_shm())
     if left:
-        result.notes.append(f"left in /dev/shm (made during the run, held by no live process): {left}")
+        result.notes.append(f"left in /dev/shm (made during the run, held by no live process; on a shared "
+                            f"machine another job's cannot be told apart): {left}")
     return result
 
 

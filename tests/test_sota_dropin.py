@@ -108,7 +108,7 @@ def test_a_run_reports_the_swapped_collector_failing_with_its_first_error(checko
     assert log.startswith("torchrl_unilab.collectors.offpolicy_collector ['collector.total_frames=600'")
 
 
-def test_a_hung_script_and_its_children_are_killed_at_the_timeout(checkout, tmp_path):
+def test_a_hung_script_dumps_its_stacks_and_its_children_are_killed_at_the_timeout(checkout, tmp_path):
     script = checkout / "sota-implementations" / "sac" / "sac.py"
     # A child that ignores SIGTERM, in the script's group: only the group kill ends it.
     script.write_text(
@@ -122,7 +122,10 @@ def test_a_hung_script_and_its_children_are_killed_at_the_timeout(checkout, tmp_
                                  3, trainer_collector=sota_dropin.SWAP_TARGET, trainer_import=None, stock=True)
     assert time.monotonic() - start < 30
     assert result.status == "failed" and result.error.startswith("timeout after 3 s")
-    child = int((tmp_path / "sac" / "sota_dropin.log").read_text().split()[0])
+    log = (tmp_path / "sac" / "sota_dropin.log").read_text()
+    assert 'sac.py", line 4 in <module>' in log.split("Fatal Python error: Aborted", 1)[1]  # the sleep
+    assert "stacks of its 2 process(es)" in " ".join(result.notes)
+    child = int(log.split()[0])
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split(")")[1][:3]
 
 
