@@ -1,0 +1,710 @@
+"""TorchRL's own off-policy scripts and trainers, run with ``OffPolicyCollector`` swapped in.
+
+Issue 17: prove the drop-in claim against TorchRL's files rather than against
+our copies of them. Given a pytorch/rl checkout, this runs each off-policy
+script of its ``sota-implementations`` (and the config-driven trainers) for a
+few thousand frames with the collector class replaced by
+:class:`torchrl_unilab.OffPolicyCollector`, and prints one line per script:
+``ok``, or the first error.
+
+Run::
+
+    python benchmarks/sota_dropin.py --rl-root ~/src/rl                      # a work tree of pytorch/rl
+    python benchmarks/sota_dropin.py --rl-root /path/to/rl.git               # a bare git dir: HEAD is used
+    python benchmarks/sota_dropin.py --rl-root ~/src/rl --only sac,td3,sac_trainer --frames 3000 -v
+
+``--rl-root`` is either a work tree (a directory holding ``sota-implementations/``)
+or a bare git repository, whose ``HEAD:sota-implementations`` is extracted with
+``git archive`` into a temporary directory. The first lines printed are the
+torchrl version, the checkout's commit (``git rev-parse HEAD``; ``unknown`` for a
+plain copy) and the ``torchrl_unilab`` under test (this repository: its root is
+put first on the scripts' ``PYTHONPATH``, so an editable install elsewhere does
+not shadow it). Then one line per script, and a last JSON line::
+
+    sac/sac.py: ok (95 s)
+    ddpg/ddpg.py: FAILED: ValueError: ... (the exception line of the last traceback)
+    {"benchmark": "sota_dropin", "torchrl": "0.14.1", "commit": "...", "results": {...}}
+
+The exit code is 0 only if every script passed.
+
+What is substituted (the only changes to TorchRL's code, made in a temporary copy
+of each script's folder, never in the checkout, and never copied into this project):
+
+* **The collector class.** Every ``from torchrl.collectors import ...`` of the
+  folder's ``.py`` files that imports a collector class used to build a collector
+  (``Collector``, ``AsyncCollector``, ``MultiSyncCollector``,
+  ``MultiAsyncCollector`` and their legacy names ``SyncDataCollector``,
+  ``aSyncDataCollector``, ``MultiSyncDataCollector``, ``MultiaSyncDataCollector``)
+  gets, on the same line (so that tracebacks keep the checkout's line numbers),
+  ``; from torchrl_unilab import OffPolicyCollector as <name>``: the script's own
+  constructor call then builds our collector with its own arguments. Names used
+  only for types (``BaseCollector``) are left alone.
+* **REDQ** builds its collector through ``torchrl.trainers.helpers``'
+  ``sync_sync_collector`` / ``sync_async_collector``, which pick TorchRL's class
+  inside TorchRL's package; their import line in ``redq/utils.py`` is followed, on
+  the same line, by a rebinding of both names to that module's own
+  ``_make_collector`` with ``OffPolicyCollector`` as the class: the helper's
+  argument handling is kept, only the class changes.
+* **The trainers** (``*_trainer/train.py``) take no code change: the hydra
+  override ``collector._target_=torchrl_unilab.OffPolicyCollector``, or, with
+  ``--trainer-collector NAME`` (no dot), the config-store option ``collector=NAME``:
+  a name that hydra finds by itself (registered by TorchRL or by a ``hydra_plugins``
+  module). A name that only an import registers takes ``--trainer-import MODULE``:
+  the module is imported first and the script then run with :func:`runpy.run_path`.
+* **sac/sac-async.py** needs three more, printed when applied, each for a bug of
+  TorchRL's script that no override reaches. It builds its exploration policy on
+  the hard-coded device ``"cuda:1"`` (``collector.device`` and ``network.device``
+  are configurable, this one is not, and no environment variable maps a CUDA
+  device to the CPU), so ``"cuda:1"`` in ``sac-async.py`` becomes ``"cpu"``. It
+  reads ``compile_mode_collector``, which it sets only when ``compile.compile`` is
+  true (an ``UnboundLocalError`` otherwise; with compile on, a CPU run would spend
+  minutes compiling), so ``compile_mode = None`` becomes
+  ``compile_mode = compile_mode_collector = None``. Its training loop runs a
+  hard-coded ``total_iter * num_updates = 1000 * 1000`` updates whatever the
+  config says, so ``total_iter = 1000`` becomes ``total_iter = 1`` (1,000
+  updates); the collector itself stops at ``collector.total_frames``.
+
+Everything else is a hydra override (``-v`` prints each command line): a few
+thousand frames (``--frames``: total frames; a third of them random; batches of a
+sixth), the logger off (``logger.backend=``; ``trainer.logger=null`` for the
+trainers), CPU devices (plus ``CUDA_VISIBLE_DEVICES=`` in the environment),
+compile and CUDA graphs off, a replay buffer of twice the frames, evaluation at
+half the frames (so that each script's eval path runs), fewer updates per frame
+(``--utd``), and batched envs of at most ``--envs`` workers where the stock
+config asks for more (8 or 16 env processes do not fit a 2-core machine), and
+``env.library=gymnasium`` where the stock config says ``gym`` (``crossq``,
+``discrete_sac``: the pre-gymnasium ``gym`` package is not a TorchRL dependency,
+and gymnasium runs the same tasks).
+``--stock`` runs the same commands without any collector swap: a control that
+tells TorchRL's own failures from ours.
+
+Why subprocesses: each script is a hydra program that expects to own its process
+(``hydra.main`` changes directory, parses ``sys.argv`` and exits on error), TorchRL's
+stock pieces can hang at interpreter exit, and a crash or a leaked worker must not
+take the benchmark with it. Each run gets its own process group (its own session)
+and a timeout (``--timeout``), after which the whole group is killed:
+multiprocessing's resource tracker last, so that it unlinks the semaphores and
+shared memory the killed processes held. Before that, each Python process of the
+group prints its threads' stacks into the log (``PYTHONFAULTHANDLER=1`` and a
+SIGABRT), which shows where a hang sits. A process of the group still alive 10 s
+after the script exits is reported and killed; an entry of ``/dev/shm`` made during
+the run that no live process holds any more is reported (not removed: on a shared
+machine another job may have made it). The temporary
+directories are removed at the end unless ``--keep`` is given (each script's
+output is then in ``<dir>/<name>/sota_dropin.log``). This script itself writes
+nothing to ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SWAP_TARGET = "torchrl_unilab.OffPolicyCollector"
+#: Collector classes of ``torchrl.collectors`` that scripts construct (current and legacy names).
+COLLECTOR_CLASSES = frozenset({
+    "Collector", "SyncDataCollector", "AsyncCollector", "aSyncDataCollector",
+    "MultiSyncCollector", "MultiSyncDataCollector", "MultiAsyncCollector", "MultiaSyncDataCollector",
+})
+#: The collector helpers of ``torchrl.trainers.helpers`` (REDQ), rebound to ``_make_collector``.
+HELPERS = frozenset({"sync_sync_collector", "sync_async_collector"})
+SWAP_MARK = "  # sota_dropin: collector swapped"
+
+
+# ------------------------------------------------------------------ the swap
+def swap_collector_imports(source: str, target: str = SWAP_TARGET) -> tuple[str, list[str]]:
+    """Makes ``source`` build ``target`` wherever it builds one of TorchRL's collectors.
+
+    Each ``from torchrl.collectors import ...`` that imports a name of
+    :data:`COLLECTOR_CLASSES` is followed, on its own last line, by an import of
+    ``target`` under those names; each ``from torchrl.trainers.helpers import``
+    of ``sync_sync_collector`` / ``sync_async_collector`` by a rebinding of them to
+    ``torchrl.trainers.helpers.collectors._make_collector`` with ``target`` as the
+    class. Line numbers are kept, so tracebacks point at the checkout's lines.
+
+    Args:
+        source: the text of a Python file.
+        target: ``"module.Class"`` to build instead.
+
+    Returns:
+        The new text and one description per swapped name (empty: nothing to swap).
+
+    Examples:
+        >>> new, swapped = swap_collector_imports(
+        ...     "from torchrl.collectors import BaseCollector, Collector  # why\\nx = Collector(env)\\n")
+        >>> print(new)
+        from torchrl.collectors import BaseCollector, Collector; from torchrl_unilab import OffPolicyCollector as Collector  # sota_dropin: collector swapped  # why
+        x = Collector(env)
+        <BLANKLINE>
+        >>> swapped
+        ['Collector -> torchrl_unilab.OffPolicyCollector']
+    """
+    module, _, cls = target.rpartition(".")
+    if not module:
+        raise ValueError(f"target must be 'module.Class', got {target!r}")
+    lines = source.splitlines(keepends=True)
+    inserts: list[tuple[int, int, str]] = []  # (line index, byte column, text)
+    swapped: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom) or node.level:
+            continue
+        bound = [alias.asname or alias.name for alias in node.names
+                 if (node.module == "torchrl.collectors" and alias.name in COLLECTOR_CLASSES)
+                 or (node.module == "torchrl.trainers.helpers" and alias.name in HELPERS)]
+        if not bound:
+            continue
+        if node.module == "torchrl.collectors":
+            text = f"; from {module} import " + ", ".join(f"{cls} as {name}" for name in bound)
+        else:
+            text = (f"; from functools import partial as _sota_dropin_partial"
+                    f"; from torchrl.trainers.helpers.collectors import _make_collector as _sota_dropin_make"
+                    f"; from {module} import {cls} as _SotaDropinCollector"
+                    f"; {' = '.join(bound)} = _sota_dropin_partial(_sota_dropin_make, _SotaDropinCollector)")
+        inserts.append((node.end_lineno - 1, node.end_col_offset, text + SWAP_MARK))
+        swapped += [f"{name} -> {target}" for name in bound]
+    # end_col_offset counts UTF-8 bytes; inserting from the end keeps earlier offsets valid.
+    for index, column, text in sorted(inserts, reverse=True):
+        raw = lines[index].encode()
+        body, newline = raw.rstrip(b"\r\n"), raw[len(raw.rstrip(b"\r\n")):]
+        rest = body[column:].decode()
+        # A statement that goes on after a ';' must not be commented out by the mark.
+        text = text.replace(SWAP_MARK, "") if rest.strip() and not rest.lstrip().startswith("#") else text
+        lines[index] = (body[:column].decode() + text + rest).rstrip() + newline.decode()
+    return "".join(lines), swapped
+
+
+@dataclasses.dataclass(frozen=True)
+class TextEdit:
+    """A literal substitution in one file of a script's folder, for what no override reaches."""
+
+    file: str
+    old: str
+    new: str
+    why: str
+
+    def apply(self, folder: Path) -> str | None:
+        """Applies the edit in ``folder``; returns its description, or ``None`` if ``old`` is absent.
+
+        Examples:
+            >>> import tempfile, pathlib
+            >>> folder = pathlib.Path(tempfile.mkdtemp())
+            >>> _ = (folder / "a.py").write_text('x = "cuda:1"\\n')
+            >>> TextEdit("a.py", '"cuda:1"', '"cpu"', "no GPU").apply(folder)
+            'a.py: \\'"cuda:1"\\' -> \\'"cpu"\\' x1 (no GPU)'
+            >>> (folder / "a.py").read_text()
+            'x = "cpu"\\n'
+        """
+        path = folder / self.file
+        text = path.read_text()
+        count = text.count(self.old)
+        if not count:
+            return None
+        path.write_text(text.replace(self.old, self.new))
+        return f"{self.file}: {self.old!r} -> {self.new!r} x{count} ({self.why})"
+
+
+# --------------------------------------------------------------- the scripts
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What each run may spend, turned into each script's hydra overrides."""
+
+    frames: int
+    envs: int
+    utd: float
+
+    @property
+    def frames_per_batch(self) -> int:
+        return max(self.frames // 6, 1)
+
+    @property
+    def random_frames(self) -> int:
+        return self.frames // 3
+
+    @property
+    def eval_every(self) -> int:
+        return max(self.frames // 2, 1)
+
+    @property
+    def buffer(self) -> int:
+        return 2 * self.frames
+
+
+@dataclasses.dataclass(frozen=True)
+class Script:
+    """One of TorchRL's scripts: where it is, and how to run it small on CPU."""
+
+    name: str  # the --only key
+    path: str  # relative to sota-implementations/
+    overrides: Callable[[Budget], list[str]]
+    trainer: bool = False
+    edits: tuple[TextEdit, ...] = ()
+
+    @property
+    def folder(self) -> str:
+        return self.path.split("/")[0]
+
+
+def _collector(b: Budget, *, envs: bool = False) -> list[str]:
+    out = [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
+           f"collector.frames_per_batch={b.frames_per_batch}", "collector.device=cpu",
+           f"optim.utd_ratio={b.utd}", "logger.backend=", "compile.compile=false", "compile.cudagraphs=false"]
+    # Only where the stock config batches several envs: a single env stays single.
+    return out + ([f"collector.env_per_collector={b.envs}"] if envs else [])
+
+
+def _sac(b: Budget) -> list[str]:
+    return _collector(b, envs=True) + ["network.device=cpu", f"replay_buffer.size={b.buffer}",
+                                       f"logger.eval_iter={b.eval_every}"]
+
+
+def _sac_async(b: Budget) -> list[str]:
+    # log_freq counts updates (1,000 in all once total_iter is 1): two evals; update_freq: four weight pushes.
+    return [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
+            f"collector.frames_per_batch={b.frames_per_batch}", "collector.device=cpu",
+            f"collector.env_per_collector={b.envs}", "collector.update_freq=250", "network.device=cpu",
+            f"replay_buffer.size={b.buffer}", "logger.backend=", "logger.log_freq=500",
+            "compile.compile=false", "compile.cudagraphs=false"]
+
+
+def _td3_like(b: Budget, device_key: str, envs: bool) -> list[str]:
+    return _collector(b, envs=envs) + [f"{device_key}=cpu", f"replay_buffer.size={b.buffer}",
+                                       f"logger.eval_iter={b.eval_every}"]
+
+
+def _online(b: Budget, eval_key: str) -> list[str]:
+    return _collector(b) + ["optim.device=cpu", f"replay_buffer.size={b.buffer}", f"logger.{eval_key}={b.eval_every}"]
+
+
+def _redq(b: Budget) -> list[str]:
+    # steps_per_batch is REDQ's updates per batch; record_frames the length of its two eval rollouts
+    # (10,000 steps each, run once at start-up too); init_env_steps the observation-statistics rollout.
+    return [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
+            f"collector.frames_per_batch={b.frames_per_batch}", "collector.device=cpu",
+            f"optim.steps_per_batch={max(int(b.frames_per_batch * b.utd), 1)}", f"buffer.size={b.buffer}",
+            "env.init_env_steps=1000", "logger.backend=", "logger.record_frames=1000", "logger.record_interval=2"]
+
+
+def _trainer(b: Budget, extra: Sequence[str], init_random: bool = True) -> list[str]:
+    out = [f"collector.total_frames={b.frames}", f"collector.frames_per_batch={b.frames_per_batch}",
+           f"replay_buffer.storage.max_size={b.buffer}", "trainer.logger=null"]
+    return out + ([f"collector.init_random_frames={b.random_frames}"] if init_random else []) + list(extra)
+
+
+SAC_ASYNC_EDITS = (
+    TextEdit("sac-async.py", '"cuda:1"', '"cpu"',
+             "TorchRL's hard-coded device for the exploration policy; no override reaches it"),
+    TextEdit("sac-async.py", "total_iter = 1000", "total_iter = 1",
+             "TorchRL's hard-coded 1000 x 1000 updates; 1000 remain"),
+    TextEdit("sac-async.py", "    compile_mode = None\n", "    compile_mode = compile_mode_collector = None\n",
+             "TorchRL's bug: compile_mode_collector is only set when compile.compile is true"),
+)
+
+GYMNASIUM = ["env.library=gymnasium"]
+
+SCRIPTS: tuple[Script, ...] = (
+    Script("sac", "sac/sac.py", _sac),
+    Script("sac-async", "sac/sac-async.py", _sac_async, edits=SAC_ASYNC_EDITS),
+    Script("td3", "td3/td3.py", lambda b: _td3_like(b, "network.device", envs=True)),
+    Script("ddpg", "ddpg/ddpg.py", lambda b: _td3_like(b, "optim.device", envs=False)),
+    Script("tqc", "tqc/tqc.py", lambda b: _td3_like(b, "network.device", envs=True)),
+    # Their stock env.library is "gym", the pre-gymnasium package: gymnasium runs the same tasks.
+    Script("crossq", "crossq/crossq.py", lambda b: _td3_like(b, "network.device", envs=False) + GYMNASIUM),
+    Script("redq", "redq/redq.py", _redq),
+    Script("iql", "iql/iql_online.py", lambda b: _online(b, "eval_iter")),
+    Script("cql", "cql/cql_online.py", lambda b: _online(b, "log_interval")),
+    Script("discrete_sac", "discrete_sac/discrete_sac.py",
+           lambda b: _td3_like(b, "network.device", envs=False) + GYMNASIUM),
+    # The trainers: 2 collector workers (stock 4) keep the multi-worker path on 2 cores.
+    Script("sac_trainer", "sac_trainer/train.py", lambda b: _trainer(
+        b, ["collector.num_workers=2", f"training_env.num_workers={b.envs}"]), trainer=True),
+    Script("td3_trainer", "td3_trainer/train.py", lambda b: _trainer(
+        b, ["networks.policy_network.device=cpu", "networks.qvalue_network.device=cpu",  # stock: mps
+            f"training_env.base_env.num_workers={b.envs}"]), trainer=True),
+    Script("ddpg_trainer", "ddpg_trainer/train.py", lambda b: _trainer(b, []), trainer=True),
+)
+
+
+def select_scripts(only: str | None) -> list[Script]:
+    """The scripts named by ``--only`` (names or paths, comma-separated), in table order; all for ``None``.
+
+    Examples:
+        >>> [s.path for s in select_scripts("td3,sac/sac.py")]
+        ['sac/sac.py', 'td3/td3.py']
+        >>> select_scripts("sac3")
+        Traceback (most recent call last):
+        ...
+        ValueError: --only: unknown script 'sac3'; accepted: sac, sac-async, td3, ddpg, tqc, crossq, redq, iql, cql, discrete_sac, sac_trainer, td3_trainer, ddpg_trainer (or their paths, e.g. sac/sac.py)
+    """
+    if only is None:
+        return list(SCRIPTS)
+    wanted = [item.strip() for item in only.split(",") if item.strip()]
+    known = {s.name: s for s in SCRIPTS} | {s.path: s for s in SCRIPTS}
+    for item in wanted:
+        if item not in known:
+            raise ValueError(f"--only: unknown script {item!r}; accepted: {', '.join(s.name for s in SCRIPTS)} "
+                             f"(or their paths, e.g. {SCRIPTS[0].path})")
+    chosen = {known[item].name for item in wanted}
+    return [s for s in SCRIPTS if s.name in chosen]
+
+
+# ------------------------------------------------------------- the checkout
+def _git(args: Sequence[str], **kwargs) -> str:
+    return subprocess.run(["git", *args], check=True, capture_output=True, text=True, **kwargs).stdout.strip()
+
+
+def open_checkout(rl_root: Path, workdir: Path) -> tuple[Path, str]:
+    """``(sota-implementations directory, commit)`` of a work tree, or of a bare repository's HEAD.
+
+    A bare repository's ``HEAD:sota-implementations`` is extracted under ``workdir``.
+    """
+    if (rl_root / "sota-implementations").is_dir():
+        try:
+            commit = _git(["-C", str(rl_root), "rev-parse", "HEAD"])
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            commit = "unknown"  # a copy without its .git
+        return rl_root / "sota-implementations", commit
+    # A git dir whose HEAD holds the scripts (a mirror may lack the config that says core.bare).
+    try:
+        _git(["--git-dir", str(rl_root), "cat-file", "-e", "HEAD:sota-implementations"])
+        bare = True
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        bare = False
+    if not bare:
+        raise ValueError(f"--rl-root must be a pytorch/rl work tree (holding sota-implementations/) or a bare "
+                         f"git repository of it, got {str(rl_root)!r}")
+    commit = _git(["--git-dir", str(rl_root), "rev-parse", "HEAD"])
+    archive = subprocess.run(["git", "--git-dir", str(rl_root), "archive", "HEAD", "sota-implementations"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(workdir)], input=archive, check=True)
+    return workdir / "sota-implementations", commit
+
+
+# -------------------------------------------------------------------- running
+def first_error(output: str) -> str | None:
+    """The exception line of the last traceback in ``output`` (``Type: message``), or ``None``.
+
+    Only the message's first line is sure to be the message (later lines may be any
+    later output: warnings, logs); a first line that ends with ``:`` announces more,
+    as hydra's ``InstantiationException`` does before the exception it wraps, and
+    its next lines are joined with `` | `` (up to a blank, ``full_key:`` or warning line).
+
+    Examples:
+        >>> first_error("ok\\nTraceback (most recent call last):\\n  File \\"a.py\\", line 1\\n"
+        ...             "    f()\\nValueError: bad\\n/x.py:3: UserWarning: later output\\n")
+        'ValueError: bad'
+        >>> first_error("Traceback (most recent call last):\\n  File \\"a.py\\", line 1\\n"
+        ...             "hydra.errors.InstantiationException: Error in call to target 'f':\\n"
+        ...             "TypeError('no')\\nfull_key: trainer\\n")
+        "hydra.errors.InstantiationException: Error in call to target 'f': | TypeError('no')"
+        >>> first_error("all good\\n") is None
+        True
+    """
+    lines = output.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if not starts:
+        return None
+    rest = lines[starts[-1] + 1:]
+    # The frames are indented; the first line that is not is the exception's.
+    first = next((i for i, line in enumerate(rest) if line.strip() and not line[0].isspace()), None)
+    if first is None:
+        return None
+    message = [rest[first].strip()]
+    for line in rest[first + 1:first + 4] if message[0].endswith(":") else ():
+        if not line.strip() or line.startswith("full_key:") or re.match(r"\S+:\d+: \w*Warning", line):
+            break
+        message.append(line.strip())
+    text = " | ".join(message)
+    return text[:600] + (" ..." if len(text) > 600 else "")
+
+
+def _group_members(pgid: int) -> dict[int, str]:
+    """``{pid: command line}`` of the live processes of group ``pgid`` (read from /proc)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+            if int(fields[2]) != pgid or fields[0] == "Z":
+                continue
+            out[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return out
+
+
+def _is_resource_tracker(cmdline: str) -> bool:
+    return "multiprocessing.resource_tracker" in cmdline
+
+
+def _wait_for(pgid: int, seconds: float, done: Callable[[dict[int, str]], bool]) -> dict[int, str]:
+    deadline = time.monotonic() + seconds
+    members = _group_members(pgid)
+    while not done(members) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        members = _group_members(pgid)
+    return members
+
+
+def _kill(pids: Sequence[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _kill_group(pgid: int, grace: float = 5.0) -> None:
+    """Ends every process of group ``pgid``, multiprocessing's resource tracker last.
+
+    SIGTERM first, SIGKILL after ``grace`` seconds. The resource tracker ignores
+    SIGTERM and, once every process that held it has gone, unlinks the semaphores
+    and shared memory they leaked; it is SIGKILLed only if it has not finished
+    10 s later, so that a killed script leaves nothing in /dev/shm.
+    """
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    members = _wait_for(pgid, grace, lambda m: all(_is_resource_tracker(c) for c in m.values()))
+    _kill([pid for pid, cmd in members.items() if not _is_resource_tracker(cmd)], signal.SIGKILL)
+    members = _wait_for(pgid, 10.0, lambda m: not m)
+    _kill(list(members), signal.SIGKILL)
+    _wait_for(pgid, 5.0, lambda m: not m)
+
+
+def _dump_stacks(pgid: int) -> int:
+    """Makes each Python process of the group print every thread's stack, then die; returns how many.
+
+    The runs have ``PYTHONFAULTHANDLER=1``: on SIGABRT, :mod:`faulthandler` writes the
+    stacks to the process's stderr (the run's log), which shows where a hang sits.
+    The resource tracker is spared (see :func:`_kill_group`).
+    """
+    pids = [pid for pid, cmd in _group_members(pgid).items() if not _is_resource_tracker(cmd)]
+    _kill(pids, signal.SIGABRT)
+    _wait_for(pgid, 3.0, lambda m: all(_is_resource_tracker(c) for c in m.values()))
+    return len(pids)
+
+
+def _shm() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+def _mapped_shm() -> set[str]:
+    """Names in /dev/shm that a live process maps (a named semaphore or shared block in use)."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            for line in Path(f"/proc/{entry}/maps").read_text().splitlines():
+                where = line.find("/dev/shm/")
+                if where >= 0:
+                    out.add(line[where + 9:].split()[0])
+        except OSError:
+            continue
+    return out
+
+
+@dataclasses.dataclass
+class Result:
+    status: str  # "ok" or "failed"
+    seconds: float
+    error: str | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+    swaps: list[str] = dataclasses.field(default_factory=list)  # the collector swap, file by file
+    edits: list[str] = dataclasses.field(default_factory=list)  # the TextEdits applied (sac-async.py)
+    command: str = ""
+
+    def line(self, path: str) -> str:
+        head = f"{path}: ok ({self.seconds:.0f} s)" if self.status == "ok" else f"{path}: FAILED: {self.error}"
+        return head + "".join(f" [{note}]" for note in self.notes)
+
+
+def prepare(script: Script, sota: Path, workdir: Path, stock: bool) -> tuple[Path, list[str], list[str]]:
+    """Copies the script's folder under ``workdir`` and substitutes there: ``(folder, swaps, edits)``."""
+    folder = workdir / script.name
+    shutil.copytree(sota / script.folder, folder)
+    edits = [done for done in (edit.apply(folder) for edit in script.edits) if done]
+    swaps: list[str] = []
+    if stock or script.trainer:  # the trainers swap through a hydra override
+        return folder, swaps, edits
+    for path in sorted(folder.rglob("*.py")):
+        new, swapped = swap_collector_imports(path.read_text())
+        if swapped:
+            path.write_text(new)
+            swaps += [f"{path.relative_to(folder)}: {item}" for item in swapped]
+    if not swaps:  # never report a stock run as ours
+        raise RuntimeError(f"{script.path}: no collector import to swap in {script.folder}/*.py (looked for "
+                           f"'from torchrl.collectors import' {sorted(COLLECTOR_CLASSES)} and "
+                           f"'from torchrl.trainers.helpers import' {sorted(HELPERS)})")
+    return folder, swaps, edits
+
+
+def command_for(script: Script, budget: Budget, trainer_collector: str, trainer_import: str | None,
+                stock: bool) -> list[str]:
+    """The command line of one run (its cwd is the script's temporary folder)."""
+    file = script.path.split("/", 1)[1]
+    overrides = script.overrides(budget)
+    if not script.trainer or stock:
+        return [sys.executable, file, *overrides]
+    if "." in trainer_collector:  # a class path: the override of the stock config's target
+        return [sys.executable, file, f"collector._target_={trainer_collector}", *overrides]
+    if not trainer_import:  # a config-store name registered by TorchRL itself or by a hydra plugin
+        return [sys.executable, file, f"collector={trainer_collector}", *overrides]
+    # A name that only an import registers: it must run before hydra composes the config.
+    boot = (f"import importlib, runpy, sys; importlib.import_module({trainer_import!r}); "
+            "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    return [sys.executable, "-c", boot, file, f"collector={trainer_collector}", *overrides]
+
+
+def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: float, *,
+            trainer_collector: str, trainer_import: str | None, stock: bool) -> Result:
+    """Runs one script in its own process group; never raises for the script's failures."""
+    try:
+        folder, swaps, edits = prepare(script, sota, workdir, stock)
+    except (OSError, RuntimeError, SyntaxError) as err:
+        return Result("failed", 0.0, error=f"{type(err).__name__}: {err}")
+    cmd = command_for(script, budget, trainer_collector, trainer_import, stock)
+    env = dict(os.environ, HYDRA_FULL_ERROR="1", WANDB_MODE="disabled", CUDA_VISIBLE_DEVICES="",
+               PYTHONFAULTHANDLER="1")
+    # This repository's torchrl_unilab first, ahead of any editable install of another checkout.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    log_path = folder / "sota_dropin.log"
+    shm_before = _shm()
+    start = time.monotonic()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            dumped = _dump_stacks(proc.pid)
+            _kill_group(proc.pid)
+            proc.wait()
+    seconds = time.monotonic() - start
+    # A clean exit may leave the resource tracker a moment to finish; anything still
+    # there after 10 s was left behind.
+    leftovers = _wait_for(proc.pid, 10.0, lambda m: not m)
+    if leftovers:
+        _kill_group(proc.pid, grace=2.0)
+    # What the script printed, without the stack dumps of a timeout.
+    output = log_path.read_text(errors="replace").split("Fatal Python error: Aborted")[0]
+    result = Result("ok", seconds, swaps=swaps, edits=edits, command=" ".join(cmd))
+    error = first_error(output)
+    last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "")
+    if timed_out:
+        result.status = "failed"
+        if error:  # it failed, then hung on the way out: the failure is the error
+            result.error = error
+            result.notes.append(f"then hung until the --timeout of {timeout:.0f} s (killed)")
+        else:
+            result.error = f"timeout after {timeout:.0f} s (killed; last output: {last[-300:]!r})"
+        result.notes.append(f"the stacks of its {dumped} process(es) at the timeout are in its log (--keep)")
+    elif proc.returncode != 0:
+        result.status = "failed"
+        result.error = error or f"exit code {proc.returncode} (last output: {last[-300:]!r})"
+    elif error:
+        result.notes.append(f"exit 0, but the output holds a traceback: {error[:300]}")
+    if leftovers and not timed_out:
+        shown = "; ".join(f"{pid}: {cmd[:120]}" for pid, cmd in sorted(leftovers.items()))
+        result.notes.append(f"{len(leftovers)} process(es) of its group alive 10 s after it exited, killed: {shown}")
+    left = _shm() - shm_before - _mapped_shm()
+    if left:  # a resource tracker (ours or another job's) may still be removing them
+        time.sleep(5.0)
+        left = sorted(left & _shm() - _mapped_shm())
+    if left:
+        result.notes.append(f"left in /dev/shm (made during the run, held by no live process; on a shared "
+                            f"machine another job's cannot be told apart): {left}")
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rl-root", type=Path, required=True,
+                        help="a pytorch/rl work tree (holding sota-implementations/) or a bare git dir (HEAD is used)")
+    parser.add_argument("--only", help="comma-separated names or paths: " + ",".join(s.name for s in SCRIPTS))
+    parser.add_argument("--frames", type=int, default=3000, help="total frames per script (>= 600)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per script before its group is killed")
+    parser.add_argument("--envs", type=int, default=2, help="envs per batched env where the stock config has more")
+    parser.add_argument("--utd", type=float, default=0.1, help="optim.utd_ratio where the script has one")
+    parser.add_argument("--trainer-collector", default=SWAP_TARGET,
+                        help="the trainers' collector: a class path (collector._target_=...) or a config-store "
+                             "name (collector=NAME)")
+    parser.add_argument("--trainer-import", default=None,
+                        help="with a --trainer-collector name: a module whose import registers it, imported "
+                             "before the trainer runs (not needed for names registered by a hydra plugin)")
+    parser.add_argument("--stock", action="store_true", help="control run: TorchRL's collectors, no swap")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directories (logs included)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print each command line and substitution")
+    args = parser.parse_args(argv)
+    if args.frames < 600:
+        parser.error(f"--frames must be >= 600 (a third random, batches of a sixth), got {args.frames}")
+    if args.envs < 1:
+        parser.error(f"--envs must be >= 1, got {args.envs}")
+    if not args.utd > 0:
+        parser.error(f"--utd must be > 0, got {args.utd}")
+    try:
+        scripts = select_scripts(args.only)
+    except ValueError as err:
+        parser.error(str(err))
+
+    budget = Budget(args.frames, args.envs, args.utd)
+    workdir = Path(tempfile.mkdtemp(prefix="sota_dropin_"))
+    results: dict[str, Result] = {}
+    try:
+        try:
+            sota, commit = open_checkout(args.rl_root.expanduser().resolve(), workdir)
+        except ValueError as err:
+            parser.error(str(err))
+        torchrl_version = importlib.metadata.version("torchrl")
+        print(f"torchrl {torchrl_version}; checkout {args.rl_root} at commit {commit}", flush=True)
+        print(f"torchrl_unilab under test: {REPO_ROOT / 'torchrl_unilab'}"
+              + ("; --stock: TorchRL's own collectors (control)" if args.stock else ""), flush=True)
+        for script in scripts:
+            result = run_one(script, sota, workdir, budget, args.timeout, trainer_collector=args.trainer_collector,
+                             trainer_import=args.trainer_import, stock=args.stock)
+            results[script.path] = result
+            for line in result.edits + (result.swaps if args.verbose else []):
+                print(f"  {script.path}: substituted {line}", flush=True)
+            if args.verbose:
+                print(f"  $ cd {workdir / script.name} && {result.command}", flush=True)
+            print(result.line(script.path), flush=True)
+        summary = {
+            "benchmark": "sota_dropin", "torchrl": torchrl_version, "commit": commit,
+            "collector": "stock" if args.stock else SWAP_TARGET, "trainer_collector": args.trainer_collector,
+            "frames": args.frames,
+            "results": {path: {k: v for k, v in dataclasses.asdict(r).items() if v not in ([], None, "")}
+                        | {"seconds": round(r.seconds, 1)} for path, r in results.items()},
+        }
+        print(json.dumps(summary), flush=True)
+    finally:
+        if args.keep:
+            print(f"kept {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if results and all(r.status == "ok" for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""``benchmarks/sota_dropin.py``'s own logic: the swap, the error line, the checkout, the process group.
+
+The benchmark itself needs a pytorch/rl checkout and minutes per script; these
+tests run its parts on small stand-ins: a fake ``sota-implementations`` folder
+in a git repository (work tree and bare), and scripts that fail or hang.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import sota_dropin  # noqa: E402
+
+
+def test_swap_rebinds_every_collector_class_and_keeps_line_numbers():
+    source = (
+        "import torch\n"
+        "from torchrl.collectors import (\n"
+        "    BaseCollector,\n"
+        "    MultiaSyncDataCollector as MAC,\n"
+        "    SyncDataCollector,\n"
+        ")\n"
+        "def f():\n"
+        "    from torchrl.collectors import Collector  # inside a function\n"
+        "    return Collector\n"
+        "from torchrl.trainers.helpers import sync_async_collector, sync_sync_collector\n"
+    )
+    new, swapped = sota_dropin.swap_collector_imports(source)
+    assert len(new.splitlines()) == len(source.splitlines())
+    ast.parse(new)
+    assert sorted(s.split(" ->")[0] for s in swapped) == [
+        "Collector", "MAC", "SyncDataCollector", "sync_async_collector", "sync_sync_collector"]
+    assert "OffPolicyCollector as MAC, OffPolicyCollector as SyncDataCollector" in new.splitlines()[5]
+    assert new.splitlines()[7].startswith("    from torchrl.collectors import Collector; from torchrl_unilab")
+    assert "BaseCollector as" not in new  # a type, not something built
+    namespace: dict = {}
+    exec(compile("\n".join(new.splitlines()[9:]), "utils.py", "exec"), namespace)  # the REDQ helpers
+    assert namespace["sync_sync_collector"] is namespace["sync_async_collector"]
+    assert namespace["sync_sync_collector"].args[0].__name__ == "OffPolicyCollector"
+
+
+def test_swap_leaves_files_without_collectors_unchanged():
+    source = "from torchrl.collectors import BaseCollector\nx = 1\n"
+    assert sota_dropin.swap_collector_imports(source) == (source, [])
+    with pytest.raises(ValueError, match="target must be 'module.Class'"):
+        sota_dropin.swap_collector_imports(source, target="OffPolicyCollector")
+
+
+def test_first_error_is_the_exception_line_of_the_last_traceback():
+    output = (
+        "Traceback (most recent call last):\n  File \"a.py\", line 1\nKeyError: 'first'\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n  File \"b.py\", line 2, in <module>\n    g()\n"
+        "torchrl_unilab.collectors._processes.WorkerError: worker 0 failed\n"
+        "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n"
+    )
+    assert sota_dropin.first_error(output) == "torchrl_unilab.collectors._processes.WorkerError: worker 0 failed"
+    assert sota_dropin.first_error("no error\n") is None
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A git work tree with a fake ``sota-implementations/sac`` whose script fails in its collector."""
+    root = tmp_path / "rl"
+    sac = root / "sota-implementations" / "sac"
+    sac.mkdir(parents=True)
+    (sac / "utils.py").write_text("from torchrl.collectors import AsyncCollector, Collector\n")
+    (sac / "sac.py").write_text(
+        "import sys\nfrom utils import Collector\nprint(Collector.__module__, sys.argv[1:])\n"
+        "raise RuntimeError('stop here')\n")
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "fake"], check=True)
+    return root
+
+
+def test_work_tree_and_bare_repository_give_the_same_scripts_and_commit(checkout, tmp_path):
+    bare = tmp_path / "rl.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(checkout), str(bare)], check=True)
+    extract = tmp_path / "extract"
+    extract.mkdir()
+    tree, commit = sota_dropin.open_checkout(checkout, extract)
+    from_bare, bare_commit = sota_dropin.open_checkout(bare, extract)
+    assert commit == bare_commit != "unknown"
+    assert (tree / "sac" / "sac.py").read_text() == (from_bare / "sac" / "sac.py").read_text()
+    with pytest.raises(ValueError, match="--rl-root must be a pytorch/rl work tree"):
+        sota_dropin.open_checkout(tmp_path / "nowhere", extract)
+
+
+def test_a_run_reports_the_swapped_collector_failing_with_its_first_error(checkout, tmp_path, monkeypatch):
+    sac = next(s for s in sota_dropin.SCRIPTS if s.name == "sac")
+    budget = sota_dropin.Budget(600, 1, 0.25)
+    result = sota_dropin.run_one(sac, checkout / "sota-implementations", tmp_path, budget, 60,
+                                 trainer_collector=sota_dropin.SWAP_TARGET, trainer_import=None, stock=False)
+    assert result.status == "failed"
+    assert result.error == "RuntimeError: stop here"
+    assert result.swaps == ["utils.py: AsyncCollector -> torchrl_unilab.OffPolicyCollector",
+                            "utils.py: Collector -> torchrl_unilab.OffPolicyCollector"]
+    log = (tmp_path / "sac" / "sota_dropin.log").read_text()
+    assert log.startswith("torchrl_unilab.collectors.offpolicy_collector ['collector.total_frames=600'")
+
+
+def test_a_hung_script_dumps_its_stacks_and_its_children_are_killed_at_the_timeout(checkout, tmp_path):
+    script = checkout / "sota-implementations" / "sac" / "sac.py"
+    # A child that ignores SIGTERM, in the script's group: only the group kill ends it.
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+        "print(child.pid, flush=True)\ntime.sleep(600)\n")
+    sac = next(s for s in sota_dropin.SCRIPTS if s.name == "sac")
+    start = time.monotonic()
+    result = sota_dropin.run_one(sac, checkout / "sota-implementations", tmp_path, sota_dropin.Budget(600, 1, 1.0),
+                                 3, trainer_collector=sota_dropin.SWAP_TARGET, trainer_import=None, stock=True)
+    assert time.monotonic() - start < 30
+    assert result.status == "failed" and result.error.startswith("timeout after 3 s")
+    log = (tmp_path / "sac" / "sota_dropin.log").read_text()
+    assert 'sac.py", line 4 in <module>' in log.split("Fatal Python error: Aborted", 1)[1]  # the sleep
+    assert "stacks of its 2 process(es)" in " ".join(result.notes)
+    child = int(log.split()[0])
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split(")")[1][:3]
+
+
+def test_only_accepts_names_and_paths():
+    assert [s.name for s in sota_dropin.select_scripts("ddpg_trainer, td3/td3.py")] == ["td3", "ddpg_trainer"]
+    with pytest.raises(ValueError, match="accepted: sac, sac-async"):
+        sota_dropin.select_scripts("sac,nope")
