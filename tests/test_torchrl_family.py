@@ -293,3 +293,16 @@ def test_every_field_of_torchrl_collector_configs_is_taken_at_its_default(config
         assert sum(batch.numel() for batch in collector) == 200
     with pytest.raises(ValueError, match="'backend' only as one of .*RayOffPolicyCollector"):
         OffPolicyCollector(make_env, actor_net(), frames_per_batch=100, backend="ray")
+
+
+def test_a_block_whose_first_publish_fails_is_removed(no_leaks):
+    """A policy the block cannot take must not leave its block in /dev/shm (ddpg.py's first failure did)."""
+    with pytest.raises(NotImplementedError):
+        SharedWeights.create({"weight": torch.empty(3, device="meta")})  # meta tensors hold no data to copy
+
+
+def test_max_frames_per_traj_at_or_below_zero_means_no_limit_as_in_torchrl(no_leaks):
+    with OffPolicyCollector(make_env, actor_net(), frames_per_batch=100, total_frames=100,
+                            max_frames_per_traj=-1) as collector:
+        assert collector.max_frames_per_traj == 0
+        assert next(iter(collector)).numel() == 100

@@ -161,7 +161,8 @@ class OffPolicyCollector(MultiAsyncCollector):
             ``policy`` is ``None``. It is called once, here; the workers run
             copies of what it built, and weights reach them by name as usual.
         create_env_kwargs: keyword arguments for ``create_env_fn`` (one dict, or one per worker).
-        max_frames_per_traj: truncate episodes after this many steps.
+        max_frames_per_traj: truncate episodes after this many steps; ``None``, or ``0`` or less as
+            TorchRL reads them, for no limit.
         postproc: applied to each batch: in the worker before it is written into
             ``replay_buffer``, or in this process to each yielded batch.
         update_at_each_batch: publish the policy's weights before each yielded batch.
@@ -273,7 +274,9 @@ class OffPolicyCollector(MultiAsyncCollector):
         self.metrics_window = _check_int("metrics_window", metrics_window, 1)
         self.num_sub_threads = _check_int("num_sub_threads", num_sub_threads, 1)
         if max_frames_per_traj is not None:
-            max_frames_per_traj = _check_int("max_frames_per_traj", max_frames_per_traj, 1)
+            max_frames_per_traj = _check_int("max_frames_per_traj", max_frames_per_traj, -(2**62))
+            # TorchRL reads 0 or less as "no limit" (REDQ's helpers pass -1).
+            max_frames_per_traj = max_frames_per_traj if max_frames_per_traj > 0 else None
         if total_frames is not None and total_frames < 0 and total_frames != -1:
             raise ValueError(f"total_frames must be -1 (no limit) or an int >= 1, got {total_frames!r}")
         init_random_frames = _check_int("init_random_frames", 0 if init_random_frames is None else init_random_frames, 0)

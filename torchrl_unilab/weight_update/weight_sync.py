@@ -172,9 +172,16 @@ class SharedWeights:
             sweep_stale(_SHM_DIR, _NAME_PREFIX)
             name = f"{_NAME_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
         shm = shared_memory.SharedMemory(name=name, create=True, size=size)
-        self = cls(shm, layout, owner=True, lock=lock)
-        self._header[:] = 0
-        self.publish(module)
+        try:
+            self = cls(shm, layout, owner=True, lock=lock)
+            self._header[:] = 0
+            self.publish(module)
+        except BaseException:
+            # Nobody else knows the block's name yet: remove it rather than leave it in /dev/shm.
+            with contextlib.suppress(BufferError):  # views into it may still be alive
+                shm.close()
+            cls.unlink(shm)
+            raise
         return self
 
     @classmethod
