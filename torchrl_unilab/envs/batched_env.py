@@ -26,6 +26,9 @@ from torchrl.envs import EnvBase
 
 __all__ = ["BatchedGymEnv", "BatchedTaskEnv", "make_gym_env"]
 
+#: Observation dtypes a batched task env can present, with their numpy equivalents.
+_OBS_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
 
 def _mujoco_warning(message: str) -> None:
     warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
@@ -73,12 +76,20 @@ class BatchedTaskEnv(EnvBase):
     Subclasses own the simulators and implement two hooks:
 
     * ``_physics_step(actions)`` steps every env with clipped float32 actions and returns
-      ``(next_obs [n, obs_dim] float32, reward [n] float32, terminated [n] bool, truncated [n] bool)``,
-      ``truncated`` being the simulator's own (time limits are applied here);
+      ``(next_obs [n, obs_dim], reward [n] float32, terminated [n] bool, truncated [n] bool)``,
+      ``next_obs`` of ``obs_dtype`` and ``truncated`` the simulator's own (time limits are applied here);
     * ``_reset_envs(ids)`` resets the envs ``ids`` and returns their observations ``[len(ids), obs_dim]``.
 
     The returned transitions keep TorchRL's conventions (see :class:`BatchedGymEnv`). This class is
     not meant to be built directly.
+
+    Two keyword arguments let a subclass present what TorchRL's ``GymEnv`` presents
+    (:mod:`torchrl_unilab.envs.torchrl_stack` uses them): ``obs_dtype=torch.float64``
+    (gymnasium's MuJoCo observations are float64; the default float32 is what the
+    collector stores) and ``truncated_when_terminated=True`` (an episode that
+    terminates on the step its time limit is reached also reports ``truncated``, as
+    gymnasium's ``TimeLimit`` wrapper does; by default a time-limit end is
+    truncated only when the episode did not terminate).
 
     Examples:
         >>> issubclass(BatchedGymEnv, BatchedTaskEnv)
@@ -95,8 +106,15 @@ class BatchedTaskEnv(EnvBase):
         max_episode_steps: int | None,
         stagger_resets: bool,
         device: torch.device | str,
+        obs_dtype: torch.dtype = torch.float32,
+        truncated_when_terminated: bool = False,
     ) -> None:
+        if obs_dtype not in _OBS_DTYPES:
+            raise ValueError(f"obs_dtype must be one of {list(_OBS_DTYPES)}, got {obs_dtype!r}")
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
+        self.obs_dtype = obs_dtype
+        self._obs_np_dtype = _OBS_DTYPES[obs_dtype]
+        self._truncated_when_terminated = truncated_when_terminated
         self.num_envs = num_envs
         self.obs_dim = obs_dim
         self.action_dim = int(action_low.size)
@@ -105,7 +123,7 @@ class BatchedTaskEnv(EnvBase):
         self.max_episode_steps = int(max_episode_steps) if max_episode_steps else None
         batch = (num_envs,)
         self.observation_spec = Composite(
-            observation=Unbounded(shape=(*batch, self.obs_dim), dtype=torch.float32, device=self.device),
+            observation=Unbounded(shape=(*batch, self.obs_dim), dtype=obs_dtype, device=self.device),
             shape=batch,
         )
         self.action_spec = Bounded(
@@ -127,7 +145,7 @@ class BatchedTaskEnv(EnvBase):
         self._limits = np.full(num_envs, self._full_limit, dtype=np.int64)
         if stagger_resets and self.max_episode_steps:
             self._limits[:] = [max(1, math.ceil(self.max_episode_steps * (i + 1) / num_envs)) for i in range(num_envs)]
-        self._obs = np.zeros((num_envs, self.obs_dim), dtype=np.float32)
+        self._obs = np.zeros((num_envs, self.obs_dim), dtype=self._obs_np_dtype)
 
     @property
     def step_counts(self) -> np.ndarray:
@@ -163,7 +181,9 @@ class BatchedTaskEnv(EnvBase):
         next_obs, reward, terminated, sim_truncated = physics
         steps, limits = self._steps[envs], self._limits[envs]  # views: updated in place
         steps += 1
-        truncated = (sim_truncated | (steps >= limits)) & ~terminated
+        truncated = sim_truncated | (steps >= limits)
+        if not self._truncated_when_terminated:
+            truncated &= ~terminated
         ended = terminated | truncated
         if ended.any():
             limits[ended] = self._full_limit  # staggering cuts the first episode only
