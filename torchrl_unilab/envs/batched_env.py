@@ -120,6 +120,7 @@ class BatchedTaskEnv(EnvBase):
         self.action_dim = int(action_low.size)
         self._action_low = action_low.astype(np.float32).reshape(-1)
         self._action_high = action_high.astype(np.float32).reshape(-1)
+        self._action_bounds = (torch.from_numpy(self._action_low), torch.from_numpy(self._action_high))
         self.max_episode_steps = int(max_episode_steps) if max_episode_steps else None
         batch = (num_envs,)
         self.observation_spec = Composite(
@@ -167,11 +168,23 @@ class BatchedTaskEnv(EnvBase):
         if len(ids):
             self._obs[ids] = self._reset_envs(ids)
             self._steps[ids] = 0
-        return TensorDict({"observation": torch.from_numpy(self._obs.copy())}, batch_size=self.batch_size,
-                          device=self.device)
+        # Every done key is written (all False after a reset), so _complete_done has nothing to add.
+        not_done = torch.zeros(self.num_envs, 1, dtype=torch.bool)
+        return TensorDict._new_unsafe(
+            {"observation": torch.from_numpy(self._obs.copy()), "done": not_done, "terminated": not_done.clone(),
+             "truncated": not_done.clone()},
+            batch_size=self.batch_size, device=self.device,
+        )
+
+    @classmethod
+    def _complete_done(cls, done_spec: Composite, data: TensorDictBase) -> TensorDictBase:
+        # _step and _reset write every done key with the spec's shape; TorchRL's generic
+        # completion would only look them up again (a TransformedEnv calls it on every step).
+        return data
 
     def _clip(self, action: torch.Tensor) -> np.ndarray:
-        return np.clip(action.detach().cpu().numpy(), self._action_low, self._action_high)
+        # torch.clamp costs about half of np.clip on a small batch.
+        return torch.clamp(action.detach(), *self._action_bounds).cpu().numpy()
 
     def _step_all(self, action: torch.Tensor):
         return self._apply_limits(self._physics_step(self._clip(action)), slice(None))
@@ -201,8 +214,9 @@ class BatchedTaskEnv(EnvBase):
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         next_obs, reward, terminated, truncated = self._step_all(tensordict.get("action"))
         self._obs[:] = next_obs
-        return TensorDict(self._next_td(next_obs, reward, terminated, truncated), batch_size=self.batch_size,
-                          device=self.device)
+        # Built without per-key validation: every entry has the shape and dtype the specs declare.
+        return TensorDict._new_unsafe(self._next_td(next_obs, reward, terminated, truncated),
+                                      batch_size=self.batch_size, device=self.device)
 
     def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
         """Steps every env, then resets the finished ones in place.
