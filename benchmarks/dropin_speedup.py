@@ -214,7 +214,7 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=4, help="envs per worker (SerialEnv)")
     parser.add_argument("--frames-per-batch", type=int, default=200)
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds a configuration may run")
-    parser.add_argument("--exit-grace", type=float, default=30.0, help="seconds a finished run may take to exit")
+    parser.add_argument("--exit-grace", type=float, default=10.0, help="seconds a finished run may take to exit")
     parser.add_argument("--engine-torchrl", action="store_true",
                         help="also run pattern 2 with engine='torchrl' (the env stack as given)")
     parser.add_argument("--run-one", choices=sorted(CONFIGS), help=argparse.SUPPRESS)

@@ -289,8 +289,10 @@ class EnvPoolEnv(BatchedTaskEnv):
 
     def _physics_outputs(self, out: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         done, trunc = out[self._at["done"]], out[self._at["trunc"]]
-        return (out[self._at["obs"]].astype(self._obs_np_dtype), out[self._at["reward"]].astype(np.float32),
-                done & ~trunc, trunc)
+        # EnvPool hands out new arrays on every recv (owned by a capsule): float64 observations, as
+        # gymnasium's, are used as they are.
+        return (out[self._at["obs"]].astype(self._obs_np_dtype, copy=False),
+                out[self._at["reward"]].astype(np.float32, copy=False), done & ~trunc, trunc)
 
     # ----------------------------------------------------------------- hooks
     def _reset_envs(self, ids: np.ndarray) -> np.ndarray:
