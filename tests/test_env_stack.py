@@ -22,6 +22,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.envs import (
     Compose,
     DoubleToFloat,
+    EnvBase,
     EnvCreator,
     GymEnv,
     GymWrapper,
@@ -125,6 +126,25 @@ def test_the_stack_on_envpool_presents_what_it_replaces(container, no_leaks):
     fast.close()
 
 
+def test_the_short_step_path_gives_what_torchrl_generic_path_gives():
+    """The stack's step_and_maybe_reset skips TorchRL's step wrapping: same entries, bit for bit."""
+    plan = recognise_env_stack(user_stack("SerialEnv", num_envs=3))
+    short, generic = plan.make_env(seed=0), plan.make_env(seed=0)
+    assert short._short_path  # noqa: SLF001
+    generic.step_and_maybe_reset = functools.partial(EnvBase._step_and_maybe_reset, generic)
+    steps = 2 * LIMIT + 3
+    actions = torch.stack([short.action_spec.rand() for _ in range(steps)])
+    ours, our_roots = rollout(short, steps, actions)
+    theirs, their_roots = rollout(generic, steps, actions)
+    assert ours["next", "done"].any(), "episodes ended and were reset on the way"
+    for mine, reference in ((ours, theirs), (our_roots, their_roots)):
+        assert set(mine.keys(True, True)) == set(reference.keys(True, True))
+        for key in reference.keys(True, True):
+            assert torch.equal(mine[key], reference[key]), key
+    short.close()
+    generic.close()
+
+
 def test_a_parallel_env_stack_is_recognised_without_starting_it(no_leaks):
     before = child_pids()
     user = user_stack("ParallelEnv")
@@ -149,8 +169,9 @@ def test_kwargs_and_layers_are_kept(no_leaks):
     assert plan.env_kwargs == {"ctrl_cost_weight": 0.0} and plan.max_episode_steps == 1000
     assert [type(t).__name__ for t in plan.layers] == ["StepCounter", "Compose"]
     env = plan.make_env(seed=1)
-    assert type(env.base_env) is TransformedEnv and type(env.base_env.base_env) is EnvPoolEnv
-    assert env.base_env.base_env.env_kwargs == {"ctrl_cost_weight": 0.0}
+    # the layers, innermost first, in one Compose (as TorchRL's auto-unwrapping does)
+    assert [type(t).__name__ for t in env.transform] == ["StepCounter", "Compose"]
+    assert type(env.base_env) is EnvPoolEnv and env.base_env.env_kwargs == {"ctrl_cost_weight": 0.0}
     transitions, _ = rollout(env, 4, torch.zeros(4, 2, 3))
     # StepCounter(3) of the inner layer truncates the episodes after 3 steps
     assert transitions["next", "truncated"].squeeze(-1)[:, 0].tolist() == [False, False, True, False]
