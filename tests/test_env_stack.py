@@ -337,3 +337,24 @@ def test_engine_values_are_checked():
         OffPolicyCollector(lambda: GymEnv("HalfCheetah-v5", frame_skip=2), linear_policy(17, 6),
                            frames_per_batch=2, engine="envpool")
     assert mp.active_children() == []
+
+
+def test_a_factory_is_called_once_here(unilab_log, no_leaks):
+    """Looking at a factory's env is the probe the collector needs anyway: no second call."""
+    calls = []
+
+    def counted(make):
+        calls.append(make)
+        return make()
+
+    def pendulum():
+        return TransformedEnv(GymEnv("Pendulum-v1"), DoubleToFloat())
+
+    with OffPolicyCollector(functools.partial(counted, pendulum), linear_policy(3, 1),
+                            frames_per_batch=2, max_frames_per_traj=50) as collector:
+        assert len(calls) == 1 and collector.metrics()["engine"] == "torchrl"
+        assert collector.getattr_env("observation_spec")["observation"].shape == torch.Size([1, 3])
+    with OffPolicyCollector(functools.partial(counted, sota_env_factory), linear_policy(17, 6), frames_per_batch=2) \
+            as collector:
+        assert len(calls) == 2 and collector.metrics()["engine"] == "envpool"
+    assert len(unilab_log) == 1

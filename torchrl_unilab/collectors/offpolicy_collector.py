@@ -273,10 +273,11 @@ class OffPolicyCollector(MultiAsyncCollector):
             )
         gym_ids = dict(num_envs=num_envs, env_kwargs=env_kwargs, stagger_resets=stagger_resets,
                        engine=check_engine(engine), threads=_check_int("threads_per_worker", threads_per_worker, 1))
-        self._worker_envs, self.num_workers, self._engines, self._given_envs = _resolve_envs(
+        self._worker_envs, self.num_workers, self._engines, self._given_envs, probe = _resolve_envs(
             create_env_fn, num_workers, gym_ids, create_env_kwargs, max_frames_per_traj, privileged,
         )
-        probe = self._worker_envs[0] if isinstance(self._worker_envs[0], EnvBase) else self._worker_envs[0]()
+        if probe is None:
+            probe = self._worker_envs[0] if isinstance(self._worker_envs[0], EnvBase) else self._worker_envs[0]()
         probe = as_batched_env(probe)
         self._probe_env = probe
         self._env_specs = _spec_snapshot(probe)
@@ -840,12 +841,13 @@ class OffPolicyCollector(MultiAsyncCollector):
 
 
 def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_env_kwargs, max_frames_per_traj,
-                  privileged) -> tuple[list, int, list[str], list[EnvBase]]:
+                  privileged) -> tuple[list, int, list[str], list[EnvBase], EnvBase | None]:
     """One env source per worker: a factory (run in a process) or a live instance (run in a thread).
 
     ``gym_ids`` holds the options of gymnasium ids: ``num_envs``, ``env_kwargs``,
     ``stagger_resets``, ``engine`` and ``threads``. Returns the sources, the number of
-    workers, each worker's engine, and the env instances given (the collector closes them).
+    workers, each worker's engine, the env instances given (the collector closes them),
+    and worker 0's env if a factory of it was called here already (else ``None``).
     """
     many = isinstance(create_env_fn, Sequence) and not isinstance(create_env_fn, str)
     items = list(create_env_fn) if many else None
@@ -869,45 +871,57 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
         kwargs_list = [dict(k) for k in create_env_kwargs]
         if len(kwargs_list) != num_workers:
             raise ValueError(f"create_env_kwargs holds {len(kwargs_list)} dicts for {num_workers} workers")
-    out, engines, choices = [], [], {}
-    for idx, (item, kwargs) in enumerate(zip(items, kwargs_list)):
-        if isinstance(item, str):
-            if kwargs:
-                raise ValueError("create_env_kwargs applies to env factories; for a gymnasium id use env_kwargs")
-            options = dict(gym_ids)
-            _check_int("num_envs", options["num_envs"], 1)
-            if max_frames_per_traj:
-                options["env_kwargs"] = {**(options["env_kwargs"] or {}), "max_episode_steps": max_frames_per_traj}
-            options["engine"] = select_engine(item, options["engine"], options["env_kwargs"], privileged)
-            engines.append(options["engine"])
-            source = functools.partial(make_gym_id_env, item, options.pop("num_envs"), **options)
-            max_steps = None
-        elif isinstance(item, EnvBase) or callable(item):
-            if isinstance(item, EnvBase) and kwargs:
-                raise ValueError("create_env_kwargs cannot apply to an env instance; pass a factory instead")
-            source = functools.partial(item, **kwargs) if kwargs else item
-            # envs/ decides what runs the stack; a factory shared by workers is looked at once.
-            key = (id(item), repr(sorted(kwargs.items())))
-            if key not in choices:
-                choices[key] = choose_env_stack(source, gym_ids["engine"], privileged)
-                if choices[key].env is not None:
-                    choices[key].env.close(raise_if_closed=False)
-            plan = choices[key].plan
-            if plan is not None:
-                source = plan.factory(idx)
-            engines.append(choices[key].engine)
-            max_steps = max_frames_per_traj
-        else:
-            raise TypeError(
-                "create_env_fn must be a gymnasium id (str), an EnvBase, a callable returning an EnvBase "
-                f"(an EnvCreator, say), or a list of those; got {type(item).__name__}"
-            )
-        transforms = ([StepCounter(max_steps=max_steps)] if max_steps else []) + ([privileged] if privileged else [])
-        if transforms and isinstance(source, EnvBase):
-            source = _with_transforms(lambda env=source: env, transforms)
-        elif transforms:
-            source = functools.partial(_with_transforms, source, transforms)
-        out.append(source)
+    out, engines, choices, probe = [], [], {}, None
+    try:  # an env built to be looked at is closed if a later item is refused
+        for idx, (item, kwargs) in enumerate(zip(items, kwargs_list)):
+            if isinstance(item, str):
+                if kwargs:
+                    raise ValueError("create_env_kwargs applies to env factories; for a gymnasium id use env_kwargs")
+                options = dict(gym_ids)
+                _check_int("num_envs", options["num_envs"], 1)
+                if max_frames_per_traj:
+                    options["env_kwargs"] = {**(options["env_kwargs"] or {}), "max_episode_steps": max_frames_per_traj}
+                options["engine"] = select_engine(item, options["engine"], options["env_kwargs"], privileged)
+                engines.append(options["engine"])
+                source = functools.partial(make_gym_id_env, item, options.pop("num_envs"), **options)
+                max_steps = None
+            elif isinstance(item, EnvBase) or callable(item):
+                if isinstance(item, EnvBase) and kwargs:
+                    raise ValueError("create_env_kwargs cannot apply to an env instance; pass a factory instead")
+                source = functools.partial(item, **kwargs) if kwargs else item
+                # envs/ decides what runs the stack; a factory shared by workers is looked at once.
+                key = (id(item), repr(sorted(kwargs.items())))
+                if key not in choices:
+                    choices[key] = choose_env_stack(source, gym_ids["engine"], privileged)
+                    built = choices[key].env  # a factory's env, looked at and kept as it is
+                    if built is not None and idx == 0:
+                        probe = built  # worker 0's probe: the factory is not called twice here
+                    elif built is not None:
+                        built.close(raise_if_closed=False)
+                plan = choices[key].plan
+                if plan is not None:
+                    source = plan.factory(idx)
+                engines.append(choices[key].engine)
+                max_steps = max_frames_per_traj
+            else:
+                raise TypeError(
+                    "create_env_fn must be a gymnasium id (str), an EnvBase, a callable returning an EnvBase "
+                    f"(an EnvCreator, say), or a list of those; got {type(item).__name__}"
+                )
+            transforms = [StepCounter(max_steps=max_steps)] if max_steps else []
+            transforms += [privileged] if privileged else []
+            if transforms and isinstance(source, EnvBase):
+                source = _with_transforms(lambda env=source: env, transforms)
+            elif transforms:
+                source = functools.partial(_with_transforms, source, transforms)
+            if idx == 0 and probe is not None and transforms:
+                probe = _with_transforms(lambda env=probe: env, transforms)
+            out.append(source)
+    except BaseException:
+        for choice in choices.values():
+            if choice.env is not None:
+                choice.env.close(raise_if_closed=False)
+        raise
     plans = [c.plan for c in choices.values() if c.plan is not None]
     if plans:
         moved = sum(engine == "envpool" for item, engine in zip(items, engines) if not isinstance(item, str))
@@ -918,7 +932,7 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
     for item in items:
         if isinstance(item, EnvBase) and all(item is not env for env in given):
             given.append(item)
-    return out, num_workers, engines, given
+    return out, num_workers, engines, given, probe
 
 
 def _with_transforms(env_fn: Callable[[], EnvBase], transforms: list) -> EnvBase:

@@ -471,9 +471,9 @@ def _spec_mismatch(gym_env: EnvBase, base: EnvPoolEnv) -> str | None:
     """The first spec of ``gym_env`` (unbatched) that ``base``'s first env does not present, else ``None``."""
     for name in _SPECS:
         ours, theirs = getattr(base, name), getattr(gym_env, name)
-        ours_keys = set(ours.keys(True, True))
-        if ours_keys != set(theirs.keys(True, True)):
-            return f"{name} has keys {sorted(map(str, ours_keys))}, the stack's {sorted(map(str, theirs.keys(True, True)))}"
+        ours_keys, their_keys = set(ours.keys(True, True)), set(theirs.keys(True, True))
+        if ours_keys != their_keys:
+            return f"{name} has keys {sorted(map(str, ours_keys))}, the stack's {sorted(map(str, their_keys))}"
         for key in ours_keys:
             if ours[key][0] != theirs[key]:
                 return f"{name}[{key!r}] is {ours[key][0]}, the stack's {theirs[key]}"
