@@ -5,17 +5,27 @@ env stack (``SerialEnv`` of ``GymEnv`` + ``InitTracker``, ``StepCounter``,
 ``DoubleToFloat``, ``RewardSum``) and the sota actor (256x256 MLP, TanhNormal):
 
 * pattern 1 (``sac.py``): iterate and get batches. TorchRL's ``MultiAsyncCollector``
-  against ``OffPolicyCollector`` with the same env factories;
+  against ``OffPolicyCollector`` with the same env factories (target >= 3x);
 * pattern 2 (``sac-async.py``): workers write into a shared TorchRL
   ``ReplayBuffer(LazyTensorStorage, shared=True)`` after ``start()``.
-  ``MultiAsyncCollector`` against ``OffPolicyCollector`` (target >= 2x);
+  ``MultiAsyncCollector`` against ``OffPolicyCollector`` (target >= 4x);
 * ``fast_path``: ``OffPolicyCollector("HalfCheetah-v5", ...)`` (our gymnasium-id
-  env) in pattern 2, with the same number of workers and envs.
+  env) in pattern 2, with the same number of workers and envs;
+* with ``--engine-torchrl``, also ``p2_offpolicy_torchrl_engine``: pattern 2 with
+  ``engine="torchrl"``, the env stack kept as given instead of rebuilt on EnvPool.
+
+``OffPolicyCollector`` recognises the sota stack and runs it on EnvPool
+(``engine="auto"``); the ``engine`` of each configuration is in the output.
 
 Collected frames per second are measured over a window that starts after the
-first batch (start-up excluded). The configurations run in alternating rounds,
-so that drifts in a shared machine's speed weigh on all of them alike; rates
-are medians over rounds and ratios medians of per-round ratios.
+first batch (start-up excluded). Every configuration runs in its own Python
+subprocess, killed after ``--timeout`` seconds: TorchRL's ``MultiAsyncCollector``
+can hang at interpreter exit (in its weight-sync finaliser), and a hung run is
+recorded under ``"problems"`` in the output (as is a failed one) instead of
+stopping the benchmark; a run that hangs only after reporting its rate keeps its
+rate. The configurations run
+in alternating rounds, so that drifts in a shared machine's speed weigh on all of
+them alike; rates are medians over rounds and ratios medians of per-round ratios.
 
 Run: ``python benchmarks/dropin_speedup.py [--rounds 3] [--seconds 6] [--workers 2] [--envs 4]``
 """
@@ -23,10 +33,17 @@ Run: ``python benchmarks/dropin_speedup.py [--rounds 3] [--seconds 6] [--workers
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
+import os
 import platform
+import signal
 import statistics
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 
 import torch
@@ -47,6 +64,7 @@ from torchrl.envs import (
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal
 from torchrl.modules.distributions import NormalParamExtractor
 
+import torchrl_unilab
 from torchrl_unilab import OffPolicyCollector, make_replay_buffer
 
 ENV = "HalfCheetah-v5"
@@ -73,7 +91,11 @@ def sota_actor():
                               distribution_class=TanhNormal, distribution_kwargs={"low": -1.0, "high": 1.0})
 
 
-def pattern1(cls, workers: int, envs: int, fpb: int, seconds: float) -> float:
+def engine_of(collector) -> str:
+    return collector.metrics()["engine"] if isinstance(collector, OffPolicyCollector) else "torchrl"
+
+
+def pattern1(cls, workers: int, envs: int, fpb: int, seconds: float) -> tuple[float, str]:
     factories = [functools.partial(make_train_env, envs)] * workers
     collector = cls(factories, sota_actor(), frames_per_batch=fpb, total_frames=-1, device="cpu",
                     compile_policy=False, cudagraph_policy=False)
@@ -83,12 +105,13 @@ def pattern1(cls, workers: int, envs: int, fpb: int, seconds: float) -> float:
         frames, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             frames += next(it).numel()
-        return frames / (time.perf_counter() - start)
+        return frames / (time.perf_counter() - start), engine_of(collector)
     finally:
         collector.shutdown()
 
 
-def pattern2(cls, workers: int, envs: int, fpb: int, seconds: float, fast_path: bool = False) -> float:
+def pattern2(cls, workers: int, envs: int, fpb: int, seconds: float, fast_path: bool = False,
+             engine: str | None = None) -> tuple[float, str]:
     if fast_path:
         rb = make_replay_buffer(1_000_000)
         collector = OffPolicyCollector(ENV, sota_actor(), num_workers=workers, num_envs=envs,
@@ -98,9 +121,10 @@ def pattern2(cls, workers: int, envs: int, fpb: int, seconds: float, fast_path: 
         rb.extend(make_train_env(envs).rollout(1).view(-1))
         rb.empty()
         factories = [functools.partial(make_train_env, envs)] * workers
+        options = {} if engine is None else {"engine": engine}
         collector = cls(factories, sota_actor(), frames_per_batch=fpb, total_frames=-1, device="cpu",
                         env_device="cpu", compile_policy=False, cudagraph_policy=False, replay_buffer=rb,
-                        extend_buffer=True, postproc=flatten, no_cuda_sync=True)
+                        extend_buffer=True, postproc=flatten, no_cuda_sync=True, **options)
     try:
         collector.start()
         deadline = time.monotonic() + 300
@@ -108,9 +132,78 @@ def pattern2(cls, workers: int, envs: int, fpb: int, seconds: float, fast_path: 
             time.sleep(0.01)
         first, start = rb.write_count, time.perf_counter()
         time.sleep(seconds)
-        return (rb.write_count - first) / (time.perf_counter() - start)
+        return (rb.write_count - first) / (time.perf_counter() - start), engine_of(collector)
     finally:
         collector.shutdown()
+
+
+CONFIGS = {
+    "p1_torchrl": lambda a: pattern1(MultiAsyncCollector, a.workers, a.envs, a.frames_per_batch, a.seconds),
+    "p1_offpolicy": lambda a: pattern1(OffPolicyCollector, a.workers, a.envs, a.frames_per_batch, a.seconds),
+    "p2_torchrl": lambda a: pattern2(MultiAsyncCollector, a.workers, a.envs, a.frames_per_batch, a.seconds),
+    "p2_offpolicy": lambda a: pattern2(OffPolicyCollector, a.workers, a.envs, a.frames_per_batch, a.seconds),
+    "fast_path": lambda a: pattern2(OffPolicyCollector, a.workers, a.envs, a.frames_per_batch, a.seconds,
+                                    fast_path=True),
+    "p2_offpolicy_torchrl_engine": lambda a: pattern2(OffPolicyCollector, a.workers, a.envs, a.frames_per_batch,
+                                                      a.seconds, engine="torchrl"),
+}
+RESULT = "RESULT "
+
+
+def run_one(args: argparse.Namespace) -> None:
+    """The child process: runs one configuration and prints its rate on a ``RESULT`` line."""
+    torch.set_num_threads(1)
+    fps, engine = CONFIGS[args.run_one](args)
+    print(RESULT + json.dumps({"fps": fps, "engine": engine}), flush=True)
+
+
+def run_in_subprocess(name: str, args: argparse.Namespace) -> tuple[dict | None, str | None]:
+    """Runs configuration ``name`` in a fresh interpreter; ``(result, problem)``.
+
+    ``problem`` is ``None``, ``"hang at run"`` (no result before ``--timeout``), ``"hang at
+    exit"`` (the result came, then the interpreter did not exit within ``--exit-grace``
+    seconds) or ``"failed: <last stderr line>"``. A hung child is killed with its whole
+    process group (its collector's workers).
+    """
+    command = [sys.executable, __file__, "--run-one", name, "--seconds", str(args.seconds), "--workers",
+               str(args.workers), "--envs", str(args.envs), "--frames-per-batch", str(args.frames_per_batch)]
+    # The child imports the torchrl_unilab this process imported (a checkout, not another install).
+    package_root = os.path.dirname(os.path.dirname(torchrl_unilab.__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    stderr = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
+                            env=env)
+    result: list[dict] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            if line.startswith(RESULT):
+                result.append(json.loads(line[len(RESULT):]))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + args.timeout
+    while not result and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    problem = None
+    if not result and proc.poll() is None:
+        problem = "hang at run"
+    else:
+        try:
+            proc.wait(timeout=args.exit_grace)
+        except subprocess.TimeoutExpired:
+            problem = "hang at exit"
+    if problem is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the child leads its own session: this kills only its group
+        proc.wait()
+    reader.join(timeout=5)
+    if not result and problem is None:
+        stderr.seek(0)
+        lines = [line.strip() for line in stderr.read().splitlines() if line.strip()]
+        problem = f"failed: {lines[-1] if lines else f'exit code {proc.returncode}'}"
+    stderr.close()
+    return (result[0] if result else None), problem
 
 
 def main() -> None:
@@ -120,38 +213,57 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--envs", type=int, default=4, help="envs per worker (SerialEnv)")
     parser.add_argument("--frames-per-batch", type=int, default=200)
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds a configuration may run")
+    parser.add_argument("--exit-grace", type=float, default=10.0, help="seconds a finished run may take to exit")
+    parser.add_argument("--engine-torchrl", action="store_true",
+                        help="also run pattern 2 with engine='torchrl' (the env stack as given)")
+    parser.add_argument("--run-one", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    w, n, fpb, secs = args.workers, args.envs, args.frames_per_batch, args.seconds
-    configs = {
-        "p1_torchrl": lambda: pattern1(MultiAsyncCollector, w, n, fpb, secs),
-        "p1_offpolicy": lambda: pattern1(OffPolicyCollector, w, n, fpb, secs),
-        "p2_torchrl": lambda: pattern2(MultiAsyncCollector, w, n, fpb, secs),
-        "p2_offpolicy": lambda: pattern2(OffPolicyCollector, w, n, fpb, secs),
-        "fast_path": lambda: pattern2(OffPolicyCollector, w, n, fpb, secs, fast_path=True),
-    }
-    rates: dict[str, list[float]] = {name: [] for name in configs}
+    if args.run_one:
+        run_one(args)
+        return
+    names = [n for n in CONFIGS if args.engine_torchrl or n != "p2_offpolicy_torchrl_engine"]
+    rates: dict[str, list[float | None]] = {name: [] for name in names}
+    engines: dict[str, str] = {}
+    problems: list[dict] = []
+    load_start = os.getloadavg()
     for r in range(args.rounds):
-        for name, run in configs.items():
-            rates[name].append(run())
-            print(f"round {r}: {name} {rates[name][-1]:.0f} frames/s", flush=True)
+        for name in names:
+            result, problem = run_in_subprocess(name, args)
+            rates[name].append(result["fps"] if result else None)
+            if result:
+                engines[name] = result["engine"]
+            if problem:
+                problems.append({"round": r, "config": name, "problem": problem})
+            shown = f"{result['fps']:.0f} frames/s" if result else "no result"
+            print(f"round {r}: {name} {shown}{f' ({problem})' if problem else ''}", flush=True)
 
-    def ratio(a: str, b: str) -> float:
-        return round(statistics.median(x / y for x, y in zip(rates[a], rates[b])), 3)
+    def median(name: str) -> float | None:
+        values = [v for v in rates[name] if v is not None]
+        return round(statistics.median(values), 1) if values else None
+
+    def ratio(a: str, b: str) -> float | None:
+        pairs = [x / y for x, y in zip(rates[a], rates[b]) if x is not None and y]
+        return round(statistics.median(pairs), 3) if pairs else None
 
     result = {
         "benchmark": "dropin_speedup",
         "env": ENV,
-        "workers": w,
-        "envs_per_worker": n,
-        "frames_per_batch": fpb,
+        "workers": args.workers,
+        "envs_per_worker": args.envs,
+        "frames_per_batch": args.frames_per_batch,
         "rounds": args.rounds,
-        "machine": f"{platform.machine()} {torch.get_num_threads()} thread(s)",
-        **{f"{name}_fps": round(statistics.median(v), 1) for name, v in rates.items()},
+        "machine": f"{platform.machine()} {os.cpu_count()} cpu(s), 1 torch thread per process",
+        "load_average_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
+        **{f"{name}_fps": median(name) for name in names},
         "ratio_pattern1": ratio("p1_offpolicy", "p1_torchrl"),
         "ratio_pattern2": ratio("p2_offpolicy", "p2_torchrl"),
         "ratio_fast_path_over_p2_torchrl": ratio("fast_path", "p2_torchrl"),
+        "engines": engines,
+        "problems": problems,
     }
+    if args.engine_torchrl:
+        result["ratio_pattern2_torchrl_engine"] = ratio("p2_offpolicy_torchrl_engine", "p2_torchrl")
     print(json.dumps(result))
 
 

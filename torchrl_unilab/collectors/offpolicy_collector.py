@@ -6,6 +6,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import logging
 import multiprocessing as mp
 import warnings
 from collections import OrderedDict
@@ -42,6 +43,7 @@ from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.data.replay_buffer import init_storage, storage_keys, writer_keys
 from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
+from torchrl_unilab.envs.torchrl_stack import check_engine, choose_env_stack
 from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme
@@ -85,6 +87,9 @@ _COLLECTOR_PARAMS = {"backend": None, "backend_options": None, "sync": None, "tr
 #: Accepted, with no effect on how this collector works (the docstring says why).
 _ACCEPTED = ("set_truncated", "use_buffers", "cat_results", "no_cuda_sync", "trust_policy", "worker_idx")
 _CPU_PARAMS = ("device", "storing_device", "env_device", "policy_device")
+
+# A child of TorchRL's logger: its handler prints our one line beside TorchRL's own.
+_log = logging.getLogger("torchrl.unilab")
 
 
 class OffPolicyCollector(MultiAsyncCollector):
@@ -142,9 +147,16 @@ class OffPolicyCollector(MultiAsyncCollector):
             as TorchRL's trainer configs give it). Default ``RANDOM``.
         env_kwargs: keyword arguments for ``gymnasium.make`` (gymnasium ids only).
         stagger_resets: stagger the first episode ends of a batch (gymnasium ids only).
-        engine: what steps a gymnasium id: ``"auto"`` (default) runs gymnasium's MuJoCo tasks on
-            EnvPool's C++ implementation where it can, anything else on gymnasium;
-            ``"envpool"`` or ``"gymnasium"`` insist on one (see :func:`~torchrl_unilab.select_engine`).
+        engine: what steps the envs. ``"auto"`` (default) runs gymnasium's MuJoCo tasks on
+            EnvPool's C++ implementation where it can: a gymnasium id (else on gymnasium), and
+            a TorchRL env stack that :func:`~torchrl_unilab.envs.torchrl_stack.recognise_env_stack`
+            recognises (``GymEnv`` of a MuJoCo v5 id, bare or in a ``SerialEnv``/``ParallelEnv``,
+            under common transforms), rebuilt on EnvPool with the same keys and specs and your
+            transforms on top; one log line says so. ``"torchrl"`` runs env stacks exactly as
+            given; ``"envpool"`` or ``"gymnasium"`` insist on one engine (see
+            :func:`~torchrl_unilab.select_engine` and
+            :func:`~torchrl_unilab.envs.torchrl_stack.choose_env_stack`).
+            ``metrics()["engine"]`` says what runs.
         threads_per_worker: EnvPool threads per worker (EnvPool engine only). Default 1.
         metrics_window: finished episodes kept per worker for :meth:`metrics` (``>= 1``).
         algo: ``"sac"`` or ``"td3"`` to wrap ``policy`` (the bare actor from
@@ -261,6 +273,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._scheme: SeqlockWeightSyncScheme | None = None
         self._probe_env: EnvBase | None = None
         self._env_specs: dict[str, Any] = {}
+        self._given_envs: list[EnvBase] = []
         _check_torchrl_kwargs(torchrl_kwargs)
         for name, value in zip(_CPU_PARAMS, (device, storing_device, env_device, policy_device)):
             _check_cpu(name, value)
@@ -287,12 +300,13 @@ class OffPolicyCollector(MultiAsyncCollector):
                 "privileged must be a PrivilegedInfoTransform or a dict of its keyword arguments, "
                 f"got {type(privileged).__name__}"
             )
-        gym_ids = dict(num_envs=num_envs, env_kwargs=env_kwargs, stagger_resets=stagger_resets, engine=engine,
-                       threads=_check_int("threads_per_worker", threads_per_worker, 1))
-        self._worker_envs, self.num_workers = _resolve_envs(
+        gym_ids = dict(num_envs=num_envs, env_kwargs=env_kwargs, stagger_resets=stagger_resets,
+                       engine=check_engine(engine), threads=_check_int("threads_per_worker", threads_per_worker, 1))
+        self._worker_envs, self.num_workers, self._engines, self._given_envs, probe = _resolve_envs(
             create_env_fn, num_workers, gym_ids, create_env_kwargs, max_frames_per_traj, privileged,
         )
-        probe = self._worker_envs[0] if isinstance(self._worker_envs[0], EnvBase) else self._worker_envs[0]()
+        if probe is None:
+            probe = self._worker_envs[0] if isinstance(self._worker_envs[0], EnvBase) else self._worker_envs[0]()
         probe = as_batched_env(probe)
         self._probe_env = probe
         self._env_specs = _spec_snapshot(probe)
@@ -658,7 +672,9 @@ class OffPolicyCollector(MultiAsyncCollector):
         ``mean_return`` and ``mean_length`` over the recent-episode windows,
         ``time`` (seconds per worker phase), ``policy_version`` (the oldest any
         worker acts with), ``published_version``, ``buffer_size`` (``None``
-        without a replay buffer) and ``workers`` (the same figures per worker).
+        without a replay buffer), ``engine`` (what steps the envs: ``"envpool"``,
+        ``"gymnasium"``, ``"torchrl"`` for an env stack run as given, or ``"mixed"``)
+        and ``workers`` (the same figures per worker, with each one's ``engine``).
         Raises :class:`~torchrl_unilab.WorkerError` if a worker failed.
         """
         self._raise_if_failed()
@@ -666,6 +682,9 @@ class OffPolicyCollector(MultiAsyncCollector):
         out["frames"] = self._control.written
         out["buffer_size"] = len(self.replay_buffer) if self.replay_buffer is not None else None
         out["published_version"] = self.policy_version
+        out["engine"] = self._engines[0] if len(set(self._engines)) == 1 else "mixed"
+        for worker, engine in zip(out["workers"], self._engines):
+            worker["engine"] = engine
         return out
 
     def stats(self, workers: str = "aggregate") -> dict[str, int | float | bool]:
@@ -837,7 +856,7 @@ class OffPolicyCollector(MultiAsyncCollector):
             self._scheme.shutdown()
         self._close_probe()
         if close_env:
-            for env in self._worker_envs:
+            for env in self._given_envs:
                 if isinstance(env, EnvBase):
                     with contextlib.suppress(Exception):
                         env.close(raise_if_closed=False)
@@ -869,11 +888,13 @@ class OffPolicyCollector(MultiAsyncCollector):
 
 
 def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_env_kwargs, max_frames_per_traj,
-                  privileged) -> tuple[list, int]:
+                  privileged) -> tuple[list, int, list[str], list[EnvBase], EnvBase | None]:
     """One env source per worker: a factory (run in a process) or a live instance (run in a thread).
 
     ``gym_ids`` holds the options of gymnasium ids: ``num_envs``, ``env_kwargs``,
-    ``stagger_resets``, ``engine`` and ``threads``.
+    ``stagger_resets``, ``engine`` and ``threads``. Returns the sources, the number of
+    workers, each worker's engine, the env instances given (the collector closes them),
+    and worker 0's env if a factory of it was called here already (else ``None``).
     """
     many = isinstance(create_env_fn, Sequence) and not isinstance(create_env_fn, str)
     items = list(create_env_fn) if many else None
@@ -895,37 +916,68 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
         kwargs_list = [dict(k) for k in create_env_kwargs]
         if len(kwargs_list) != num_workers:
             raise ValueError(f"create_env_kwargs holds {len(kwargs_list)} dicts for {num_workers} workers")
-    out = []
-    for item, kwargs in zip(items, kwargs_list):
-        if isinstance(item, str):
-            if kwargs:
-                raise ValueError("create_env_kwargs applies to env factories; for a gymnasium id use env_kwargs")
-            options = dict(gym_ids)
-            _check_int("num_envs", options["num_envs"], 1)
-            if max_frames_per_traj:
-                options["env_kwargs"] = {**(options["env_kwargs"] or {}), "max_episode_steps": max_frames_per_traj}
-            options["engine"] = select_engine(item, options["engine"], options["env_kwargs"], privileged)
-            source = functools.partial(make_gym_id_env, item, options.pop("num_envs"), **options)
-            max_steps = None
-        elif isinstance(item, EnvBase):
-            if kwargs:
-                raise ValueError("create_env_kwargs cannot apply to an env instance; pass a factory instead")
-            source, max_steps = item, max_frames_per_traj
-        elif callable(item):
-            source = functools.partial(item, **kwargs) if kwargs else item
-            max_steps = max_frames_per_traj
-        else:
-            raise TypeError(
-                "create_env_fn must be a gymnasium id (str), an EnvBase, a callable returning an EnvBase "
-                f"(an EnvCreator, say), or a list of those; got {type(item).__name__}"
-            )
-        transforms = ([StepCounter(max_steps=max_steps)] if max_steps else []) + ([privileged] if privileged else [])
-        if transforms and isinstance(source, EnvBase):
-            source = _with_transforms(lambda env=source: env, transforms)
-        elif transforms:
-            source = functools.partial(_with_transforms, source, transforms)
-        out.append(source)
-    return out, num_workers
+    out, engines, choices, probe = [], [], {}, None
+    try:  # an env built to be looked at is closed if a later item is refused
+        for idx, (item, kwargs) in enumerate(zip(items, kwargs_list)):
+            if isinstance(item, str):
+                if kwargs:
+                    raise ValueError("create_env_kwargs applies to env factories; for a gymnasium id use env_kwargs")
+                options = dict(gym_ids)
+                _check_int("num_envs", options["num_envs"], 1)
+                if max_frames_per_traj:
+                    options["env_kwargs"] = {**(options["env_kwargs"] or {}), "max_episode_steps": max_frames_per_traj}
+                options["engine"] = select_engine(item, options["engine"], options["env_kwargs"], privileged)
+                engines.append(options["engine"])
+                source = functools.partial(make_gym_id_env, item, options.pop("num_envs"), **options)
+                max_steps = None
+            elif isinstance(item, EnvBase) or callable(item):
+                if isinstance(item, EnvBase) and kwargs:
+                    raise ValueError("create_env_kwargs cannot apply to an env instance; pass a factory instead")
+                source = functools.partial(item, **kwargs) if kwargs else item
+                # envs/ decides what runs the stack; a factory shared by workers is looked at once.
+                key = (id(item), repr(sorted(kwargs.items())))
+                if key not in choices:
+                    choices[key] = choose_env_stack(source, gym_ids["engine"], privileged)
+                    built = choices[key].env  # a factory's env, looked at and kept as it is
+                    if built is not None and idx == 0:
+                        probe = built  # worker 0's probe: the factory is not called twice here
+                    elif built is not None:
+                        built.close(raise_if_closed=False)
+                plan = choices[key].plan
+                if plan is not None:
+                    source = plan.factory(idx)
+                engines.append(choices[key].engine)
+                max_steps = max_frames_per_traj
+            else:
+                raise TypeError(
+                    "create_env_fn must be a gymnasium id (str), an EnvBase, a callable returning an EnvBase "
+                    f"(an EnvCreator, say), or a list of those; got {type(item).__name__}"
+                )
+            transforms = [StepCounter(max_steps=max_steps)] if max_steps else []
+            transforms += [privileged] if privileged else []
+            if transforms and isinstance(source, EnvBase):
+                source = _with_transforms(lambda env=source: env, transforms)
+            elif transforms:
+                source = functools.partial(_with_transforms, source, transforms)
+            if idx == 0 and probe is not None and transforms:
+                probe = _with_transforms(lambda env=probe: env, transforms)
+            out.append(source)
+    except BaseException:
+        for choice in choices.values():
+            if choice.env is not None:
+                choice.env.close(raise_if_closed=False)
+        raise
+    plans = [c.plan for c in choices.values() if c.plan is not None]
+    if plans:
+        moved = sum(engine == "envpool" for item, engine in zip(items, engines) if not isinstance(item, str))
+        where = "" if moved == num_workers else f" in {moved} of {num_workers} workers"
+        _log.info(f"OffPolicyCollector: {plans[0].describe()} runs on EnvPool{where}; pass engine='torchrl' to "
+                  "keep your env stack")
+    given = []
+    for item in items:
+        if isinstance(item, EnvBase) and all(item is not env for env in given):
+            given.append(item)
+    return out, num_workers, engines, given, probe
 
 
 class EnvCopy:

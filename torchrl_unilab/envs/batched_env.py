@@ -26,6 +26,9 @@ from torchrl.envs import EnvBase
 
 __all__ = ["BatchedGymEnv", "BatchedTaskEnv", "make_gym_env"]
 
+#: Observation dtypes a batched task env can present, with their numpy equivalents.
+_OBS_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
 
 def _mujoco_warning(message: str) -> None:
     warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
@@ -73,12 +76,20 @@ class BatchedTaskEnv(EnvBase):
     Subclasses own the simulators and implement two hooks:
 
     * ``_physics_step(actions)`` steps every env with clipped float32 actions and returns
-      ``(next_obs [n, obs_dim] float32, reward [n] float32, terminated [n] bool, truncated [n] bool)``,
-      ``truncated`` being the simulator's own (time limits are applied here);
+      ``(next_obs [n, obs_dim], reward [n] float32, terminated [n] bool, truncated [n] bool)``,
+      ``next_obs`` of ``obs_dtype`` and ``truncated`` the simulator's own (time limits are applied here);
     * ``_reset_envs(ids)`` resets the envs ``ids`` and returns their observations ``[len(ids), obs_dim]``.
 
     The returned transitions keep TorchRL's conventions (see :class:`BatchedGymEnv`). This class is
     not meant to be built directly.
+
+    Two keyword arguments let a subclass present what TorchRL's ``GymEnv`` presents
+    (:mod:`torchrl_unilab.envs.torchrl_stack` uses them): ``obs_dtype=torch.float64``
+    (gymnasium's MuJoCo observations are float64; the default float32 is what the
+    collector stores) and ``truncated_when_terminated=True`` (an episode that
+    terminates on the step its time limit is reached also reports ``truncated``, as
+    gymnasium's ``TimeLimit`` wrapper does; by default a time-limit end is
+    truncated only when the episode did not terminate).
 
     Examples:
         >>> issubclass(BatchedGymEnv, BatchedTaskEnv)
@@ -95,17 +106,25 @@ class BatchedTaskEnv(EnvBase):
         max_episode_steps: int | None,
         stagger_resets: bool,
         device: torch.device | str,
+        obs_dtype: torch.dtype = torch.float32,
+        truncated_when_terminated: bool = False,
     ) -> None:
+        if obs_dtype not in _OBS_DTYPES:
+            raise ValueError(f"obs_dtype must be one of {list(_OBS_DTYPES)}, got {obs_dtype!r}")
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
+        self.obs_dtype = obs_dtype
+        self._obs_np_dtype = _OBS_DTYPES[obs_dtype]
+        self._truncated_when_terminated = truncated_when_terminated
         self.num_envs = num_envs
         self.obs_dim = obs_dim
         self.action_dim = int(action_low.size)
         self._action_low = action_low.astype(np.float32).reshape(-1)
         self._action_high = action_high.astype(np.float32).reshape(-1)
+        self._action_bounds = (torch.from_numpy(self._action_low), torch.from_numpy(self._action_high))
         self.max_episode_steps = int(max_episode_steps) if max_episode_steps else None
         batch = (num_envs,)
         self.observation_spec = Composite(
-            observation=Unbounded(shape=(*batch, self.obs_dim), dtype=torch.float32, device=self.device),
+            observation=Unbounded(shape=(*batch, self.obs_dim), dtype=obs_dtype, device=self.device),
             shape=batch,
         )
         self.action_spec = Bounded(
@@ -127,7 +146,7 @@ class BatchedTaskEnv(EnvBase):
         self._limits = np.full(num_envs, self._full_limit, dtype=np.int64)
         if stagger_resets and self.max_episode_steps:
             self._limits[:] = [max(1, math.ceil(self.max_episode_steps * (i + 1) / num_envs)) for i in range(num_envs)]
-        self._obs = np.zeros((num_envs, self.obs_dim), dtype=np.float32)
+        self._obs = np.zeros((num_envs, self.obs_dim), dtype=self._obs_np_dtype)
 
     @property
     def step_counts(self) -> np.ndarray:
@@ -149,11 +168,23 @@ class BatchedTaskEnv(EnvBase):
         if len(ids):
             self._obs[ids] = self._reset_envs(ids)
             self._steps[ids] = 0
-        return TensorDict({"observation": torch.from_numpy(self._obs.copy())}, batch_size=self.batch_size,
-                          device=self.device)
+        # Every done key is written (all False after a reset), so _complete_done has nothing to add.
+        not_done = torch.zeros(self.num_envs, 1, dtype=torch.bool)
+        return TensorDict._new_unsafe(
+            {"observation": torch.from_numpy(self._obs.copy()), "done": not_done, "terminated": not_done.clone(),
+             "truncated": not_done.clone()},
+            batch_size=self.batch_size, device=self.device,
+        )
+
+    @classmethod
+    def _complete_done(cls, done_spec: Composite, data: TensorDictBase) -> TensorDictBase:
+        # _step and _reset write every done key with the spec's shape; TorchRL's generic
+        # completion would only look them up again (a TransformedEnv calls it on every step).
+        return data
 
     def _clip(self, action: torch.Tensor) -> np.ndarray:
-        return np.clip(action.detach().cpu().numpy(), self._action_low, self._action_high)
+        # torch.clamp costs about half of np.clip on a small batch.
+        return torch.clamp(action.detach(), *self._action_bounds).cpu().numpy()
 
     def _step_all(self, action: torch.Tensor):
         return self._apply_limits(self._physics_step(self._clip(action)), slice(None))
@@ -163,7 +194,9 @@ class BatchedTaskEnv(EnvBase):
         next_obs, reward, terminated, sim_truncated = physics
         steps, limits = self._steps[envs], self._limits[envs]  # views: updated in place
         steps += 1
-        truncated = (sim_truncated | (steps >= limits)) & ~terminated
+        truncated = sim_truncated | (steps >= limits)
+        if not self._truncated_when_terminated:
+            truncated &= ~terminated
         ended = terminated | truncated
         if ended.any():
             limits[ended] = self._full_limit  # staggering cuts the first episode only
@@ -181,8 +214,9 @@ class BatchedTaskEnv(EnvBase):
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         next_obs, reward, terminated, truncated = self._step_all(tensordict.get("action"))
         self._obs[:] = next_obs
-        return TensorDict(self._next_td(next_obs, reward, terminated, truncated), batch_size=self.batch_size,
-                          device=self.device)
+        # Built without per-key validation: every entry has the shape and dtype the specs declare.
+        return TensorDict._new_unsafe(self._next_td(next_obs, reward, terminated, truncated),
+                                      batch_size=self.batch_size, device=self.device)
 
     def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
         """Steps every env, then resets the finished ones in place.

@@ -108,6 +108,11 @@ def select_engine(env_id: str, engine: str = "auto", env_kwargs: Mapping[str, An
         >>> select_engine("Pendulum-v1")
         'gymnasium'
     """
+    if engine == "torchrl":
+        raise ValueError(
+            f"engine='torchrl' runs a TorchRL env stack as given, and {env_id!r} is a gymnasium id, not a stack: "
+            f"pass engine='auto', 'envpool' or 'gymnasium', or a factory that builds your stack"
+        )
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine == "gymnasium":
@@ -159,6 +164,10 @@ class EnvPoolEnv(BatchedTaskEnv):
             threads step another (the collector's worker loop does so).
             Env ``j`` keeps seed ``seed + j`` whatever the lanes. Default 1.
         device: TorchRL device, ``"cpu"`` by default.
+        obs_dtype: ``torch.float32`` (default) or ``torch.float64``, the dtype gymnasium's
+            MuJoCo observations (and EnvPool's) have.
+        truncated_when_terminated: an episode that terminates on the step its time limit is
+            reached also reports ``truncated``, as gymnasium's ``TimeLimit`` does. Default ``False``.
 
     Examples:
         >>> env = EnvPoolEnv("Hopper-v5", num_envs=4, seed=0)
@@ -197,6 +206,8 @@ class EnvPoolEnv(BatchedTaskEnv):
         threads: int = 1,
         lanes: int = 1,
         device: torch.device | str = "cpu",
+        obs_dtype: torch.dtype = torch.float32,
+        truncated_when_terminated: bool = False,
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
@@ -220,6 +231,8 @@ class EnvPoolEnv(BatchedTaskEnv):
             max_episode_steps=limit,
             stagger_resets=stagger_resets,
             device=device,
+            obs_dtype=obs_dtype,
+            truncated_when_terminated=truncated_when_terminated,
         )
         self._seed = seed
         self.lanes = lanes
@@ -268,7 +281,7 @@ class EnvPoolEnv(BatchedTaskEnv):
     def _recv(self, lane: int, ids: np.ndarray) -> list[np.ndarray]:
         out = self._pools[lane]._recv()  # noqa: SLF001
         got = out[self._at["info:env_id"]]
-        if not np.array_equal(got, ids):
+        if got.tobytes() != ids.tobytes():  # both int32: a cheaper np.array_equal
             # With several threads EnvPool returns envs in the order they finish.
             order = np.argsort(got)
             out = [a[order] if getattr(a, "ndim", 0) and len(a) == len(ids) else a for a in out]
@@ -276,15 +289,17 @@ class EnvPoolEnv(BatchedTaskEnv):
 
     def _physics_outputs(self, out: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         done, trunc = out[self._at["done"]], out[self._at["trunc"]]
-        return (out[self._at["obs"]].astype(np.float32), out[self._at["reward"]].astype(np.float32),
-                done & ~trunc, trunc)
+        # EnvPool hands out new arrays on every recv (owned by a capsule): float64 observations, as
+        # gymnasium's, are used as they are.
+        return (out[self._at["obs"]].astype(self._obs_np_dtype, copy=False),
+                out[self._at["reward"]].astype(np.float32, copy=False), done & ~trunc, trunc)
 
     # ----------------------------------------------------------------- hooks
     def _reset_envs(self, ids: np.ndarray) -> np.ndarray:
         if not self._pools:
             self._build_pool()
         ids = np.asarray(ids, dtype=np.int32)
-        obs = np.empty((len(ids), self.obs_dim), dtype=np.float32)
+        obs = np.empty((len(ids), self.obs_dim), dtype=self._obs_np_dtype)
         lane_of = ids // self.lane_size
         for lane in np.unique(lane_of).tolist():
             if self._in_flight[lane] is not None:
