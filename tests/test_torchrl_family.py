@@ -306,3 +306,16 @@ def test_max_frames_per_traj_at_or_below_zero_means_no_limit_as_in_torchrl(no_le
                             max_frames_per_traj=-1) as collector:
         assert collector.max_frames_per_traj == 0
         assert next(iter(collector)).numel() == 100
+
+
+def test_a_started_instance_of_a_recognised_stack_serves_several_workers_on_envpool(no_leaks):
+    """No copy is needed when the stack is rebuilt on EnvPool: a started ParallelEnv of HalfCheetah is fine."""
+    env = TransformedEnv(ParallelEnv(2, EnvCreator(functools.partial(GymEnv, "HalfCheetah-v5"))),
+                         Compose(StepCounter(1000), DoubleToFloat()))
+    env.set_seed(0)  # starts its processes
+    try:
+        with OffPolicyCollector(env, None, num_workers=2, frames_per_batch=100, total_frames=200) as collector:
+            assert collector.metrics()["engine"] == "envpool"
+            assert sum(batch.numel() for batch in collector) == 200
+    finally:
+        env.close(raise_if_closed=False)

@@ -323,7 +323,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         if policy is None and policy_factory is not None:
             policy = policy_factory()
         if policy is None:
-            policy = RandomPolicy(probe.full_action_spec_unbatched)
+            policy = _RandomActions(probe.full_action_spec)
         self._user_policy = policy
         cpu_policy = _on_cpu(policy)
         # Training moves the user's (CUDA) policy, not this copy: publishes read the original.
@@ -906,8 +906,10 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
         num_workers = len(items)
     num_workers = _check_int("num_workers", 1 if num_workers is None else num_workers, 1)
     if not many:
-        if isinstance(create_env_fn, EnvBase) and num_workers > 1:
-            # TorchRL's collectors pickle the instance into each worker; so do we.
+        if (isinstance(create_env_fn, EnvBase) and num_workers > 1
+                and choose_env_stack(create_env_fn, gym_ids["engine"], privileged).plan is None):
+            # TorchRL's collectors pickle the instance into each worker; so do we (a stack
+            # rebuilt on EnvPool needs no copy: each worker builds its own).
             create_env_fn = EnvCopy(create_env_fn, num_workers)
         items = [create_env_fn] * num_workers
     if isinstance(create_env_kwargs, Mapping) or create_env_kwargs is None:
@@ -978,6 +980,20 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
         if isinstance(item, EnvBase) and all(item is not env for env in given):
             given.append(item)
     return out, num_workers, engines, given, probe
+
+
+class _RandomActions(nn.Module):
+    """TorchRL's ``RandomPolicy`` as a module (with no weights), so that it syncs like any policy.
+
+    The spec is the batched one, as TorchRL's collectors give ``RandomPolicy``.
+    """
+
+    def __init__(self, action_spec) -> None:
+        super().__init__()
+        self.random = RandomPolicy(action_spec)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return self.random(tensordict)
 
 
 class EnvCopy:
