@@ -319,3 +319,12 @@ def test_a_started_instance_of_a_recognised_stack_serves_several_workers_on_envp
             assert sum(batch.numel() for batch in collector) == 200
     finally:
         env.close(raise_if_closed=False)
+
+
+def test_exploration_module_without_spec_takes_the_envs_as_in_torchrl(no_leaks):
+    """td3_trainer's config builds AdditiveGaussianModule(spec=None); TorchRL's collectors set it from the env."""
+    noise = AdditiveGaussianModule(spec=None, sigma_init=0.5)
+    with OffPolicyCollector(make_env, TensorDictSequential(actor_net(), noise), frames_per_batch=100,
+                            total_frames=100) as collector:
+        assert noise.spec is not None
+        assert next(iter(collector))["action"].abs().max() <= 2.0

@@ -23,6 +23,7 @@ from torchrl.collectors.utils import split_trajectories
 from torchrl.data import ReplayBuffer, TensorSpec
 from torchrl.envs import EnvBase, ParallelEnv, StepCounter, TransformedEnv
 from torchrl.envs.utils import ExplorationType, RandomPolicy
+from torchrl.modules import set_exploration_modules_spec_from_env
 
 from torchrl_unilab.collectors._batches import BatchSlots
 from torchrl_unilab.collectors._control import FrameControl, split_random_frames
@@ -324,6 +325,9 @@ class OffPolicyCollector(MultiAsyncCollector):
             policy = policy_factory()
         if policy is None:
             policy = _RandomActions(probe.full_action_spec)
+        if isinstance(policy, nn.Module):
+            # As TorchRL's collectors do: exploration modules built with spec=None take the env's.
+            set_exploration_modules_spec_from_env(policy, probe)
         self._user_policy = policy
         cpu_policy = _on_cpu(policy)
         # Training moves the user's (CUDA) policy, not this copy: publishes read the original.
