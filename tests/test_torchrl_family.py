@@ -98,6 +98,7 @@ def test_tensordict_replay_buffer_rows_carry_their_index(storage, pre_initialise
     assert torch.equal(replay_buffer.storage[sample["index"]]["observation"], sample["observation"])
     obs = sample["next", "observation"]
     assert torch.allclose(obs[:, 0] ** 2 + obs[:, 1] ** 2, torch.ones(64), atol=1e-4), "real env data"
+    del collector, replay_buffer  # the shared buffer's locks (semaphores in /dev/shm) go with it
 
 
 def test_shared_weights_take_any_state_a_policy_holds():
