@@ -909,12 +909,16 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
             raise ValueError(f"num_workers={num_workers} does not match the {len(items)} envs in create_env_fn")
         num_workers = len(items)
     num_workers = _check_int("num_workers", 1 if num_workers is None else num_workers, 1)
+    choices: dict[tuple, Any] = {}
     if not many:
-        if (isinstance(create_env_fn, EnvBase) and num_workers > 1
-                and choose_env_stack(create_env_fn, gym_ids["engine"], privileged).plan is None):
-            # TorchRL's collectors pickle the instance into each worker; so do we (a stack
-            # rebuilt on EnvPool needs no copy: each worker builds its own).
-            create_env_fn = EnvCopy(create_env_fn, num_workers)
+        if isinstance(create_env_fn, EnvBase) and num_workers > 1:
+            # Decided once here and reused below (an instance takes no create_env_kwargs).
+            choice = choices[(id(create_env_fn), "[]")] = choose_env_stack(create_env_fn, gym_ids["engine"],
+                                                                           privileged)
+            if choice.plan is None:
+                # TorchRL's collectors pickle the instance into each worker; so do we (a stack
+                # rebuilt on EnvPool needs no copy: each worker builds its own).
+                create_env_fn = EnvCopy(create_env_fn, num_workers)
         items = [create_env_fn] * num_workers
     if isinstance(create_env_kwargs, Mapping) or create_env_kwargs is None:
         kwargs_list = [dict(create_env_kwargs or {})] * num_workers
@@ -922,7 +926,7 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
         kwargs_list = [dict(k) for k in create_env_kwargs]
         if len(kwargs_list) != num_workers:
             raise ValueError(f"create_env_kwargs holds {len(kwargs_list)} dicts for {num_workers} workers")
-    out, engines, choices, probe = [], [], {}, None
+    out, engines, probe = [], [], None
     try:  # an env built to be looked at is closed if a later item is refused
         for idx, (item, kwargs) in enumerate(zip(items, kwargs_list)):
             if isinstance(item, str):
