@@ -264,6 +264,41 @@ def test_torchrl_sac_trainer_built_from_its_config_classes(collector, tmp_path):
     assert not any(proc.is_alive() for proc in trainer.collector.procs), "every worker stopped"
 
 
+def test_torchrl_td3_trainer_bounds_its_loss_from_collector_env(tmp_path):
+    # No no_leaks fixture, for the reason given in the SAC trainer test above.
+    """td3_trainer's config: `collector: sync` swapped by _target_; TD3Loss takes its bounds from collector.env."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.utils import instantiate
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(Path(__file__).parent / "configs"), version_base="1.3"):
+        cfg = compose(config_name="td3_trainer_pendulum", overrides=[f"logger.log_dir={tmp_path}"])
+    assert cfg.loss.get("action_spec") is None and cfg.loss.get("bounds") is None, "the bounds come from the env"
+    trainer = instantiate(cfg.trainer)
+    try:
+        assert isinstance(trainer.collector, OffPolicyCollector)
+        assert torch.equal(trainer.loss_module.max_action, torch.tensor([2.0])), "Pendulum's action bound"
+        trainer.train()
+        assert trainer.collected_frames == 800 and len(trainer.replay_buffer) == 800
+        versions = trainer.replay_buffer[:]["policy_version"]
+        assert (versions == -1).sum() == 200 and versions.max() > 1
+    finally:
+        trainer.collector.shutdown()
+        GlobalHydra.instance().clear()
+    assert not any(proc.is_alive() for proc in trainer.collector.procs), "every worker stopped"
+
+
+def test_collector_env_answers_specs_from_the_workers_envs(no_leaks):
+    """TorchRL's Collector has .env; trainers and scripts read its specs."""
+    with OffPolicyCollector(make_env, actor_net(), num_workers=2, frames_per_batch=100, total_frames=200) as collector:
+        assert collector.env.action_spec_unbatched == collector.getattr_env("action_spec_unbatched")
+        assert sum(batch.numel() for batch in collector) == 200
+        assert collector.env.batch_size == collector.getattr_env("batch_size"), "still answers once workers run"
+        with pytest.raises(NotImplementedError, match="live in the worker processes"):
+            collector.env.rollout
+
+
 def test_split_trajs_then_multistep_postproc_as_redq_uses_them(no_leaks):
     """redq.py's collector: split_trajs=True with TorchRL's MultiStep as postproc."""
     from torchrl.data.postprocs import MultiStep

@@ -779,6 +779,23 @@ class OffPolicyCollector(MultiAsyncCollector):
             )
         return getattr(env, attr)
 
+    @property
+    def env(self) -> _EnvAttributes:
+        """The env, as TorchRL's single-process ``Collector`` exposes it (its trainers read ``collector.env``).
+
+        The envs run in the workers, so this is a view whose attributes are
+        :meth:`getattr_env`'s: the specs and batch size always (TorchRL's TD3
+        trainer reads ``collector.env.action_spec`` to bound its loss), anything
+        else while an env lives in this process.
+
+        Examples:
+            >>> from torchrl_unilab import OffPolicyCollector
+            >>> with OffPolicyCollector("Pendulum-v1", num_envs=4, frames_per_batch=64) as collector:
+            ...     collector.env.action_spec_unbatched.shape
+            torch.Size([1])
+        """
+        return _EnvAttributes(self)
+
     def getattr_rb(self, attr: str) -> Any:
         """An attribute of the replay buffer."""
         if self.replay_buffer is None:
@@ -988,6 +1005,21 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
         if isinstance(item, EnvBase) and all(item is not env for env in given):
             given.append(item)
     return out, num_workers, engines, given, probe
+
+
+class _EnvAttributes:
+    """``OffPolicyCollector.env`` while the envs live in the workers: attribute reads go to ``getattr_env``."""
+
+    def __init__(self, collector: OffPolicyCollector) -> None:
+        self._collector = collector
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return self._collector.getattr_env(attr)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(batch_size={self._collector.getattr_env('batch_size')})"
 
 
 class _RandomActions(nn.Module):
