@@ -51,7 +51,7 @@ of each script's folder, never in the checkout, and never copied into this proje
   a name that hydra finds by itself (registered by TorchRL or by a ``hydra_plugins``
   module). A name that only an import registers takes ``--trainer-import MODULE``:
   the module is imported first and the script then run with :func:`runpy.run_path`.
-* **sac/sac-async.py** needs three more, printed when applied, each for a bug of
+* **sac/sac-async.py** needs four more, printed when applied, each for a bug of
   TorchRL's script that no override reaches. It builds its exploration policy on
   the hard-coded device ``"cuda:1"`` (``collector.device`` and ``network.device``
   are configurable, this one is not, and no environment variable maps a CUDA
@@ -62,7 +62,11 @@ of each script's folder, never in the checkout, and never copied into this proje
   ``compile_mode = compile_mode_collector = None``. Its training loop runs a
   hard-coded ``total_iter * num_updates = 1000 * 1000`` updates whatever the
   config says, so ``total_iter = 1000`` becomes ``total_iter = 1`` (1,000
-  updates); the collector itself stops at ``collector.total_frames``.
+  updates); the collector itself stops at ``collector.total_frames``. And
+  ``_, eval_env = make_environment(...)`` discards a seeded ``ParallelEnv``
+  without closing it, so the interpreter waits at exit for that env's processes,
+  forever, whichever collector ran (a ten-line script of TorchRL's classes alone
+  hangs the same way): the discarded env is closed on the same line.
 
 Everything else is a hydra override (``-v`` prints each command line): a few
 thousand frames (``--frames``: total frames; a third of them random; batches of a
@@ -74,7 +78,10 @@ half the frames (so that each script's eval path runs), fewer updates per frame
 config asks for more (8 or 16 env processes do not fit a 2-core machine), and
 ``env.library=gymnasium`` where the stock config says ``gym`` (``crossq``,
 ``discrete_sac``: the pre-gymnasium ``gym`` package is not a TorchRL dependency,
-and gymnasium runs the same tasks).
+and gymnasium runs the same tasks), and ``buffer.prb=0`` for REDQ where TorchRL's
+C++ extension does not load against the installed torch (torchrl 0.14.1 against
+torch 2.13: ``SumSegmentTreeFp32 is not available``, with TorchRL's collector
+too), so that its prioritized buffer cannot be built.
 ``--stock`` runs the same commands without any collector swap: a control that
 tells TorchRL's own failures from ours.
 
@@ -289,10 +296,26 @@ def _online(b: Budget, eval_key: str) -> list[str]:
     return _collector(b) + ["optim.device=cpu", f"replay_buffer.size={b.buffer}", f"logger.{eval_key}={b.eval_every}"]
 
 
+def torchrl_segment_trees_load() -> bool:
+    """Whether TorchRL's C++ extension (its prioritized replay's segment trees) loads against this torch.
+
+    A torchrl wheel built against another torch fails with ``undefined symbol``
+    (torchrl 0.14.1 against torch 2.13), and ``PrioritizedSampler`` then cannot
+    be built, whatever the collector.
+    """
+    try:
+        from torchrl import _torchrl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _redq(b: Budget) -> list[str]:
     # steps_per_batch is REDQ's updates per batch; record_frames the length of its two eval rollouts
     # (10,000 steps each, run once at start-up too); init_env_steps the observation-statistics rollout.
-    return [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
+    # Its stock buffer is prioritized (buffer.prb=1): where TorchRL's segment trees cannot load, a uniform one.
+    prb = [] if torchrl_segment_trees_load() else ["buffer.prb=0"]
+    return prb + [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
             f"collector.frames_per_batch={b.frames_per_batch}", "collector.device=cpu",
             f"optim.steps_per_batch={max(int(b.frames_per_batch * b.utd), 1)}", f"buffer.size={b.buffer}",
             "env.init_env_steps=1000", "logger.backend=", "logger.record_frames=1000", "logger.record_interval=2"]
@@ -311,6 +334,10 @@ SAC_ASYNC_EDITS = (
              "TorchRL's hard-coded 1000 x 1000 updates; 1000 remain"),
     TextEdit("sac-async.py", "    compile_mode = None\n", "    compile_mode = compile_mode_collector = None\n",
              "TorchRL's bug: compile_mode_collector is only set when compile.compile is true"),
+    TextEdit("sac-async.py", "    _, eval_env = make_environment(cfg, logger=logger)\n",
+             "    _, eval_env = make_environment(cfg, logger=logger); _.close()\n",
+             "TorchRL's bug: the seeded ParallelEnv it discards is never closed, and the interpreter waits for its "
+             "processes at exit, with any collector"),
 )
 
 GYMNASIUM = ["env.library=gymnasium"]
