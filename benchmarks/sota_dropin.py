@@ -81,7 +81,11 @@ config asks for more (8 or 16 env processes do not fit a 2-core machine), and
 and gymnasium runs the same tasks), and ``buffer.prb=0`` for REDQ where TorchRL's
 C++ extension does not load against the installed torch (torchrl 0.14.1 against
 torch 2.13: ``SumSegmentTreeFp32 is not available``, with TorchRL's collector
-too), so that its prioritized buffer cannot be built.
+too), so that its prioritized buffer cannot be built. REDQ's recorder env renders
+pixels whatever ``logger.video`` says (its ``video_tag`` turns ``from_pixels`` on), so
+REDQ needs a headless OpenGL: the benchmark runs it with ``MUJOCO_GL=egl`` unless
+``MUJOCO_GL`` is set (Debian: ``apt-get install libegl1``; or ``libosmesa6`` with
+``MUJOCO_GL=osmesa``).
 ``--stock`` runs the same commands without any collector swap: a control that
 tells TorchRL's own failures from ours.
 
@@ -259,6 +263,7 @@ class Script:
     overrides: Callable[[Budget], list[str]]
     trainer: bool = False
     edits: tuple[TextEdit, ...] = ()
+    renders: bool = False  # builds a pixel env whatever its config says (REDQ's recorder)
 
     @property
     def folder(self) -> str:
@@ -350,7 +355,7 @@ SCRIPTS: tuple[Script, ...] = (
     Script("tqc", "tqc/tqc.py", lambda b: _td3_like(b, "network.device", envs=True)),
     # Their stock env.library is "gym", the pre-gymnasium package: gymnasium runs the same tasks.
     Script("crossq", "crossq/crossq.py", lambda b: _td3_like(b, "network.device", envs=False) + GYMNASIUM),
-    Script("redq", "redq/redq.py", _redq),
+    Script("redq", "redq/redq.py", _redq, renders=True),
     Script("iql", "iql/iql_online.py", lambda b: _online(b, "eval_iter")),
     Script("cql", "cql/cql_online.py", lambda b: _online(b, "log_interval")),
     Script("discrete_sac", "discrete_sac/discrete_sac.py",
@@ -613,6 +618,9 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     cmd = command_for(script, budget, trainer_collector, trainer_import, stock)
     env = dict(os.environ, HYDRA_FULL_ERROR="1", WANDB_MODE="disabled", CUDA_VISIBLE_DEVICES="",
                PYTHONFAULTHANDLER="1")
+    if script.renders:  # headless: EGL unless the user chose a GL backend
+        env.setdefault("MUJOCO_GL", "egl")
+        env.setdefault("PYOPENGL_PLATFORM", env["MUJOCO_GL"])
     # This repository's torchrl_unilab first, ahead of any editable install of another checkout.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     log_path = folder / "sota_dropin.log"
