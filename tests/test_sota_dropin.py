@@ -135,3 +135,35 @@ def test_only_accepts_names_and_paths():
     assert [s.name for s in sota_dropin.select_scripts("ddpg_trainer, td3/td3.py")] == ["td3", "ddpg_trainer"]
     with pytest.raises(ValueError, match="accepted: sac, sac-async"):
         sota_dropin.select_scripts("sac,nope")
+
+
+def test_redq_gets_a_uniform_buffer_exactly_where_torchrl_segment_trees_cannot_load():
+    redq = next(s for s in sota_dropin.SCRIPTS if s.name == "redq")
+    command = sota_dropin.command_for(redq, sota_dropin.Budget(3000, 2, 0.1), sota_dropin.SWAP_TARGET, None, False)
+    try:
+        from torchrl.data import PrioritizedSampler
+
+        PrioritizedSampler(10, alpha=0.7, beta=0.5)
+        loads = True
+    except RuntimeError:  # "SumSegmentTreeFp32 is not available": a torchrl build for another torch
+        loads = False
+    assert sota_dropin.torchrl_segment_trees_load() == loads
+    assert ("buffer.prb=0" in command) == (not loads)
+
+
+def test_a_rendering_script_runs_on_egl_unless_the_user_chose_a_gl(checkout, tmp_path, monkeypatch):
+    script = checkout / "sota-implementations" / "sac" / "sac.py"
+    script.write_text("import os\nprint('GL', os.environ.get('MUJOCO_GL'), os.environ.get('PYOPENGL_PLATFORM'))\n")
+    renders = sota_dropin.Script("sac", "sac/sac.py", lambda b: [], renders=True)
+    budget = sota_dropin.Budget(600, 1, 1.0)
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    monkeypatch.delenv("PYOPENGL_PLATFORM", raising=False)
+    for chosen, expected in [(None, "GL egl egl"), ("osmesa", "GL osmesa osmesa")]:
+        if chosen:
+            monkeypatch.setenv("MUJOCO_GL", chosen)
+        out = tmp_path / (chosen or "default")
+        out.mkdir()
+        result = sota_dropin.run_one(renders, checkout / "sota-implementations", out, budget, 60,
+                                     trainer_collector=sota_dropin.SWAP_TARGET, trainer_import=None, stock=True)
+        assert result.status == "ok"
+        assert expected in (out / "sac" / "sota_dropin.log").read_text()
