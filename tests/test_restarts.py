@@ -140,9 +140,10 @@ def test_a_worker_that_keeps_failing_stops_the_run_with_every_traceback(restarts
     finally:
         collector.shutdown(raise_on_error=False)
     err = info.value
-    failures = restarts + 1 if restarts == 1 else 3
     assert why in str(err)
-    assert len(err.failures) == failures
+    failures = len(err.failures)
+    # max_worker_restarts=1: the second failure ends it; 10: the third within 60 s (later under heavy load)
+    assert failures == 2 if restarts == 1 else 3 <= failures <= restarts
     assert all("boom from the env, again" in tb for _, _, tb in err.failures)
     assert str(err).count("--- failure ") == failures and "in _step" in err.worker_traceback
     # Nothing lost was counted: each process wrote its first batch (16 steps of 4 envs) and died in its second.
