@@ -701,6 +701,7 @@ class RayOffPolicyCollector(RayCollector):
             "published_version": self.published_version,
             "lost_nodes": self.lost_nodes,
             "node_restarts": sum(self.node_restarts),
+            "worker_restarts": sum(int(m.get("worker_restarts", 0)) for m in nodes.values()),
             "node_restarts_per_node": list(self.node_restarts),
             "receive_s": self.receive_s,
             "nodes": nodes,
