@@ -663,8 +663,9 @@ class RayOffPolicyCollector(RayCollector):
             replaced = [i for i in sorted(self._replaced) if i not in self._lost]
             calls = [self._nodes[i].load_learner_weights.remote(weights, self.published_version + 1) for i in replaced]
         try:
-            super()._send_weights_scheme(model_id=model_id, scheme=scheme, processed_weights=processed_weights,
-                                         worker_ids=worker_ids)
+            if worker_ids is None or worker_ids:  # none left in the group when every node was replaced
+                super()._send_weights_scheme(model_id=model_id, scheme=scheme, processed_weights=processed_weights,
+                                             worker_ids=worker_ids)
             if self._replaced:
                 ray.get(calls)
         except ray.exceptions.RayActorError as err:
