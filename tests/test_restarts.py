@@ -62,7 +62,8 @@ def test_a_sigkilled_worker_is_replaced_with_a_new_seed_stream(no_leaks):
         assert metrics["workers"][1]["last_error"] is None
         assert collector.procs[0].pid != victim and collector.procs[0].is_alive()
         assert metrics["frames_lost"] in (0, 64)  # the batch it was collecting, if it held one
-        assert sampler.torn == 0 and sampler.longest_s < 5.0
+        # A hang detector: under a load of 12 on 2 cores one sample() took 5.05 s with nothing blocked.
+        assert sampler.torn == 0 and sampler.longest_s < 30.0, sampler.longest_s
         check_buffer(rb, collector, 2048, 512)
         # The replacement is on seed stream 1: its trajectories' ids and first observations are its own.
         data = rb[: len(rb)]
