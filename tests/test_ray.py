@@ -247,6 +247,63 @@ def test_nodes_write_to_a_ray_replay_buffer_and_lost_nodes_are_reported():
     sweep_stale("/dev/shm", "tul_w_")
 
 
+def test_a_killed_node_actor_is_replaced_and_training_goes_on():
+    """max_node_restarts=1: ray.kill of the node's actor starts a new one; the learner keeps what it received."""
+    rb = make_replay_buffer(20_000)
+    collector = RayOffPolicyCollector(
+        "Pendulum-v1", linear_policy(3, 1), num_nodes=1, num_workers=1, num_envs=4, frames_per_batch=32,
+        init_random_frames=64, seed=0, replay_buffer=rb, remote_configs=NODE, max_node_restarts=1,
+    )
+    first, first_host = node_processes(collector), collector.node_hosts[0]
+    second: list[int] = []
+    try:
+        collector.allow_frames(256)
+        assert collector.wait_for_frames(256, timeout=120)
+        received = rb[: len(rb)].clone()
+        ray.kill(collector.remote_collectors[0])
+        target = collector.frames_written + 256
+        collector.allow_frames(target)
+        assert collector.wait_for_frames(target, timeout=180)
+        metrics = collector.metrics()
+        assert metrics["node_restarts"] == 1 and metrics["lost_nodes"] == []
+        assert "pid" in collector.node_hosts[0] and collector.node_hosts[0] != first_host
+        assert wait_until(lambda: gone(first), timeout=15), "the lost node's processes outlived it"
+        second = node_processes(collector)
+        assert not set(second) & set(first)
+        data = rb[: len(rb)]
+        assert (data[: len(received)] == received).all(), "the learner lost batches it had received"
+        traj = data["collector", "traj_ids"]
+        replacement = traj >= (1 << 44)
+        assert replacement.any(), "no rows from the replacement"
+        # the random frames were all owed and collected already: the replacement acts with the policy
+        assert int((data["policy_version"] == -1).sum()) == 64 and (data["policy_version"][replacement] == 1).all()
+
+        # a publish reaches the replacement through Ray, with the learner's version
+        with torch.no_grad():
+            for param in collector.policy.parameters():
+                param.zero_()
+            collector.policy.module[0].bias.fill_(0.5)
+        collector.update_policy_weights_()
+        target = collector.frames_written + 256
+        collector.allow_frames(target)
+        assert collector.wait_for_frames(target, timeout=120)
+        data = rb[: len(rb)]
+        new = data["policy_version"] == 2
+        assert new.any() and torch.allclose(data["action"][new], torch.tanh(torch.tensor(0.5)))
+
+        # no restart left: the next loss is raised
+        ray.kill(collector.remote_collectors[0])
+        collector.allow_frames(None)
+        with pytest.raises(NodeError, match="collector node 0 on .* failed: its Ray actor was lost"):
+            collector.wait_for_frames(10**9, timeout=30)
+    finally:
+        collector.shutdown(raise_on_error=False)
+    assert wait_until(lambda: gone(first + second), timeout=15)
+    wait_until(lambda: not any(pid_alive(pid) for pid in first + second), timeout=10)
+    sweep_stale(tempfile.gettempdir(), "torchrl_unilab_rb_")  # what the killed actors could not remove
+    sweep_stale("/dev/shm", "tul_w_")
+
+
 class CrashAfter(Transform):
     """Raises from the env's step after ``steps`` steps: a real fault inside a remote worker."""
 

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,3 +192,46 @@ def test_sac_trains_with_prioritized_replay_and_resumes_its_priorities(tmp_path,
 
     second = run_recipe("sac", run_dir, f"resume={run_dir}", *prb[:2], "collector.total_frames=1216")
     check_run(run_dir, second, frames=1216, updates=1216 - 256)
+
+
+def _kill_a_worker_when_it_runs(stop: threading.Event, killed: list) -> None:
+    """SIGKILLs the first worker process of this test's recipe once it has run for 3 s."""
+    from conftest import child_pids
+
+    while not stop.is_set() and not killed:
+        for pid in child_pids():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    spawned = b"spawn_main" in f.read()
+                age = time.time() - os.stat(f"/proc/{pid}").st_mtime
+                if spawned and age > 3.0 and pid not in _tracker():
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    return
+        time.sleep(0.2)
+
+
+def _tracker() -> set[int]:
+    from multiprocessing import resource_tracker
+
+    pid = getattr(resource_tracker._resource_tracker, "_pid", None)  # noqa: SLF001
+    return {pid} if pid else set()
+
+
+def test_sac_survives_a_killed_worker_logs_the_restart_and_resumes(tmp_path, no_leaks):
+    run_dir = tmp_path / "run"
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_a_worker_when_it_runs, args=(stop, killed), daemon=True)
+    killer.start()
+    try:
+        summary = run_recipe("sac", run_dir, "collector.total_frames=2048", "collector.max_worker_restarts=2",
+                             "logger.log_every=64")
+    finally:
+        stop.set()
+        killer.join(5)
+    assert killed, "no worker was killed"
+    assert summary["worker_restarts"] == 1
+    check_run(run_dir, summary, frames=2048, updates=2048 - 256)
+    assert scalars(run_dir, "collector/worker_restarts")[-1][1] == 1.0
+    resumed = run_recipe("sac", run_dir, f"resume={run_dir}", "collector.total_frames=2240")
+    check_run(run_dir, resumed, frames=2240, updates=2240 - 256)

@@ -10,6 +10,12 @@ is reproducible), and the frames it needs for that share are reserved for it:
 no other worker may claim them, however late it starts. Without that, a fast
 worker could claim every batch up to ``total_frames`` before a slow one started,
 and the slow worker's random frames would never be collected.
+
+Each worker's claim in flight and what it wrote (frames, random frames) are
+kept per worker too, so that a dead worker's lost batch can be handed back
+(:meth:`FrameControl.release`): the frames it claimed and never wrote are
+claimed again by whoever collects next, and its replacement is owed exactly the
+random frames it had not written.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from torchrl_unilab._sync import ProcessLock
 __all__ = ["FrameControl"]
 
 _ALLOWED, _CLAIMED, _WRITTEN, _TOTAL = range(4)
+_IN_FLIGHT, _W_WRITTEN, _W_RANDOM = range(3)
 _UNLIMITED = 2**62
 
 
@@ -65,6 +72,16 @@ class FrameControl:
         (True, False)
         >>> control.written_(64); control.written
         64
+
+        A worker dies holding a claim: :meth:`release` hands it back.
+
+        >>> control = FrameControl([64, 0], frames_per_batch=64)
+        >>> control.allow(128)
+        >>> control.claim(64, worker_idx=0), control.claim(64, worker_idx=1)
+        (True, True)
+        >>> control.written_(64, worker_idx=1)
+        >>> control.release(0, random_frames=64), control.claimed, control.random_written(0)
+        (64, 64, 0)
     """
 
     def __init__(self, random_frames: list[int] | None = None, frames_per_batch: int = 1,
@@ -74,6 +91,9 @@ class FrameControl:
         self._state[_TOTAL] = _UNLIMITED if total_frames is None else int(total_frames)
         reserved = [-(-share // frames_per_batch) * frames_per_batch for share in random_frames or [0]]
         self._reserved = torch.tensor(reserved, dtype=torch.int64).share_memory_()
+        self.frames_per_batch = frames_per_batch
+        # Per worker: frames claimed and not yet written, frames written, random frames written.
+        self._workers = torch.zeros(len(reserved), 3, dtype=torch.int64).share_memory_()
 
     @property
     def allowed(self) -> int:
@@ -114,12 +134,40 @@ class FrameControl:
                 return False
             self._state[_CLAIMED] += frames
             self._reserved[worker_idx] = max(0, int(self._reserved[worker_idx]) - frames)
+            self._workers[worker_idx, _IN_FLIGHT] += frames
             return True
 
-    def written_(self, frames: int) -> None:
-        """Worker side: records ``frames`` written into the buffer."""
+    def written_(self, frames: int, worker_idx: int = 0, random_frames: int = 0) -> None:
+        """Worker side: records ``frames`` written into the buffer, ``random_frames`` of them with random actions."""
         with self._lock:
             self._state[_WRITTEN] += frames
+            row = self._workers[worker_idx]
+            row[_IN_FLIGHT] = max(0, int(row[_IN_FLIGHT]) - frames)
+            row[_W_WRITTEN] += frames
+            row[_W_RANDOM] += random_frames
+
+    def worker_written(self, worker_idx: int) -> int:
+        """Frames worker ``worker_idx`` wrote so far (over all its restarts)."""
+        return int(self._workers[worker_idx, _W_WRITTEN])
+
+    def random_written(self, worker_idx: int) -> int:
+        """Random frames worker ``worker_idx`` wrote so far (over all its restarts)."""
+        return int(self._workers[worker_idx, _W_RANDOM])
+
+    def release(self, worker_idx: int, random_frames: int) -> int:
+        """Parent side, once worker ``worker_idx`` is dead: hands its unwritten claim back; returns those frames.
+
+        The frames it claimed and never wrote are no longer claimed, so the
+        frame count stays exact and ``total_frames`` is still reached with frames
+        really written; the batches its replacement needs for the
+        ``random_frames`` it is owed are reserved for it again.
+        """
+        with self._lock:
+            lost = int(self._workers[worker_idx, _IN_FLIGHT])
+            self._workers[worker_idx, _IN_FLIGHT] = 0
+            self._state[_CLAIMED] -= lost
+            self._reserved[worker_idx] = -(-random_frames // self.frames_per_batch) * self.frames_per_batch
+            return lost
 
     def wait(self, predicate: Callable[[], bool], *, timeout: float | None, on_poll: Callable[[], None]) -> bool:
         """Polls ``predicate`` until it holds; ``on_poll`` may raise to abort. Returns False on timeout."""

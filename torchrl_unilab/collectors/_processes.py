@@ -11,12 +11,20 @@ bootstrapped (e.g. the error that a script without an
 ``if __name__ == "__main__":`` guard gets under spawn) is kept and shown.
 And each worker marks that it reached its entry point, so an exit before that
 is reported as a start-up failure rather than a crash.
+
+With a :class:`RestartPolicy`, the watcher that sees a worker die (its
+reported exception, or an exit it did not explain) replaces it with a new
+process in the same slot, after the policy's ``prepare`` hook has settled
+what the dead one left (its unwritten claim, the random frames it still owed)
+and handed the new one its arguments. A worker that fails more than
+``max_restarts`` times, or crash-loops, ends the run with every traceback seen.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -28,6 +36,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from multiprocessing import reduction
 from typing import Any
 
@@ -35,7 +44,8 @@ import torch
 
 from torchrl_unilab._sync import StopFlag
 
-__all__ = ["WorkerError", "WorkerPool", "report_error", "restore_stderr", "shut_down_at_exit", "worker_started"]
+__all__ = ["RestartPolicy", "WorkerError", "WorkerPool", "report_error", "restore_stderr", "shut_down_at_exit",
+           "worker_started"]
 
 _BOOTSTRAP_HINT = (
     "it exited before reaching its entry point. Under the 'spawn' start method each worker re-imports the "
@@ -44,6 +54,11 @@ _BOOTSTRAP_HINT = (
 )
 _STDERR_TAIL = 4000
 _THREAD_JOIN_SECONDS = 60.0
+#: How long a dead worker's process may take to exit before its replacement starts (it reported, then exits).
+_EXIT_WAIT_SECONDS = 5.0
+
+# A child of TorchRL's logger, as the collector's: restarts are logged beside TorchRL's own lines.
+_log = logging.getLogger("torchrl.unilab")
 
 
 class WorkerError(RuntimeError):
@@ -51,23 +66,59 @@ class WorkerError(RuntimeError):
 
     Attributes:
         worker_idx: index of the worker that failed.
-        worker_traceback: the formatted traceback from the worker process.
+        worker_traceback: the formatted traceback from the worker process (with
+            restarts: every failure's, oldest first).
+        failures: ``(worker_idx, message, traceback)`` of every failure seen,
+            oldest first; restarted ones included.
 
     Examples:
         >>> err = WorkerError(1, "ValueError: boom", "Traceback ...")
-        >>> err.worker_idx
-        1
+        >>> err.worker_idx, len(err.failures)
+        (1, 1)
     """
 
-    def __init__(self, worker_idx: int, message: str, worker_traceback: str) -> None:
+    def __init__(self, worker_idx: int, message: str, worker_traceback: str,
+                 failures: Sequence[tuple[int, str, str]] = ()) -> None:
         self.worker_idx = worker_idx
         self.worker_traceback = worker_traceback
         self._message = message
+        self.failures = list(failures) or [(worker_idx, message, worker_traceback)]
         super().__init__(f"collector worker {worker_idx} failed: {message}\n\nWorker traceback:\n{worker_traceback}")
 
     def __reduce__(self):
         # Exceptions pickle their args; these are the constructor's (Ray and multiprocessing send errors pickled).
-        return type(self), (self.worker_idx, self._message, self.worker_traceback)
+        return type(self), (self.worker_idx, self._message, self.worker_traceback, self.failures)
+
+
+@dataclass
+class RestartPolicy:
+    """How a :class:`WorkerPool` replaces its dead process workers.
+
+    Args:
+        max_restarts: restarts allowed per worker; its next failure ends the run.
+        crash_loop: ``(failures, seconds)``: a worker that fails that many times
+            within that many seconds ends the run however many restarts are left.
+        prepare: called as ``prepare(worker_idx, restarts)`` (``restarts``
+            counting this one) once the dead process is gone; returns the new
+            process's arguments (``args`` of :class:`WorkerPool`). ``None``
+            reuses the pool's ``args``.
+
+    Examples:
+        >>> policy = RestartPolicy(max_restarts=3)
+        >>> policy.crash_loop
+        (3, 60.0)
+    """
+
+    max_restarts: int = 0
+    crash_loop: tuple[int, float] = (3, 60.0)
+    prepare: Callable[[int, int], Sequence] | None = None
+
+
+@dataclass
+class _Failure:
+    worker_idx: int
+    error: WorkerError
+    at: float = field(default_factory=time.monotonic)
 
 
 class _InheritedFd:
@@ -171,6 +222,9 @@ class WorkerPool:
         in_thread: which workers run as threads of this process (default: none).
         stop_event: what :meth:`stop` sets and workers poll (default: a new
             :class:`~torchrl_unilab._sync.StopFlag`); anything with ``set`` / ``is_set``.
+        restart: replaces dead process workers (a :class:`RestartPolicy`);
+            default: the first failure stops every worker. A worker thread is
+            never restarted (the env instance it steps cannot be rebuilt).
 
     Examples:
         >>> import multiprocessing as mp
@@ -181,8 +235,17 @@ class WorkerPool:
 
     def __init__(self, ctx: mp.context.BaseContext, target: Callable, args: Sequence, num_workers: int,
                  poll_interval: float = 0.05, name: str = "OffPolicyCollector",
-                 in_thread: Sequence[bool] | None = None, stop_event: Any = None) -> None:
+                 in_thread: Sequence[bool] | None = None, stop_event: Any = None,
+                 restart: RestartPolicy | None = None) -> None:
         self.ctx = ctx
+        self.target, self.args, self.name = target, tuple(args), name
+        self.restart = restart or RestartPolicy()
+        #: Restarts of each worker so far.
+        self.restarts = [0] * num_workers
+        #: Every failure seen, oldest first.
+        self.failures: list[_Failure] = []
+        # Held while a worker is replaced, and by stop() when it sets _stopping: no replacement starts after.
+        self._lifecycle = threading.Lock()
         # default: an mp.Event's lock stays held by a worker killed inside is_set()
         self.stop_event = StopFlag() if stop_event is None else stop_event
         pipes = [ctx.Pipe(duplex=False) for _ in range(num_workers)]
@@ -195,12 +258,12 @@ class WorkerPool:
         self._parent_stderr = [_InheritedFd(-1) for _ in range(num_workers)]
         self.procs = []
         for i in range(num_workers):
-            common = (i, *args, self.stop_event, self._error_writers[i], self.started)
             if in_thread[i]:
+                common = (i, *args, self.stop_event, self._error_writers[i], self.started)
                 self.procs.append(_ThreadWorker(target, (*common, None), name=f"{name}-worker-{i}"))
             else:
-                self.procs.append(ctx.Process(target=target, args=(*common, self._parent_stderr[i]),
-                                              name=f"{name}-worker-{i}", daemon=False))
+                self.procs.append(self._process(i, self.args))
+        self._open = set(range(num_workers))  # workers whose error pipe is still open
         self.error: WorkerError | None = None
         self._stopping = False
         self._watcher: threading.Thread | None = None
@@ -216,23 +279,96 @@ class WorkerPool:
         self._watcher = threading.Thread(target=self._watch, name="collector-watcher", daemon=True)
         self._watcher.start()
 
+    def _process(self, idx: int, args: Sequence) -> mp.process.BaseProcess:
+        common = (idx, *args, self.stop_event, self._error_writers[idx], self.started)
+        return self.ctx.Process(target=self.target, args=(*common, self._parent_stderr[idx]),
+                                name=f"{self.name}-worker-{idx}", daemon=False)
+
     def _watch(self) -> None:
-        open_readers = list(self._error_readers)
         while not self._stopping:
-            for reader in mp.connection.wait(open_readers, timeout=self.poll_interval):
+            readers = {self._error_readers[idx]: idx for idx in self._open}
+            for reader in mp.connection.wait(list(readers), timeout=self.poll_interval):
+                idx = readers[reader]
                 report = _receive(reader)
-                if report is not None:
-                    self._fail(WorkerError(*report))
+                if report is None:
+                    self._open.discard(idx)  # the worker is gone, or was killed mid-report: its exit names it
+                elif not self._failed(idx, WorkerError(*report)):
                     return
-                open_readers.remove(reader)  # the worker is gone, or was killed mid-report
             for idx, proc in enumerate(self.procs):
                 if proc.exitcode not in (None, 0) and not self._stopping:
                     # Give the worker's own report a moment to arrive; it is more useful.
                     reader = self._error_readers[idx]
-                    report = _receive(reader) if reader in open_readers and reader.poll(0.5) else None
-                    self._fail(WorkerError(*report) if report is not None else
-                               self._unexplained_exit(idx, proc.exitcode))
-                    return
+                    report = _receive(reader) if idx in self._open and reader.poll(0.5) else None
+                    error = WorkerError(*report) if report is not None else self._unexplained_exit(idx, proc.exitcode)
+                    if not self._failed(idx, error):
+                        return
+
+    def _failed(self, idx: int, error: WorkerError) -> bool:
+        """Records a failure; replaces the worker if the policy allows it. Returns whether the pool goes on."""
+        with self._lifecycle:
+            if self._stopping:
+                return False
+            self.failures.append(_Failure(idx, error))
+            if self.restart.max_restarts == 0:  # no restarts asked for: the error as it came
+                self._fail(error)
+                return False
+            refusal = self._refusal(idx)
+            if refusal is not None:
+                self._fail(self._final_error(idx, error, refusal))
+                return False
+            self._replace(idx, error)
+            return True
+
+    def _refusal(self, idx: int) -> str | None:
+        """Why worker ``idx`` is not restarted, or None if it is."""
+        policy = self.restart
+        if isinstance(self.procs[idx], _ThreadWorker):
+            return "a worker thread (it steps an env instance, which cannot be rebuilt) is not restarted"
+        if self.restarts[idx] >= policy.max_restarts:
+            return (f"it failed {self.restarts[idx] + 1} times, more than max_worker_restarts={policy.max_restarts} "
+                    "allows")
+        count, window = policy.crash_loop
+        now = time.monotonic()
+        recent = [f for f in self.failures if f.worker_idx == idx and now - f.at <= window]
+        if len(recent) >= count:
+            return f"it crash-loops: {len(recent)} failures within {window:g} s"
+        return None
+
+    def _final_error(self, idx: int, error: WorkerError, refusal: str) -> WorkerError:
+        seen = [(f.worker_idx, f.error._message, f.error.worker_traceback) for f in self.failures]  # noqa: SLF001
+        tracebacks = "\n".join(f"--- failure {n} of {len(seen)}, worker {w}: {message}\n{tb}"
+                               for n, (w, message, tb) in enumerate(seen, 1))
+        return WorkerError(idx, f"{error._message} (not restarted: {refusal}; {sum(self.restarts)} "  # noqa: SLF001
+                                f"restart(s) in all)", tracebacks, failures=seen)
+
+    def _replace(self, idx: int, error: WorkerError) -> None:
+        """Starts a new process in worker ``idx``'s place, once the old one has exited."""
+        old = self.procs[idx]
+        old.join(_EXIT_WAIT_SECONDS)  # one that reported its error exits by itself at once
+        if old.is_alive():
+            old.kill()
+            old.join(_EXIT_WAIT_SECONDS)
+        # Not old.close(): other threads may still read its exitcode; its fds go with the object.
+        self._error_readers[idx].close()
+        self._open.discard(idx)
+        self._close_stderr(idx)
+        self.restarts[idx] += 1
+        prepare = self.restart.prepare
+        args = self.args if prepare is None else tuple(prepare(idx, self.restarts[idx]))
+        reader, writer = self.ctx.Pipe(duplex=False)
+        self._error_readers[idx], self._error_writers[idx] = reader, writer
+        self.started[idx] = 0
+        proc = self._process(idx, args)
+        self._stderr_files[idx] = _start_with_captured_stderr(proc, self._parent_stderr[idx])
+        writer.close()
+        self.procs[idx] = proc
+        self._open.add(idx)
+        _log.warning(f"{self.name}: worker {idx} failed ({error._message.splitlines()[0]}); restarted it "  # noqa: SLF001
+                     f"(restart {self.restarts[idx]} of at most {self.restart.max_restarts} for this worker)")
+
+    def last_failure(self, idx: int) -> WorkerError | None:
+        """The latest failure of worker ``idx``, restarted or not."""
+        return next((f.error for f in reversed(self.failures) if f.worker_idx == idx), None)
 
     def _unexplained_exit(self, idx: int, code: int) -> WorkerError:
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
@@ -276,7 +412,8 @@ class WorkerPool:
 
     def stop(self, timeout: float = 4.0) -> None:
         """Asks workers to stop, then terminates and kills stragglers within ``timeout`` seconds."""
-        self._stopping = True
+        with self._lifecycle:  # a replacement being started finishes first; none starts after
+            self._stopping = True
         self.stop_event.set()
         deadline = time.monotonic() + timeout
         started = [p for p in self.procs if p.ident is not None]
@@ -305,11 +442,14 @@ class WorkerPool:
             reader.close()
         for writer in self._error_writers:
             writer.close()  # a thread worker's end
-        for i, fd in enumerate(self._stderr_files):
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-                self._stderr_files[i] = None
+        for i in range(len(self._stderr_files)):
+            self._close_stderr(i)
+
+    def _close_stderr(self, idx: int) -> None:
+        fd, self._stderr_files[idx] = self._stderr_files[idx], None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _readable(reader: mp.connection.Connection) -> bool:

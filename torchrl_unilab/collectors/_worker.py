@@ -49,9 +49,11 @@ RANDOM_VERSION = -1
 
 #: Every env of the batch.
 _ALL = slice(None)
+#: A seed stream's trajectories are numbered from ``stream << _STREAM_TRAJ_BITS``.
+_STREAM_TRAJ_BITS = 32
 
 #: Accepted values of ``nonfinite``.
-NONFINITE_MODES = ("raise", "drop")
+NONFINITE_MODES = ("raise", "drop", "reset")
 
 
 class NonFiniteError(ValueError):
@@ -74,10 +76,26 @@ class WorkerConfig:
     num_threads: int = 1
     #: seed the process-wide torch RNG (not in a thread worker: that RNG is the learner's).
     seed_torch: bool = True
+    #: each worker's seed stream: 0 at first, one more for each process that took the worker's place.
+    streams: list[int] = field(default_factory=list)
+
+    def stream(self, worker_idx: int) -> int:
+        return self.streams[worker_idx] if self.streams else 0
 
     def env_seed(self, worker_idx: int) -> int | None:
-        """Env ``j`` of worker ``i`` is seeded ``seed + i * num_envs + j``: all distinct."""
-        return None if self.seed is None else self.seed + worker_idx * self.num_envs
+        """Env ``j`` of worker ``i`` on stream ``s`` is seeded ``seed + (s * num_workers + i) * num_envs + j``.
+
+        All distinct: stream 0 takes the first ``num_workers * num_envs`` seeds, each later stream the next block.
+        """
+        if self.seed is None:
+            return None
+        return self.seed + (self.stream(worker_idx) * self.num_workers + worker_idx) * self.num_envs
+
+    def torch_seed(self, worker_idx: int) -> int | None:
+        """The worker's torch seed (exploration noise), distinct per worker and stream."""
+        if self.seed is None:
+            return None
+        return self.seed + 7919 * (self.stream(worker_idx) * self.num_workers + worker_idx)
 
 
 @dataclass
@@ -154,9 +172,11 @@ class WorkerLoop:
         n = cfg.num_envs
         self.steps_per_batch = cfg.frames_per_batch // n
         self.step_count = torch.zeros(n, 1, dtype=torch.int64)
-        # Trajectory ids are unique across workers without any coordination.
-        self.traj_ids = torch.arange(n, dtype=torch.int64) * cfg.num_workers + worker_idx
-        self.next_traj = n
+        # Trajectory ids are unique across workers without any coordination, and across a worker's
+        # seed streams: each stream numbers its trajectories from its own block of 2**32.
+        first = cfg.stream(worker_idx) << _STREAM_TRAJ_BITS
+        self.traj_ids = (torch.arange(n, dtype=torch.int64) + first) * cfg.num_workers + worker_idx
+        self.next_traj = first + n
         self.ep_return = torch.zeros(n, dtype=torch.float64)
         self._action_shape = tuple(env.action_spec.shape)
         self._version_rows = (self.version, torch.full((n,), self.version, dtype=torch.int64))
@@ -252,14 +272,44 @@ class WorkerLoop:
                 lengths=step_count.numpy()[idx + first, 0].tolist(),
                 terminated=transition.get(("next", "terminated")).numpy().reshape(-1)[idx].tolist(),
             )
-            ep_return[idx] = 0
-            new_ids = np.arange(self.next_traj, self.next_traj + len(idx), dtype=np.int64)
-            traj_ids = self.traj_ids.clone()
-            traj_ids.numpy()[idx + first] = new_ids * self.cfg.num_workers + self.idx
-            self.traj_ids = traj_ids
-            self.next_traj += len(idx)
-            step_count.numpy()[idx + first] = 0
-        self.step_count = step_count
+            self.step_count = step_count
+            self._new_trajectories(idx + first)
+        else:
+            self.step_count = step_count
+
+    def _new_trajectories(self, ids: np.ndarray) -> None:
+        """Envs ``ids`` (of the whole batch) start new trajectories: new ids, step 0, return 0."""
+        self.ep_return.numpy()[ids] = 0
+        new_ids = np.arange(self.next_traj, self.next_traj + len(ids), dtype=np.int64)
+        traj_ids, step_count = self.traj_ids.clone(), self.step_count.clone()
+        traj_ids.numpy()[ids] = new_ids * self.cfg.num_workers + self.idx
+        step_count.numpy()[ids] = 0
+        self.traj_ids, self.step_count = traj_ids, step_count
+        self.next_traj += len(ids)
+
+    def reset_nonfinite(self, transition: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
+        """``nonfinite="reset"``: resets the envs whose step gave a non-finite value; returns the next root.
+
+        Their transitions are dropped with the batch's other non-finite rows
+        (:meth:`finite_rows`); reset now, the env's next step starts from a sound
+        state rather than from the NaN one.
+        """
+        bad = None
+        for value in transition.get("next").values(include_nested=True, leaves_only=True):
+            if value.is_floating_point():
+                ok = torch.isfinite(value).reshape(len(transition), -1).all(-1)
+                bad = ~ok if bad is None else bad | ~ok
+        if bad is None or not bool(bad.any()):
+            return td
+        reset = self.env.reset(TensorDict({"_reset": bad.reshape(self.env.full_done_spec["done"].shape)},
+                                          batch_size=self.env.batch_size))
+        td = td.clone()  # the root may share tensors with the stored transition
+        for key in td.keys(include_nested=True, leaves_only=True):
+            if key in reset.keys(include_nested=True, leaves_only=True):
+                td.get(key)[bad] = reset.get(key)[bad]
+        self._new_trajectories(np.flatnonzero(bad.numpy()))
+        self.metrics.add(self.idx, nonfinite_resets=int(bad.sum()))
+        return td
 
     def should_stop(self) -> bool:
         """True once ``stop_event`` is set or the parent process is gone (no orphaned workers)."""
@@ -275,9 +325,10 @@ class WorkerLoop:
         return claimed and not self.should_stop()
 
     def finite_rows(self, batch: TensorDictBase) -> TensorDictBase:
-        """Raises on non-finite values (``nonfinite="raise"``), or drops the rows holding them ("drop").
+        """Raises on non-finite values (``nonfinite="raise"``), or drops the rows holding them ("drop", "reset").
 
         One ``isfinite`` per float key of the whole ``[steps, num_envs]`` batch: cheap next to the env steps.
+        Returns the rows kept, flat.
         """
         bad = None
         for key, value in batch.items(include_nested=True, leaves_only=True):
@@ -290,14 +341,15 @@ class WorkerLoop:
                 step, env = (int(i) for i in (~ok).nonzero()[0])
                 raise NonFiniteError(
                     f"non-finite value in key {key!r} from env {env} of worker {self.idx}, step {step} of the batch "
-                    f"(frames written before it: {self.metrics.worker(self.idx)['frames']}); pass "
-                    "nonfinite='drop' to drop such transitions instead"
+                    f"(frames written before it: {self.metrics.worker(self.idx)['frames']}; BatchedGymEnv reports a "
+                    "step MuJoCo found unstable as a NaN reward); pass nonfinite='drop' to drop such transitions, "
+                    "or nonfinite='reset' to drop them and reset their env"
                 )
             bad = ~ok if bad is None else bad | ~ok
         if bad is None:
-            return batch
+            return batch.reshape(-1)
         self.metrics.add(self.idx, nonfinite_dropped=int(bad.sum()))
-        return batch[~bad]
+        return batch[~bad]  # flat already (a boolean mask over both batch dimensions)
 
     def run(self) -> None:
         """Collects until ``stop_event`` is set (or a hook ends the loop)."""
@@ -310,7 +362,7 @@ class WorkerLoop:
             torch.set_num_threads(cfg.num_threads)
         if cfg.seed is not None:
             if cfg.seed_torch:
-                torch.manual_seed(cfg.seed + 7919 * self.idx)
+                torch.manual_seed(cfg.torch_seed(self.idx))
             env.set_seed(cfg.env_seed(self.idx))
         self.sync_weights()
         td = env.reset()
@@ -336,19 +388,21 @@ class WorkerLoop:
                 step_counts, traj_ids, versions = (torch.stack(tag).reshape(*shape, *tag[0].shape[1:])
                                                    for tag in zip(*tags))
                 batch = add_collector_keys(torch.stack(rows).reshape(shape), step_counts, traj_ids, versions)
-                batch = self.finite_rows(batch.select(*cfg.row_keys, strict=True)).reshape(-1)
+                batch = self.finite_rows(batch.select(*cfg.row_keys, strict=True))
                 if hooks.postproc is not None:
                     batch = hooks.postproc(batch)
-                self.rb.extend(batch)
+                if len(batch):  # every row of it may have been dropped
+                    self.rb.extend(batch)
             if hooks.after_batch is not None:
                 hooks.after_batch(batch)
+            random_frames = int((versions == RANDOM_VERSION).sum())
             if self.control is not None:
-                self.control.written_(cfg.frames_per_batch)
+                self.control.written_(cfg.frames_per_batch, self.idx, random_frames)
             totals = phase.take_totals()
             self.metrics.add(
                 self.idx,
                 frames=cfg.frames_per_batch,
-                random_frames=int((versions == RANDOM_VERSION).sum()),
+                random_frames=random_frames,
                 **{f"time_{name}": totals.get(label, 0.0) for name, label in _METRIC_PHASES.items()},
             )
             if self.hooks.after_write is not None and not self.hooks.after_write():
@@ -364,6 +418,8 @@ class WorkerLoop:
                 transition, td = self.env.step_and_maybe_reset(td)
                 tags = (self.step_count, self.traj_ids, version)
                 self.end_episodes(transition)
+                if self.cfg.nonfinite == "reset":
+                    td = self.reset_nonfinite(transition, td)
             yield [(transition, tags)]
 
     def _lane_steps(self, td: TensorDictBase) -> Iterator[list[tuple[TensorDictBase, tuple]]]:
@@ -374,6 +430,10 @@ class WorkerLoop:
         every lane has its next step in flight, which the next batch receives.
         """
         env, phase, lanes = self.env, self.timer, self.env.lane_slices
+        if self.cfg.nonfinite == "reset":
+            # A partial reset would reach pools whose steps are in flight.
+            raise ValueError("nonfinite='reset' needs an env without lanes (EnvPoolEnv(lanes=1)); use "
+                             "nonfinite='drop' with lanes")
         in_flight: list[tuple | None] = [None] * len(lanes)
 
         def launch(lane: int, root: TensorDictBase) -> None:

@@ -21,6 +21,7 @@ _COUNTERS = (
     "frames",
     "random_frames",
     "nonfinite_dropped",
+    "nonfinite_resets",
     "episodes",
     "terminated",
     "truncated",
@@ -56,9 +57,10 @@ class CollectorMetrics:
 
     # ----------------------------------------------------------- worker side
     def start(self, worker: int) -> None:
-        """Marks the start of a worker's collection (for frames per second)."""
+        """Marks the start of a worker's collection (for frames per second); a replacement keeps the first start."""
         now = time.time()
-        self.counters[worker, _IDX["start_time"]] = now
+        if not self.counters[worker, _IDX["start_time"]]:
+            self.counters[worker, _IDX["start_time"]] = now
         self.counters[worker, _IDX["last_time"]] = now
 
     def add(self, worker: int, **increments: float) -> None:
@@ -90,8 +92,8 @@ class CollectorMetrics:
         n = min(int(row[_IDX["episodes"]]), self.window)
         elapsed = max(float(row[_IDX["last_time"]] - row[_IDX["start_time"]]), 1e-9)
         out: dict[str, Any] = {name: float(row[i]) for i, name in enumerate(_COUNTERS)}
-        for key in ("frames", "random_frames", "nonfinite_dropped", "episodes", "terminated", "truncated",
-                    "policy_version"):
+        for key in ("frames", "random_frames", "nonfinite_dropped", "nonfinite_resets", "episodes", "terminated",
+                    "truncated", "policy_version"):
             out[key] = int(out[key])
         out["fps"] = out["frames"] / elapsed if out["frames"] else 0.0
         out["episode_returns"] = self.returns[worker, :n].tolist()
@@ -110,7 +112,8 @@ class CollectorMetrics:
         lengths = [x for w in workers for x in w["episode_lengths"]]
         out: dict[str, Any] = {
             key: sum(w[key] for w in workers)
-            for key in ("frames", "random_frames", "nonfinite_dropped", "episodes", "terminated", "truncated", "fps")
+            for key in ("frames", "random_frames", "nonfinite_dropped", "nonfinite_resets", "episodes", "terminated",
+                        "truncated", "fps")
         }
         out["policy_version"] = min(w["policy_version"] for w in workers)
         out["mean_return"] = sum(returns) / len(returns) if returns else float("nan")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import inspect
 import logging
@@ -28,6 +29,7 @@ from torchrl.modules import set_exploration_modules_spec_from_env
 from torchrl_unilab.collectors._batches import BatchSlots
 from torchrl_unilab.collectors._control import FrameControl, split_random_frames
 from torchrl_unilab.collectors._processes import (
+    RestartPolicy,
     WorkerError,
     WorkerPool,
     shut_down_at_exit,
@@ -168,8 +170,18 @@ class OffPolicyCollector(MultiAsyncCollector):
         obs_norm: ``True`` or an :class:`~torchrl_unilab.modules.normalization.ObservationNormalizer`
             put in front of the policy; the learner is the single writer of its statistics.
         nonfinite: ``"raise"`` (default: a NaN or infinite value from an env fails the
-            worker, naming the env, step and key) or ``"drop"`` (such transitions are
-            dropped and counted in ``metrics()["nonfinite_dropped"]``).
+            worker, naming the env, step and key), ``"drop"`` (such transitions are
+            dropped and counted in ``metrics()["nonfinite_dropped"]``) or ``"reset"``
+            (the transition is dropped and its env reset at once, so no later step
+            starts from the bad state; resets counted in ``metrics()["nonfinite_resets"]``).
+        max_worker_restarts: how many times each worker process may be replaced after it
+            dies (SIGKILL, segfault, an exception from the env or the policy). ``0`` (default):
+            the first failure raises :class:`~torchrl_unilab.WorkerError`. A replacement
+            continues the worker's env seed stream (no seed is reused), loads the current
+            weights and is owed the worker's random frames not yet written; the batch the
+            dead worker was collecting is lost, and not counted. A worker that fails once
+            more, or 3 times within 60 s, raises a ``WorkerError`` with every traceback seen.
+            Workers that step an env instance in a thread are not restarted.
         policy_factory: TorchRL's argument: a callable building the policy when
             ``policy`` is ``None``. It is called once, here; the workers run
             copies of what it built, and weights reach them by name as usual.
@@ -247,6 +259,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         privileged: PrivilegedInfoTransform | Mapping[str, Any] | None = None,
         obs_norm: bool | ObservationNormalizer | None = None,
         nonfinite: str = "raise",
+        max_worker_restarts: int = 0,
         policy_factory: Callable[[], TensorDictModuleBase] | None = None,
         create_env_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         max_frames_per_traj: int | None = None,
@@ -285,6 +298,7 @@ class OffPolicyCollector(MultiAsyncCollector):
             if num_workers is not None and num_workers != num_collectors:
                 raise ValueError(f"num_collectors={num_collectors} and num_workers={num_workers} disagree; pass one")
             num_workers = num_collectors
+        self.max_worker_restarts = _check_int("max_worker_restarts", max_worker_restarts, 0)
         self.metrics_window = _check_int("metrics_window", metrics_window, 1)
         self.num_sub_threads = _check_int("num_sub_threads", num_sub_threads, 1)
         if max_frames_per_traj is not None:
@@ -385,6 +399,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._random_shares = split_random_frames(self.init_random_frames, self.num_workers, self.frames_per_batch)
         self._control = FrameControl(self._random_shares, self.frames_per_batch,
                                      None if self.total_frames == float("inf") else int(self.total_frames))
+        self.frames_lost = 0
         self.closed = False
         shut_down_at_exit(self)
 
@@ -471,16 +486,32 @@ class OffPolicyCollector(MultiAsyncCollector):
         if sink is None:
             self._slots = BatchSlots(self._row.select(*self._row_keys), self.num_workers, self.frames_per_batch)
             sink = self._slots
+        args = (config, sources, cloudpickle.dumps(worker_policy), cloudpickle.dumps(extras), sink,
+                self._scheme.shared, self._metrics, self._control)
         self._pool = WorkerPool(
             mp.get_context("spawn"),
             target=worker_main,
-            args=(config, sources, cloudpickle.dumps(worker_policy), cloudpickle.dumps(extras), sink,
-                  self._scheme.shared, self._metrics, self._control),
+            args=args,
             num_workers=self.num_workers,
             in_thread=in_thread,
+            restart=RestartPolicy(self.max_worker_restarts, prepare=functools.partial(self._replacement_args, args)),
         )
         self.procs = self._pool.procs
         self._pool.start()
+
+    def _replacement_args(self, args: tuple, worker_idx: int, restarts: int) -> tuple:
+        """What a dead worker's replacement starts with; settles the dead one's frame accounting first.
+
+        Called by the pool once the dead process is gone: its claimed, unwritten
+        batch is handed back (lost, not counted), and the replacement gets the
+        next seed stream and the random frames the worker has not written yet.
+        """
+        owed = max(0, self._random_shares[worker_idx] - self._control.random_written(worker_idx))
+        self.frames_lost += self._control.release(worker_idx, owed)
+        config = args[0]
+        random_frames, streams = list(config.random_frames), list(config.streams or [0] * self.num_workers)
+        random_frames[worker_idx], streams[worker_idx] = owed, restarts
+        return (dataclasses.replace(config, random_frames=random_frames, streams=streams), *args[1:])
 
     def _close_probe(self) -> None:
         probe, self._probe_env = self._probe_env, None
@@ -679,7 +710,11 @@ class OffPolicyCollector(MultiAsyncCollector):
         without a replay buffer), ``engine`` (what steps the envs: ``"envpool"``,
         ``"gymnasium"``, ``"torchrl"`` for an env stack run as given, or ``"mixed"``)
         and ``workers`` (the same figures per worker, with each one's ``engine``).
-        Raises :class:`~torchrl_unilab.WorkerError` if a worker failed.
+        With ``max_worker_restarts``: ``worker_restarts`` (in all), ``frames_lost``
+        (claimed by workers that died before writing them; not in ``frames``), and per
+        worker ``restarts`` and ``last_error`` (the last failure's message and traceback,
+        ``None`` if none).
+        Raises :class:`~torchrl_unilab.WorkerError` if a worker failed for good.
         """
         self._raise_if_failed()
         out = self._metrics.summary()
@@ -687,8 +722,14 @@ class OffPolicyCollector(MultiAsyncCollector):
         out["buffer_size"] = len(self.replay_buffer) if self.replay_buffer is not None else None
         out["published_version"] = self.policy_version
         out["engine"] = self._engines[0] if len(set(self._engines)) == 1 else "mixed"
-        for worker, engine in zip(out["workers"], self._engines):
+        pool = self._pool
+        out["worker_restarts"] = sum(pool.restarts) if pool is not None else 0
+        out["frames_lost"] = self.frames_lost
+        for idx, (worker, engine) in enumerate(zip(out["workers"], self._engines)):
             worker["engine"] = engine
+            worker["restarts"] = pool.restarts[idx] if pool is not None else 0
+            last = pool.last_failure(idx) if pool is not None else None
+            worker["last_error"] = None if last is None else f"{last}"
         return out
 
     def stats(self, workers: str = "aggregate") -> dict[str, int | float | bool]:

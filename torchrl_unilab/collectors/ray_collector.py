@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import socket
 import threading
@@ -27,6 +28,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torchrl.collectors import BaseCollector
@@ -35,7 +37,7 @@ from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType
 
 from torchrl_unilab.collectors._processes import WorkerError
-from torchrl_unilab.collectors._worker import TRAJ_KEY
+from torchrl_unilab.collectors._worker import TRAJ_KEY, VERSION_KEY
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.data.replay_buffer import init_storage
 from torchrl_unilab.modules.normalization import ObservationNormalizer
@@ -43,6 +45,9 @@ from torchrl_unilab.modules.normalization import ObservationNormalizer
 __all__ = ["NodeError", "RayNodeCollector", "RayOffPolicyCollector"]
 
 ON_NODE_FAILURE = ("raise", "continue")
+#: A replacement node's trajectories are numbered from ``node_stream << _NODE_STREAM_TRAJ_BITS``
+#: (above every id its workers' own seed streams use).
+_NODE_STREAM_TRAJ_BITS = 44
 
 # RayCollector passes these MultiAsyncCollector arguments to every remote
 # collector, at its own defaults; a node only takes them at those values.
@@ -51,6 +56,8 @@ _RAY_PASSED_DEFAULTS = {
     "device": None, "storing_device": None, "env_device": None, "policy_device": None,
 }
 
+
+_log = logging.getLogger("torchrl.unilab")
 
 #: How long TorchRL's Ray weight-sync rendezvous waits for every node (its own default is 60 s).
 WEIGHT_SYNC_RENDEZVOUS_S = 300
@@ -136,6 +143,10 @@ class RayNodeCollector(OffPolicyCollector):
         worker_idx: this node's index (``RayCollector`` sets it).
         num_nodes: how many nodes collect, for globally unique trajectory ids.
         replay_buffer: ``None``, or a ``RayReplayBuffer`` client to write into.
+        node_stream: 0 for a first node; ``k`` for the ``k``-th actor started in this node's
+            place, whose trajectory ids then come from a block of their own.
+        version_offset: added to the rows' ``policy_version`` (random rows keep ``-1``): a
+            replacement started at the learner's version ``v + 1`` counts on from there.
         **kwargs: :class:`~torchrl_unilab.OffPolicyCollector` keyword arguments.
 
     Examples:
@@ -158,6 +169,8 @@ class RayNodeCollector(OffPolicyCollector):
         worker_idx: int | None = 0,
         num_nodes: int = 1,
         replay_buffer: Any = None,
+        node_stream: int = 0,
+        version_offset: int = 0,
         frames_per_batch: int,
         num_workers: int | None = None,
         **kwargs: Any,
@@ -170,6 +183,7 @@ class RayNodeCollector(OffPolicyCollector):
             create_env_fn = create_env_fn[0]  # RayCollector repeats the gymnasium id once per worker
         _wait_longer_for_the_rendezvous()
         self.num_nodes = int(num_nodes)
+        self.node_stream, self.version_offset = int(node_stream), int(version_offset)
         self.node_host = f"{socket.gethostname()} (pid {os.getpid()})"
         self._remote_buffer = replay_buffer
         super().__init__(create_env_fn, policy, num_workers=num_workers, frames_per_batch=frames_per_batch,
@@ -181,7 +195,11 @@ class RayNodeCollector(OffPolicyCollector):
         error = None
         try:
             for batch in super().iterator():
-                batch[TRAJ_KEY] = batch[TRAJ_KEY] * self.num_nodes + self.worker_idx
+                batch[TRAJ_KEY] = (batch[TRAJ_KEY] + (self.node_stream << _NODE_STREAM_TRAJ_BITS)) * self.num_nodes \
+                    + self.worker_idx
+                if self.version_offset:
+                    version = batch[VERSION_KEY]
+                    batch[VERSION_KEY] = torch.where(version > 0, version + self.version_offset, version)
                 if self._remote_buffer is None:
                     yield batch
                 else:
@@ -230,6 +248,12 @@ class RayNodeCollector(OffPolicyCollector):
         # it falls back to __len__, which has no integer value for a collector
         # without total_frames, and Ray loses the remote traceback.
         return True
+
+    def load_learner_weights(self, weights: Mapping[str, Any], version: int) -> None:
+        """A replacement node's weight update (it is outside the learner's weight-sync group): publishes
+        ``weights`` to its workers, its rows then counting ``version``, the learner's."""
+        self.update_policy_weights_(weights)
+        self.version_offset = version - self.policy_version
 
     def layout_row(self) -> TensorDictBase:
         """One zero row with every key and dtype this node writes, to lay out the learner's buffer."""
@@ -285,6 +309,16 @@ class RayOffPolicyCollector(RayCollector):
         on_node_failure: ``"raise"`` (default) raises :class:`NodeError` when a
             node's worker fails or its actor is lost; ``"continue"`` warns on a
             lost node and goes on with the others (a worker error still raises).
+            Applies once a node has no restarts left.
+        max_node_restarts: how many times each node's lost actor is replaced by a new one
+            (default 0: none). Ray's own actor restart (``max_restarts``) would run the
+            constructor again with the same seed and random frames; a new actor is started
+            instead, on the node's next seed stream, owed the random frames the node had not
+            delivered, with the learner's current weights and version (later publishes reach
+            it through a Ray call, as it is no part of the weight-sync group). Batches the
+            learner received stay; the batch the lost node was collecting is lost. Counted in
+            ``metrics()["node_restarts"]``; each replacement is logged once. Worker restarts on
+            a node are ``collector_kwargs={"max_worker_restarts": N}``.
         collector_kwargs: other :class:`~torchrl_unilab.OffPolicyCollector` keyword arguments for every node.
             ``obs_norm`` must be the learner's
             :class:`~torchrl_unilab.ObservationNormalizer`: the nodes get the
@@ -323,6 +357,7 @@ class RayOffPolicyCollector(RayCollector):
         seed: int | None = None,
         replay_buffer: ReplayBuffer | None = None,
         on_node_failure: str = "raise",
+        max_node_restarts: int = 0,
         exploration_type: ExplorationType = ExplorationType.RANDOM,
         collector_kwargs: Mapping[str, Any] | None = None,
         remote_configs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
@@ -330,7 +365,8 @@ class RayOffPolicyCollector(RayCollector):
     ) -> None:
         ray = _ray()
         for name, value, minimum in (("num_nodes", num_nodes, 1), ("num_workers", num_workers, 1),
-                                     ("num_envs", num_envs, 1), ("init_random_frames", init_random_frames, 0)):
+                                     ("num_envs", num_envs, 1), ("init_random_frames", init_random_frames, 0),
+                                     ("max_node_restarts", max_node_restarts, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
         if on_node_failure not in ON_NODE_FAILURE:
@@ -354,7 +390,13 @@ class RayOffPolicyCollector(RayCollector):
             self._local_buffer, replay_buffer = replay_buffer, None
         share, rem = divmod(init_random_frames, num_nodes)
         self._node_random_frames = [share + (i < rem) for i in range(num_nodes)]
-        self._node_seeds = [None if seed is None else seed + i * num_workers * num_envs for i in range(num_nodes)]
+        self.seed, self.num_nodes, self.max_node_restarts = seed, num_nodes, max_node_restarts
+        # Each node's seed streams take blocks of seeds wide enough for its workers' own restarts.
+        self._seed_block = num_workers * num_envs * (int(kwargs.get("max_worker_restarts", 0)) + 1)
+        self._node_seeds = [self._node_seed(i, 0) for i in range(num_nodes)]
+        self.node_restarts = [0] * num_nodes
+        self._node_delivered = [[0, 0] for _ in range(num_nodes)]  # frames and random frames received per node
+        self._replaced: set[int] = set()
         kwargs.update(num_workers=num_workers, num_envs=num_envs, num_nodes=num_nodes)
         self._lost: dict[int, str] = {}
         self._pending: dict[Any, int] = {}  # the next() call in flight on each node -> node index
@@ -391,13 +433,45 @@ class RayOffPolicyCollector(RayCollector):
         self._lazy_initialize_weight_sync()
 
     # ------------------------------------------------------------ construction
+    def _node_seed(self, idx: int, stream: int) -> int | None:
+        return None if self.seed is None else self.seed + (stream * self.num_nodes + idx) * self._seed_block
+
     def add_collectors(self, create_env_fn, num_envs, policy, collector_kwargs, remote_configs) -> None:
         """RayCollector's hook, with each node's exact share of random frames and its own seed."""
         collector_kwargs = [
             dict(kw, init_random_frames=frames, seed=seed)
             for kw, frames, seed in zip(collector_kwargs, self._node_random_frames, self._node_seeds)
         ]
+        # What a replacement actor is made from (_replace_node).
+        self._spawn = (list(create_env_fn), num_envs, policy, collector_kwargs, list(remote_configs))
         super().add_collectors(create_env_fn, num_envs, policy, collector_kwargs, remote_configs)
+
+    def _replace_node(self, idx: int, err: Exception) -> None:
+        """Starts a new actor in lost node ``idx``'s place: next seed stream, random frames owed, current weights.
+
+        Not Ray's ``max_restarts``: that reruns the constructor with the same seed and random frames.
+        The policy is pickled as it is now, so the new actor acts with the learner's current weights.
+        """
+        self.node_restarts[idx] += 1
+        stream = self.node_restarts[idx]
+        env_fns, num_envs, policy, kwargs, configs = self._spawn
+        frames, random_frames = self._node_delivered[idx]
+        owed = max(0, self._node_random_frames[idx] - (random_frames if self._local_buffer is not None
+                                                         or self.replay_buffer is None else frames))
+        params = dict(kwargs[idx], worker_idx=idx, seed=self._node_seed(idx, stream), init_random_frames=owed,
+                      node_stream=stream, version_offset=self.published_version - 1)
+        actor = self._make_collector(self.collector_class.as_remote(configs[idx]).remote,
+                                     env_maker=[env_fns[idx]] * num_envs,
+                                     policy=policy[idx] if isinstance(policy, Sequence) else policy,
+                                     other_params=params)
+        self._nodes[idx] = self._remote_collectors[idx] = actor
+        self._replaced.add(idx)
+        if idx not in self._pending.values():  # a batch it finished may still wait to be delivered
+            self._pending[actor.next.remote()] = idx
+        _log.warning(f"RayOffPolicyCollector: collector node {idx} on {self.node_hosts[idx]} was lost "
+                     f"({str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}); started a "
+                     f"new actor in its place (restart {stream} of at most {self.max_node_restarts})")
+        self.node_hosts[idx] = f"replacement {stream} of node {idx} (starting)"
 
     def __len__(self) -> int:
         if self.total_frames == float("inf"):
@@ -436,6 +510,7 @@ class RayOffPolicyCollector(RayCollector):
             future, out = next(iter(self._fetched.items()))
             del self._fetched[future]
             idx = self._pending.pop(future)
+            self._count_delivered(idx, out)
             # ask again before yielding: every live node keeps a call in flight, whose failure shows at once
             if idx not in self._lost:
                 self._pending[self._nodes[idx].next.remote()] = idx
@@ -445,6 +520,14 @@ class RayOffPolicyCollector(RayCollector):
             ray.wait(list(self._pending), num_returns=len(self._pending), timeout=10.0)
         if self._collection_thread is None:
             self.shutdown()
+
+    def _count_delivered(self, idx: int, out: TensorDictBase | None) -> None:
+        delivered = self._node_delivered[idx]
+        delivered[0] += self.frames_per_batch
+        if out is not None:
+            delivered[1] += int((out[VERSION_KEY] == -1).sum())
+        if idx in self._replaced and self.node_hosts[idx].endswith("(starting)"):
+            self.node_hosts[idx] = _ray().get(self._nodes[idx].host.remote())  # it answers: it has started
 
     def _fetch(self, futures: list) -> None:
         """Gets finished batches into ``_fetched``; a lost node's future is dropped (or raises)."""
@@ -484,6 +567,9 @@ class RayOffPolicyCollector(RayCollector):
                 self._node_lost(idx, err)  # its fetched batch is still delivered; it is not asked again
 
     def _node_lost(self, idx: int, err: Exception) -> None:
+        if self.node_restarts[idx] < self.max_node_restarts and not self._stop_event.is_set():
+            self._replace_node(idx, err)
+            return
         self._lost[idx] = f"node {idx} on {self.node_hosts[idx]}: {err}"
         if self.on_node_failure == "raise":
             raise NodeError(idx, self.node_hosts[idx], "its Ray actor was lost", str(err)) from None
@@ -568,11 +654,20 @@ class RayOffPolicyCollector(RayCollector):
 
     def _send_weights_scheme(self, *, model_id, scheme, processed_weights, worker_ids) -> None:
         ray = _ray()
-        if worker_ids is None and self._lost:
-            worker_ids = [i for i in range(len(self._nodes)) if i not in self._lost]
+        if worker_ids is None and (self._lost or self._replaced):
+            worker_ids = [i for i in range(len(self._nodes)) if i not in self._lost and i not in self._replaced]
+        if self._replaced:
+            # Replacements are no part of the weight-sync group made at the start: a Ray call brings them the
+            # weights, and the version they publish to their workers is the learner's.
+            weights = {key: value.detach().cpu() for key, value in self.policy.state_dict().items()}
+            replaced = [i for i in sorted(self._replaced) if i not in self._lost]
+            calls = [self._nodes[i].load_learner_weights.remote(weights, self.published_version + 1) for i in replaced]
         try:
-            super()._send_weights_scheme(model_id=model_id, scheme=scheme, processed_weights=processed_weights,
-                                         worker_ids=worker_ids)
+            if worker_ids is None or worker_ids:  # none left in the group when every node was replaced
+                super()._send_weights_scheme(model_id=model_id, scheme=scheme, processed_weights=processed_weights,
+                                             worker_ids=worker_ids)
+            if self._replaced:
+                ray.get(calls)
         except ray.exceptions.RayActorError as err:
             dead = [i for i, c in enumerate(self._nodes) if i not in self._lost and not _alive(ray, c)]
             for idx in dead:
@@ -606,6 +701,9 @@ class RayOffPolicyCollector(RayCollector):
             "mean_length": sum(lengths) / len(lengths) if lengths else float("nan"),
             "published_version": self.published_version,
             "lost_nodes": self.lost_nodes,
+            "node_restarts": sum(self.node_restarts),
+            "worker_restarts": sum(int(m.get("worker_restarts", 0)) for m in nodes.values()),
+            "node_restarts_per_node": list(self.node_restarts),
             "receive_s": self.receive_s,
             "nodes": nodes,
         }

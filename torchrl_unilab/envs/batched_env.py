@@ -272,6 +272,12 @@ class BatchedGymEnv(BatchedTaskEnv):
     of a batch do not all reset on the same step afterwards; later episodes run
     to the full limit.
 
+    A step that MuJoCo finds unstable (its ``BADQPOS``/``BADQVEL``/``BADQACC``
+    warnings: NaN, infinite or huge values, after which MuJoCo resets the
+    simulation itself) gets a NaN reward, so that the collector's ``nonfinite=``
+    treats it as any non-finite value: ``"raise"``, ``"drop"`` or ``"reset"``.
+    (EnvPool's C++ MuJoCo does not expose these warnings.)
+
     Args:
         env_id: a gymnasium id, e.g. ``"HalfCheetah-v5"``.
         num_envs: how many environments are stepped together (``>= 1``).
@@ -328,6 +334,8 @@ class BatchedGymEnv(BatchedTaskEnv):
         )
         self._envs = [e.unwrapped for e in envs]
         self._wrapped = envs
+        # MuJoCo's warning counters, a view per env (None for envs without MuJoCo data).
+        self._mj_warnings = [_warning_counts(e) for e in self._envs]
         self._seed = seed
         self._needs_seed = seed is not None
         self._last_infos: list[dict] = [{} for _ in range(num_envs)]
@@ -358,9 +366,14 @@ class BatchedGymEnv(BatchedTaskEnv):
         reward = np.empty(n, dtype=np.float32)
         terminated = np.empty(n, dtype=bool)
         truncated = np.empty(n, dtype=bool)
-        infos = self._last_infos
+        infos, mj_warnings = self._last_infos, self._mj_warnings
         for i, env in enumerate(self._envs):
             next_obs[i], reward[i], terminated[i], truncated[i], infos[i] = env.step(actions[i])
+            counts = mj_warnings[i]
+            if counts is not None and (counts[_BADQPOS] or counts[_BADQVEL] or counts[_BADQACC]):
+                # MuJoCo found the state unstable and reset its simulation itself: the step is no transition.
+                counts[:] = 0
+                reward[i] = np.nan
         return next_obs, reward, terminated, truncated
 
     def _set_seed(self, seed: int | None) -> None:
@@ -376,6 +389,16 @@ class BatchedGymEnv(BatchedTaskEnv):
             super().close(raise_if_closed=raise_if_closed)
         except TypeError:
             super().close()
+
+
+_BADQPOS, _BADQVEL, _BADQACC = (int(w) for w in (mujoco.mjtWarning.mjWARN_BADQPOS, mujoco.mjtWarning.mjWARN_BADQVEL,
+                                                   mujoco.mjtWarning.mjWARN_BADQACC))
+
+
+def _warning_counts(env: gym.Env) -> np.ndarray | None:
+    data = getattr(env, "data", None)
+    warning = getattr(data, "warning", None)
+    return getattr(warning, "number", None)
 
 
 CreateEnvFn = Callable[[], EnvBase]

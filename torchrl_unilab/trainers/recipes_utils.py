@@ -325,6 +325,9 @@ def make_collector(
     the same interface: ``collector.num_nodes`` nodes, each running
     ``num_workers`` x ``env_per_collector`` envs (see ``docs/guide/ray.rst``).
 
+    ``collector.max_worker_restarts`` (and with Ray ``collector.max_node_restarts``)
+    replace dead workers (lost nodes) instead of ending the run.
+
     The collector gets the frames left in the run (``total_frames -
     frames_done``) and the random frames not yet collected; a resumed run
     reseeds its workers with ``env.seed + frames_done``, so it does not replay
@@ -375,6 +378,7 @@ def make_collector(
         seed=None if seed is None else int(seed) + frames_done,
         exploration_type=ExplorationType.RANDOM,
         env_kwargs=env_kwargs(cfg),
+        max_worker_restarts=int(col.get("max_worker_restarts", 0)),
     )
 
 
@@ -406,7 +410,8 @@ def _make_ray_collector(cfg: DictConfig, policy: TensorDictModuleBase, replay_bu
         init_random_frames=max(0, int(col.init_random_frames) - frames_done),
         seed=None if seed is None else int(seed) + frames_done,
         replay_buffer=replay_buffer,
-        collector_kwargs={"env_kwargs": env_kwargs(cfg)},
+        max_node_restarts=int(col.get("max_node_restarts", 0)),
+        collector_kwargs={"env_kwargs": env_kwargs(cfg), "max_worker_restarts": int(col.get("max_worker_restarts", 0))},
         ray_init_config={"address": address} if address else {"include_dashboard": False},
     )
 

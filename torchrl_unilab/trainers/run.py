@@ -8,6 +8,7 @@ step and target update.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -31,7 +32,17 @@ from torchrl_unilab.trainers.training import (
     update_normalizer,
 )
 
-__all__ = ["RecipeRun"]
+__all__ = ["RecipeRun", "restart_counts"]
+
+
+def restart_counts(metrics: Mapping[str, Any], prefix: str = "collector/") -> dict[str, int]:
+    """The restarts in a collector's ``metrics()``: ``worker_restarts``, and ``node_restarts`` with Ray.
+
+    Examples:
+        >>> restart_counts({"worker_restarts": 2, "frames": 10})
+        {'collector/worker_restarts': 2}
+    """
+    return {f"{prefix}{key}": int(metrics[key]) for key in ("worker_restarts", "node_restarts") if key in metrics}
 
 
 class RecipeRun:
@@ -141,6 +152,8 @@ class RecipeRun:
         self._eval_due = Every(log.eval_iter, start=frames_done)
         self._checkpoint_due = Every(log.checkpoint_every, start=frames_done)
         self._stop = GracefulStop()
+        self._restarts: dict[str, int] = {"worker_restarts": 0}
+        self._collector_closed = False
 
     @property
     def stop_requested(self) -> bool:
@@ -153,6 +166,8 @@ class RecipeRun:
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
         stopped = self.stop_requested
+        self.restarts()  # while the collector can still answer
+        self._collector_closed = True
         try:
             self._stop.__exit__(exc_type, exc, tb)
         finally:
@@ -182,6 +197,7 @@ class RecipeRun:
         frames = utd.frames
         if self._log_due(frames):
             episodes = collector.metrics()
+            self._restarts = restart_counts(episodes, prefix="")
             self.logger.log_training(frames=frames, updates=utd.updates, extra={
                 "train/episode_return": episodes["mean_return"],
                 "train/episode_length": episodes["mean_length"],
@@ -189,6 +205,7 @@ class RecipeRun:
                 "utd/cumulative": utd.achieved(),
                 "learner/policy_lag": policy_lag(batch, collector.policy_version),
                 "learner/waited_s": utd.waited_s,
+                **restart_counts(episodes),
             })
         if self._eval_due(frames):
             self.logger.log_eval(frames=frames, values=self.eval_runner(self.policy))
@@ -212,11 +229,22 @@ class RecipeRun:
         else:
             self.collector.update_policy_weights_(self.policy)
 
+    def restarts(self) -> dict[str, int]:
+        """Worker restarts (and, with Ray, node restarts) the run survived, as last read from the collector.
+
+        Read while the collector runs: at each log line and as the run's context exits.
+        """
+        if not self._collector_closed:
+            with contextlib.suppress(Exception):  # a collector that failed for good raises its error elsewhere
+                self._restarts = restart_counts(self.collector.metrics(), prefix="")
+        return dict(self._restarts)
+
     def finish(self) -> dict[str, Any]:
         """After the loop: a final evaluation and checkpoint; returns the run's summary."""
         utd, logger, stopped = self.utd, self.logger, self.stop_requested
         if not stopped and (not logger.curve.points or logger.curve.points[-1][0] != utd.frames):
             logger.log_eval(frames=utd.frames, values=self.eval_runner(self.policy))
+        restarts = self.restarts()
         self._save()  # the collector is shut down: no writer is left
         if stopped:
             print(f"\nInterrupted: checkpoint saved; continue with resume={self.out_dir}")
@@ -232,8 +260,11 @@ class RecipeRun:
             "plot": logger.plot_path,
             "checkpoint": str(self.checkpointer.directory),
             "interrupted": stopped,
+            **restarts,
         }
+        survived = "".join(f", {count} {name.replace('_', ' ')}" for name, count in restarts.items() if count)
         print(f"{self.name} {self.cfg.env.name}: final eval return {summary['final_return']:.1f} after "
-              f"{summary['frames']} frames, {summary['updates']} updates, {summary['elapsed_s'] / 60:.1f} min\n"
+              f"{summary['frames']} frames, {summary['updates']} updates, {summary['elapsed_s'] / 60:.1f} min"
+              f"{survived}\n"
               f"learning curve: {summary['plot']}\ncheckpoint: {summary['checkpoint']} (resume={self.out_dir})")
         return summary
