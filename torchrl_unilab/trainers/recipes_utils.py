@@ -35,7 +35,7 @@ from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.data.buffer_sampler import SAMPLE_KEYS
 from torchrl_unilab.envs.envpool_env import make_gym_id_env
 from torchrl_unilab.modules.exploration import make_collector_policy
-from torchrl_unilab.modules.models import ALGOS, make_actor, make_critic
+from torchrl_unilab.modules.models import ALGOS, PassThroughActor, make_actor, make_critic
 from torchrl_unilab.modules.normalization import ObservationNormalizer, normalize_batch
 from torchrl_unilab.trainers.device import module_device
 from torchrl_unilab.trainers.training import trainable_parameters
@@ -325,8 +325,10 @@ def make_loss_module(cfg: DictConfig, algo: str, nets: Networks) -> tuple[LossMo
             alpha_init=float(optim.alpha_init),
         )
     elif algo == "td3":
+        # TD3Loss runs the critic on the actor's inputs: an asymmetric critic's keys pass by the actor, unread
+        actor = nets.actor if nets.critic_key == "observation" else PassThroughActor(nets.actor, [nets.critic_key])
         loss = TD3Loss(
-            actor_network=nets.actor, qvalue_network=nets.critic, action_spec=nets.actor.spec,
+            actor_network=actor, qvalue_network=nets.critic, action_spec=nets.actor.spec,
             num_qvalue_nets=2, loss_function=optim.loss_function, delay_actor=True, delay_qvalue=True,
             policy_noise=float(optim.policy_noise), noise_clip=float(optim.noise_clip),
         )
