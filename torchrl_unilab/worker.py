@@ -125,7 +125,8 @@ def make_collector_actor(
     ``"sac_priv"`` / ``"td3_priv"`` actors read ``["observation", "privileged"]``:
     the env must carry a :class:`~torchrl_unilab.PrivilegedInfoTransform`, whose
     vector is the context :func:`resolve_offpolicy_actor_priv_info` resolves
-    from ``info["privileged"]``; ``obs_dim`` stays the observation's width.
+    from ``info["privileged"]``, or observe ``"privileged"`` itself (a MuJoCo
+    Playground robot's critic state); ``obs_dim`` stays the observation's width.
 
     Examples:
         >>> from torchrl_unilab import BatchedGymEnv, layout_of
