@@ -27,6 +27,13 @@ straight after it ("warm"), at 16 and 64 envs, in microseconds per env.
 ``--group lanes`` runs only ``raw``, the EnvPool collector rows at 16 and 64 envs, the lanes rows
 and the actor probe (a few minutes).
 
+``--task ID`` (a MuJoCo Playground or Control Suite id, e.g. ``Go1JoystickFlatTerrain-v1`` or
+``CheetahRun-v1``; issue 18) measures that task only: ``envpool`` (EnvPool alone: the same 16
+envs, one thread, random actions through its gymnasium API), ``envpool_env`` (our env alone) and
+``offpolicy_task`` (1 worker x 16 envs, the 512-wide LayerNorm SAC actor on ``"observation"``,
+rows, ``"privileged"`` included, into a shared replay buffer), with ``ratio_offpolicy_over_envpool``
+against the issue's target (Go1 0.85, CheetahRun 0.6) and the worker's breakdown.
+
 Each worker also reports where its time goes (``breakdown_us_per_step``: physics,
 policy, bookkeeping, buffer write, in microseconds per env step).
 
@@ -37,7 +44,7 @@ the per-round ratios to ``raw``. Collector windows start and end on a batch
 boundary (``wait_for_frames``), so whole batches never skew a window. The load
 average at the start and end is printed beside the figures.
 
-Run: ``python benchmarks/collector_throughput.py [--rounds 5] [--seconds 3] [--group all|lanes]``
+Run: ``python benchmarks/collector_throughput.py [--rounds 5] [--seconds 3] [--group all|lanes] [--task ID]``
 """
 
 from __future__ import annotations
@@ -60,16 +67,24 @@ from torchrl.envs import DoubleToFloat, GymEnv, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from torchrl_unilab import EnvPoolEnv, OffPolicyCollector, make_replay_buffer
+from torchrl_unilab.envs.task_families import observation_layout
 from torchrl_unilab.modules._fast_policy import tensor_policy
 from torchrl_unilab.modules.models import make_actor
 
 ENV = "HalfCheetah-v5"
 NUM_ENVS = 16
 FRAME_SKIP = 5
+#: --task: the ratio of our collector to EnvPool alone that issue 18 sets as the target
+TASK_TARGETS = {"Go1JoystickFlatTerrain-v1": 0.85, "CheetahRun-v1": 0.6}
 
 
-def sac_actor():
-    return make_actor("sac", 17, 6, hidden_dim=512, use_layer_norm=True)
+def dims(env_id: str) -> tuple[int, int]:
+    """``(observation width, action width)`` of an EnvPool task."""
+    return observation_layout(env_id).dims["observation"], envpool.make_spec(env_id).gymnasium_action_space.shape[0]
+
+
+def sac_actor(env_id: str = ENV):
+    return make_actor("sac", *dims(env_id), hidden_dim=512, use_layer_norm=True)
 
 
 def timed_loop(step, batch: int, seconds: float) -> float:
@@ -116,18 +131,20 @@ class BareMujoco:
 
 
 class EnvPoolAlone:
-    def __init__(self) -> None:
-        self.env = envpool.make_gymnasium(ENV, num_envs=NUM_ENVS, num_threads=1, seed=0)
+    def __init__(self, env_id: str = ENV) -> None:
+        self.env = envpool.make_gymnasium(env_id, num_envs=NUM_ENVS, num_threads=1, seed=0)
         self.env.reset()
         self.rng = np.random.default_rng(0)
+        self.action_dim = dims(env_id)[1]
 
     def __call__(self, seconds: float) -> float:
-        return timed_loop(lambda: self.env.step(self.rng.uniform(-1, 1, (NUM_ENVS, 6))), NUM_ENVS, seconds)
+        shape = (NUM_ENVS, self.action_dim)
+        return timed_loop(lambda: self.env.step(self.rng.uniform(-1, 1, shape)), NUM_ENVS, seconds)
 
 
 class EnvPoolEnvAlone:
-    def __init__(self) -> None:
-        self.env = EnvPoolEnv(ENV, NUM_ENVS, seed=0)
+    def __init__(self, env_id: str = ENV) -> None:
+        self.env = EnvPoolEnv(env_id, NUM_ENVS, seed=0)
         self.td = self.env.reset()
 
     def __call__(self, seconds: float) -> float:
@@ -161,15 +178,16 @@ class TorchRLCollector:
 class OffPolicy:
     """An OffPolicyCollector kept paused between measurement windows; it also sums the workers' phase times."""
 
-    def __init__(self, num_workers: int, num_envs: int = NUM_ENVS, engine: str = "auto", lanes: int = 1) -> None:
+    def __init__(self, num_workers: int, num_envs: int = NUM_ENVS, engine: str = "auto", lanes: int = 1,
+                 env_id: str = ENV) -> None:
         self.num_workers = num_workers
         options = dict(num_workers=num_workers, frames_per_batch=1024, replay_buffer=make_replay_buffer(200_000),
                        seed=0)
         if lanes > 1:
-            env = functools.partial(EnvPoolEnv, ENV, num_envs, lanes=lanes)
-            self.collector = OffPolicyCollector(env, sac_actor(), **options)
+            env = functools.partial(EnvPoolEnv, env_id, num_envs, lanes=lanes)
+            self.collector = OffPolicyCollector(env, sac_actor(env_id), **options)
         else:
-            self.collector = OffPolicyCollector(ENV, sac_actor(), num_envs=num_envs, engine=engine, **options)
+            self.collector = OffPolicyCollector(env_id, sac_actor(env_id), num_envs=num_envs, engine=engine, **options)
         self.collector.start()
         self.collector.wait_for_frames(2048 * num_workers, timeout=120)  # past process start-up
         self._pause = self.collector.pause()
@@ -247,13 +265,48 @@ def median_ratio(num: list[float], den: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(num, den))
 
 
+def task_throughput(env_id: str, rounds: int, seconds: float) -> dict:
+    """``--task``: EnvPool alone, our env alone and one collector worker on ``env_id``, in alternating rounds."""
+    load_start = os.getloadavg()
+    torch.set_num_threads(1)
+    collector = OffPolicy(1, env_id=env_id)
+    try:
+        rates = interleaved({"envpool": EnvPoolAlone(env_id), "envpool_env": EnvPoolEnvAlone(env_id),
+                             "offpolicy_task": collector}, rounds, seconds)
+        breakdown = collector.breakdown()
+    finally:
+        collector.close()
+    out = {"benchmark": "collector_throughput", "task": env_id, "family": observation_layout(env_id).family,
+           "keys": observation_layout(env_id).dims, "num_envs": NUM_ENVS, "unit": "env steps/s", "rounds": rounds,
+           "seconds_per_round": seconds}
+    out.update({name: round(statistics.median(r), 1) for name, r in rates.items()})
+    ratio = median_ratio(rates["offpolicy_task"], rates["envpool"])
+    out["ratio_offpolicy_over_envpool"] = round(ratio, 3)
+    out["ratio_envpool_env_over_envpool"] = round(median_ratio(rates["envpool_env"], rates["envpool"]), 3)
+    out["ratio_offpolicy_over_envpool_per_round"] = [
+        round(a / b, 3) for a, b in zip(rates["offpolicy_task"], rates["envpool"])]
+    if env_id in TASK_TARGETS:
+        out["target"] = TASK_TARGETS[env_id]
+        out["target_met"] = ratio >= TASK_TARGETS[env_id]
+    out["breakdown_us_per_step"] = breakdown
+    out["load_average_start_end"] = [round(load_start[0], 2), round(os.getloadavg()[0], 2)]
+    out["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per configuration")
     parser.add_argument("--seconds", type=float, default=3.0, help="measurement window per round")
     parser.add_argument("--group", choices=("all", "lanes"), default="all",
                         help="'lanes': only raw, the EnvPool collector rows and the overlapped (lanes) rows")
+    parser.add_argument("--task", default=None,
+                        help="one EnvPool task (e.g. Go1JoystickFlatTerrain-v1, CheetahRun-v1): "
+                             "our collector against EnvPool alone on it")
     args = parser.parse_args()
+    if args.task is not None:
+        print(json.dumps(task_throughput(args.task, args.rounds, args.seconds)))
+        return
     load_start = os.getloadavg()
     out = {"benchmark": "collector_throughput", "env": ENV, "unit": "env steps/s", "rounds": args.rounds,
            "seconds_per_round": args.seconds, "group": args.group}

@@ -6,6 +6,13 @@ Suites (each run is ``recipes/<algo>.py`` called in-process with Hydra overrides
   deterministic eval return >= -200. About 7 minutes per seed on 2 CPU cores.
 * ``halfcheetah``: SAC and TD3 on HalfCheetah-v5, 3 seeds each, 100k frames;
   target >= 3000. Hours on 2 CPU cores (the learner does ~40 updates/s).
+* ``robot`` (issue 18): SAC on the Control Suite's CheetahRun-v1 and WalkerWalk-v1,
+  100k frames, 2 seeds each; TD3 on MuJoCo Playground's Go1JoystickFlatTerrain-v1,
+  100k frames, 2 seeds, with the asymmetric critic (``network.critic_input=privileged``)
+  and with the symmetric one, the pair to compare. The Control Suite targets (300 and
+  400) are what published SAC curves reach around 100k frames, a reference for this
+  suite rather than a figure measured here; Go1 has none (the comparison is the result).
+  Hours on 2 CPU cores; not run in the issue-18 session.
 
 Writes ``results.md`` and ``results.csv`` (final and best eval return per
 run, their means over seeds -- a task passes on the mean final return --,
@@ -15,6 +22,7 @@ against frames and against wall-clock minutes, one line per seed) to
 JSON line per task.
 
     python benchmarks/learning.py --suite pendulum [--seeds 0 1 2] [--out benchmarks/results/learning]
+    python benchmarks/learning.py --suite robot    # seeds 0 1 (the suite's own) unless --seeds is given
 """
 
 from __future__ import annotations
@@ -39,8 +47,16 @@ class Task:
     algo: str
     env: str
     frames: int
-    target: float
+    target: float | None
     overrides: list[str] = field(default_factory=list)
+    seeds: tuple[int, ...] | None = None
+    """the suite's seeds, used unless ``--seeds`` is given"""
+    label: str = ""
+    """tells apart two runs of one algorithm on one env (file names, the table)"""
+
+    @property
+    def name(self) -> str:
+        return "_".join(filter(None, (self.algo, self.env, self.label)))
 
 
 SUITES: dict[str, list[Task]] = {
@@ -53,6 +69,18 @@ SUITES: dict[str, list[Task]] = {
     "halfcheetah": [
         Task("sac", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"]),
         Task("td3", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"]),
+    ],
+    "robot": [
+        Task("sac", "CheetahRun-v1", 100_000, 300.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"],
+             seeds=(0, 1)),
+        Task("sac", "WalkerWalk-v1", 100_000, 400.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"],
+             seeds=(0, 1)),
+        Task("td3", "Go1JoystickFlatTerrain-v1", 100_000, None,
+             ["logger.eval_iter=10000", "replay_buffer.size=100000", "network.critic_input=privileged",
+              "network.obs_norm=true"], seeds=(0, 1), label="privileged"),
+        Task("td3", "Go1JoystickFlatTerrain-v1", 100_000, None,
+             ["logger.eval_iter=10000", "replay_buffer.size=100000", "network.critic_input=observation",
+              "network.obs_norm=true"], seeds=(0, 1), label="symmetric"),
     ],
 }
 
@@ -99,7 +127,7 @@ def plot(path: Path, title: str, runs: dict[int, dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=[*SUITES, "all"], default="pendulum")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the suite's, else 0 1 2")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
     args = parser.parse_args()
     suites = list(SUITES) if args.suite == "all" else [args.suite]
@@ -107,18 +135,21 @@ def main() -> None:
     rows = []
     for suite in suites:
         for task in SUITES[suite]:
-            runs = {seed: run(task, seed, args.out / "runs" / f"{task.algo}_{task.env}_seed{seed}")
-                    for seed in args.seeds}
+            seeds = args.seeds or task.seeds or (0, 1, 2)
+            runs = {seed: run(task, seed, args.out / "runs" / f"{task.name}_seed{seed}") for seed in seeds}
             seeds = f"{len(runs)} seed" + "s" * (len(runs) != 1)
-            plot(args.out / f"{suite}_{task.algo}.png", f"{task.algo.upper()} {task.env} ({seeds})", runs)
+            label = f" {task.label}" if task.label else ""
+            png = f"{suite}_{task.algo}.png" if suite in ("pendulum", "halfcheetah") else f"{suite}_{task.name}.png"
+            plot(args.out / png, f"{task.algo.upper()} {task.env}{label} ({seeds})", runs)
             finals = [r["final_return"] for r in runs.values()]
             bests = [max(v for _, v in r["curve"]) for r in runs.values()]
             mean = statistics.mean(finals)
-            row = {"suite": suite, "algo": task.algo, "env": task.env, "frames": task.frames,
+            row = {"suite": suite, "algo": task.algo + (f" ({task.label})" if task.label else ""), "env": task.env,
+                   "frames": task.frames,
                    "seeds": len(finals), "final_returns": [round(v, 1) for v in finals],
                    "mean_return": round(mean, 1), "best_returns": [round(v, 1) for v in bests],
                    "mean_best_return": round(statistics.mean(bests), 1), "target": task.target,
-                   "passed": mean >= task.target,
+                   "passed": None if task.target is None else mean >= task.target,
                    "mean_wall_clock_min": round(statistics.mean(r["elapsed_s"] for r in runs.values()) / 60, 1),
                    "mean_updates": round(statistics.mean(r["updates"] for r in runs.values()))}
             rows.append(row)

@@ -1,4 +1,4 @@
-"""TD3 on a gymnasium MuJoCo task, learning while workers collect in the background.
+"""TD3 on a MuJoCo task (gymnasium, MuJoCo Playground or the Control Suite), learning while workers collect in the background.
 
 The shape of TorchRL's ``sota-implementations/td3/td3.py``: a Hydra config
 with the sections ``env``, ``collector``, ``replay_buffer``, ``optim``,
@@ -10,6 +10,7 @@ from worker processes while this process learns at ``optim.utd_ratio``.
 
     python recipes/td3.py                                   # HalfCheetah-v5, ~15 min on 2 cores
     python recipes/td3.py env.name=Hopper-v5 collector.total_frames=200000
+    python recipes/td3.py env.name=Go1JoystickFlatTerrain-v1 network.critic_input=privileged   # asymmetric critic
     python recipes/td3.py collector.lockstep=true           # collect, train, repeat: reproducible
     python recipes/td3.py replay_buffer.prb=true            # prioritized replay
     python recipes/td3.py resume=outputs/HalfCheetah-v5_TD3/<date>   # continue a run
@@ -27,7 +28,6 @@ import torch
 from omegaconf import DictConfig
 
 from torchrl_unilab.data import BufferSampler
-from torchrl_unilab.modules.normalization import normalize_batch
 from torchrl_unilab.objectives import tensor_loss
 from torchrl_unilab.trainers.compile import compile_update
 from torchrl_unilab.trainers.device import learner_device
@@ -88,12 +88,14 @@ def main(cfg: DictConfig) -> dict:
     # Replay buffer in shared memory; the collector's workers fill it in the background
     replay_buffer = make_replay_buffer(cfg)
     # Run directory, checkpoint (resume=...), logger, evaluation, collector and UTD pacing
-    run = RecipeRun(cfg, "TD3", nets.policy, replay_buffer, normalizer=nets.normalizer, worker_policy=nets.worker_policy,
+    run = RecipeRun(cfg, "TD3", nets.policy, replay_buffer, normalizer=nets.normalizer,
+                    critic_normalizer=nets.critic_normalizer, worker_policy=nets.worker_policy,
                     modules={"loss": loss_module, "optimizer": optimizer, "target_updater": target_net_updater})
     utd, policy_delay = run.utd, cfg.optim.policy_update_delay
-    # replay_buffer.sample() for the keys the losses read, into reused tensors (benchmarks/sampling.py);
-    # for a GPU through pinned memory, the copy queued while the GPU still runs the previous update
-    sample = BufferSampler(replay_buffer, cfg.optim.batch_size, device=device)
+    # replay_buffer.sample() for the keys the losses read (nets.sample_keys: "privileged" too for an asymmetric
+    # critic), into reused tensors (benchmarks/sampling.py); for a GPU through pinned memory, the copy queued while
+    # the GPU still runs the previous update
+    sample = BufferSampler(replay_buffer, cfg.optim.batch_size, keys=nets.sample_keys, device=device)
 
     with run:  # Ctrl-C / SIGTERM: finish the update, save a checkpoint, shut the collector down
         while not utd.done and not run.stop_requested:
@@ -102,8 +104,7 @@ def main(cfg: DictConfig) -> dict:
             batch, info = sample()  # rows the buffer's sampler picks (prb: by priority), copied under its lock
             if prb:
                 batch.set(loss_module.tensor_keys.priority_weight, info["priority_weight"])
-            if nets.normalizer is not None:
-                normalize_batch(batch, nets.normalizer)
+            nets.normalize(batch)  # raw rows -> what the networks read (observation; privileged for its critic)
             # The policy delay: the actor and the targets move on every policy_delay-th update only
             losses = updates[utd.updates % policy_delay == 0](batch)
             if prb:

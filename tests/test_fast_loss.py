@@ -74,6 +74,23 @@ def test_tensor_loss_matches_the_torchrl_loss(algo, layer_norm):
     assert_same(loss, fast, batch())
 
 
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_tensor_loss_matches_the_torchrl_loss_with_the_recipes_asymmetric_critic(algo):
+    """network.critic_input=privileged: the same values and gradients (TD3 through its PassThroughActor)."""
+    torch.manual_seed(0)
+    cfg = config(False)
+    cfg.network.critic_input = "privileged"
+    info = EnvInfo(OBS, ACT, -2 * torch.ones(ACT), 2 * torch.ones(ACT), privileged_dim=PRIV)
+    nets = make_networks(cfg, algo, info)
+    loss, _ = make_loss_module(cfg, algo, nets)
+    with torch.no_grad():
+        for p in loss.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    fast = tensor_loss(loss)
+    assert fast is not None
+    assert_same(loss, fast, batch(privileged=True))
+
+
 def test_asymmetric_sac_critic_reads_privileged_keys():
     torch.manual_seed(0)
     actor = make_actor("sac", OBS, ACT, hidden_dim=16)

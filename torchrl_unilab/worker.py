@@ -57,7 +57,7 @@ from torchrl_unilab.collectors._worker import (
 from torchrl_unilab.collectors.metrics import PHASES, CollectorMetrics
 from torchrl_unilab.collectors.trace import PhaseTimer
 from torchrl_unilab.data.replay_buffer import buffer_lock, init_storage, storage_keys
-from torchrl_unilab.envs.batched_env import BatchedGymEnv
+from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.envs.privileged import (
     PrivilegedInfoTransform,
     resolve_collector_actor_dims,
@@ -101,7 +101,10 @@ def _make_env(env_name: str, num_envs: int, sim_backend: str, env_cfg_override: 
     if privileged is not None and not isinstance(privileged, PrivilegedInfoTransform):
         raise TypeError("privileged must be a PrivilegedInfoTransform or a dict of its keyword arguments, "
                         f"got {type(privileged).__name__}")
-    env = BatchedGymEnv(env_name, num_envs, env_kwargs=env_cfg_override)
+    # The collector's engine choice: EnvPool where it runs the task (MuJoCo Playground and Control Suite ids
+    # only there), gymnasium where the privileged sources read gymnasium's simulator.
+    engine = select_engine(env_name, "auto", env_cfg_override, privileged)
+    env = make_gym_id_env(env_name, num_envs, env_kwargs=env_cfg_override, engine=engine)
     return env if privileged is None else TransformedEnv(env, privileged)
 
 
@@ -122,7 +125,8 @@ def make_collector_actor(
     ``"sac_priv"`` / ``"td3_priv"`` actors read ``["observation", "privileged"]``:
     the env must carry a :class:`~torchrl_unilab.PrivilegedInfoTransform`, whose
     vector is the context :func:`resolve_offpolicy_actor_priv_info` resolves
-    from ``info["privileged"]``; ``obs_dim`` stays the observation's width.
+    from ``info["privileged"]``, or observe ``"privileged"`` itself (a MuJoCo
+    Playground robot's critic state); ``obs_dim`` stays the observation's width.
 
     Examples:
         >>> from torchrl_unilab import BatchedGymEnv, layout_of
@@ -138,7 +142,8 @@ def make_collector_actor(
         spec = env.observation_spec.get("privileged", None)
         if spec is None:
             raise ValueError(f"algo_type={algo_type!r} needs the privileged context in the env: pass privileged= "
-                             "(a PrivilegedInfoTransform or a dict of its arguments)")
+                             "(a PrivilegedInfoTransform or a dict of its arguments), or use a task that observes it "
+                             "(a MuJoCo Playground robot such as 'Go1JoystickFlatTerrain-v1')")
         obs_dim += int(spec.shape[-1])
         in_keys.append("privileged")
     space = env.action_spec.space
@@ -388,8 +393,12 @@ def off_policy_collector_fn(
 
     Args:
         stop_event: ends the loop promptly, also while waiting in lock-step mode.
-        env_name: gymnasium id; ``sim_backend="mujoco"`` (the only backend) runs it
-            through :class:`~torchrl_unilab.BatchedGymEnv`. ``env_cfg_override``: its
+        env_name: a task id; ``sim_backend="mujoco"`` (the only backend) runs it on the
+            engine :func:`~torchrl_unilab.select_engine` picks, as the collector does:
+            EnvPool's :class:`~torchrl_unilab.EnvPoolEnv` where it implements the task
+            (gymnasium's MuJoCo v5 tasks, MuJoCo Playground's, e.g.
+            ``"Go1JoystickFlatTerrain-v1"``, the Control Suite's, e.g. ``"CheetahRun-v1"``),
+            else :class:`~torchrl_unilab.BatchedGymEnv`. ``env_cfg_override``: its
             constructor kwargs.
         num_envs: envs stepped as one batch.
         replay_buffer: from :func:`~torchrl_unilab.make_replay_buffer`, laid out by
@@ -433,7 +442,8 @@ def off_policy_collector_fn(
             ``(slot_id, metadata)`` is posted on the ready queue.
         privileged: a :class:`~torchrl_unilab.PrivilegedInfoTransform` (or a dict of its
             arguments) on the env, writing ``"privileged"`` into every row; needed by
-            ``algo_type="sac_priv"`` / ``"td3_priv"``, whose actor reads it. Lay the
+            ``algo_type="sac_priv"`` / ``"td3_priv"``, whose actor reads it, unless the task
+            observes it itself (a MuJoCo Playground robot's ``privileged_state``). Lay the
             storage out with the same ``privileged``.
         **kwargs: none accepted; an unknown keyword raises ``TypeError``.
 

@@ -117,8 +117,10 @@ class OffPolicyCollector(MultiAsyncCollector):
     ``("next", "step_count")`` and ``"policy_version"`` (``-1`` for uniformly random actions).
 
     Args:
-        create_env_fn: a gymnasium id (``"HalfCheetah-v5"``, or ``"module:Env-vN"``),
-            run with ``num_envs`` envs per worker on the engine ``engine`` selects
+        create_env_fn: a gymnasium id (``"HalfCheetah-v5"``, or ``"module:Env-vN"``), or a MuJoCo
+            Playground or Control Suite id (``"Go1JoystickFlatTerrain-v1"``, ``"CheetahRun-v1"``,
+            EnvPool only; see :mod:`~torchrl_unilab.envs.task_families`), run with ``num_envs`` envs per
+            worker on the engine ``engine`` selects
             (:class:`~torchrl_unilab.EnvPoolEnv` or :class:`~torchrl_unilab.BatchedGymEnv`); a callable (or ``EnvCreator``) returning a batched or
             unbatched TorchRL ``EnvBase``, run in each worker process; a live
             ``EnvBase`` instance, stepped by a thread of this process (a started

@@ -78,10 +78,16 @@ class BatchedTaskEnv(EnvBase):
     * ``_physics_step(actions)`` steps every env with clipped float32 actions and returns
       ``(next_obs [n, obs_dim], reward [n] float32, terminated [n] bool, truncated [n] bool)``,
       ``next_obs`` of ``obs_dtype`` and ``truncated`` the simulator's own (time limits are applied here);
-    * ``_reset_envs(ids)`` resets the envs ``ids`` and returns their observations ``[len(ids), obs_dim]``.
+    * ``_reset_envs(ids)`` resets the envs ``ids`` and returns their observations ``[len(ids), obs_dim]``
+      (with ``extra_obs``, the extra keys' columns after them).
 
     The returned transitions keep TorchRL's conventions (see :class:`BatchedGymEnv`). This class is
     not meant to be built directly.
+
+    ``extra_obs`` declares observation keys beside ``"observation"`` (``{"privileged": 123}``
+    for a MuJoCo Playground task's critic state): the hooks then return ``[n, obs_dim + sum of
+    extra widths]`` arrays, ``"observation"`` first and the extra keys in order, and each key is
+    a view of its columns.
 
     Two keyword arguments let a subclass present what TorchRL's ``GymEnv`` presents
     (:mod:`torchrl_unilab.envs.torchrl_stack` uses them): ``obs_dtype=torch.float64``
@@ -108,6 +114,7 @@ class BatchedTaskEnv(EnvBase):
         device: torch.device | str,
         obs_dtype: torch.dtype = torch.float32,
         truncated_when_terminated: bool = False,
+        extra_obs: Mapping[str, int] | None = None,
     ) -> None:
         if obs_dtype not in _OBS_DTYPES:
             raise ValueError(f"obs_dtype must be one of {list(_OBS_DTYPES)}, got {obs_dtype!r}")
@@ -123,8 +130,13 @@ class BatchedTaskEnv(EnvBase):
         self._action_bounds = (torch.from_numpy(self._action_low), torch.from_numpy(self._action_high))
         self.max_episode_steps = int(max_episode_steps) if max_episode_steps else None
         batch = (num_envs,)
+        widths = {"observation": obs_dim, **dict(extra_obs or {})}
+        starts = np.cumsum([0, *widths.values()]).tolist()
+        #: each observation key's columns of the arrays the hooks return
+        self._obs_columns = {key: slice(a, b) for key, a, b in zip(widths, starts, starts[1:])}
         self.observation_spec = Composite(
-            observation=Unbounded(shape=(*batch, self.obs_dim), dtype=obs_dtype, device=self.device),
+            {key: Unbounded(shape=(*batch, width), dtype=obs_dtype, device=self.device)
+             for key, width in widths.items()},
             shape=batch,
         )
         self.action_spec = Bounded(
@@ -146,7 +158,18 @@ class BatchedTaskEnv(EnvBase):
         self._limits = np.full(num_envs, self._full_limit, dtype=np.int64)
         if stagger_resets and self.max_episode_steps:
             self._limits[:] = [max(1, math.ceil(self.max_episode_steps * (i + 1) / num_envs)) for i in range(num_envs)]
-        self._obs = np.zeros((num_envs, self.obs_dim), dtype=self._obs_np_dtype)
+        self._obs = np.zeros((num_envs, starts[-1]), dtype=self._obs_np_dtype)
+
+    @property
+    def obs_keys(self) -> tuple[str, ...]:
+        """The observation keys, ``"observation"`` first."""
+        return tuple(self._obs_columns)
+
+    def _split_obs(self, obs: np.ndarray) -> dict[str, torch.Tensor]:
+        """Each observation key's tensor, a view of its columns of ``obs``."""
+        if len(self._obs_columns) == 1:
+            return {"observation": torch.from_numpy(obs)}
+        return {key: torch.from_numpy(obs[:, columns]) for key, columns in self._obs_columns.items()}
 
     @property
     def step_counts(self) -> np.ndarray:
@@ -171,7 +194,7 @@ class BatchedTaskEnv(EnvBase):
         # Every done key is written (all False after a reset), so _complete_done has nothing to add.
         not_done = torch.zeros(self.num_envs, 1, dtype=torch.bool)
         return TensorDict._new_unsafe(
-            {"observation": torch.from_numpy(self._obs.copy()), "done": not_done, "terminated": not_done.clone(),
+            {**self._split_obs(self._obs.copy()), "done": not_done, "terminated": not_done.clone(),
              "truncated": not_done.clone()},
             batch_size=self.batch_size, device=self.device,
         )
@@ -204,7 +227,7 @@ class BatchedTaskEnv(EnvBase):
 
     def _next_td(self, next_obs, reward, terminated, truncated) -> dict[str, torch.Tensor]:
         return {
-            "observation": torch.from_numpy(next_obs),
+            **self._split_obs(next_obs),
             "reward": torch.from_numpy(reward),
             "terminated": torch.from_numpy(terminated),
             "truncated": torch.from_numpy(truncated),
@@ -243,14 +266,14 @@ class BatchedTaskEnv(EnvBase):
         # own preallocated arrays, with the batch size the specs declare.
         transition = TensorDict._new_unsafe(
             {
-                "observation": tensordict.get("observation"),
+                **{key: tensordict.get(key) for key in self._obs_columns},
                 "action": tensordict.get("action"),
                 "next": TensorDict._new_unsafe(self._next_td(next_obs, reward, terminated, truncated),
                                                batch_size=batch_size),
             },
             batch_size=batch_size,
         )
-        root = TensorDict._new_unsafe({"observation": torch.from_numpy(root_obs)}, batch_size=batch_size)
+        root = TensorDict._new_unsafe(self._split_obs(root_obs), batch_size=batch_size)
         return transition, root
 
 

@@ -1,10 +1,17 @@
-"""gymnasium's MuJoCo tasks stepped by EnvPool's C++ implementation.
+"""MuJoCo tasks stepped by EnvPool's C++ implementation: gymnasium's, MuJoCo Playground's and the Control Suite's.
 
 EnvPool (``envpool`` on the package index) reimplements every gymnasium MuJoCo
 v5 task in C++ and steps a batch of them on its own thread pool. On one core
 of the 2-core development machine, HalfCheetah-v5 with 16 envs steps at about
 36,000 env steps/s through EnvPool against about 22,000 for the raw gymnasium
 loop (issue 13; ``benchmarks/collector_throughput.py`` measures both).
+
+EnvPool also ports MuJoCo Playground's robot tasks (``Go1JoystickFlatTerrain-v1``, ...) and the
+DeepMind Control Suite (``CheetahRun-v1``, ...), which only EnvPool runs here. Their
+observations are dicts; :mod:`torchrl_unilab.envs.task_families` is the table of how each
+family's entries become ``"observation"`` (and ``"privileged"``, Playground's critic state),
+read once when the env is built. With EnvPool alone (16 envs, 1 thread) Go1 steps at about
+6,000 env steps/s, G1 at 1,200, CheetahRun at 41,000 (issue 18).
 
 :class:`EnvPoolEnv` is a lean TorchRL env over one EnvPool pool with the output
 contract of :class:`~torchrl_unilab.BatchedGymEnv`: the time limit, staggered
@@ -47,6 +54,7 @@ except ImportError:  # pragma: no cover - envpool is a dependency; gymnasium sti
     envpool = None
 
 from torchrl_unilab.envs.batched_env import BatchedGymEnv, BatchedTaskEnv
+from torchrl_unilab.envs.task_families import family_ids, observation_layout, task_family
 
 __all__ = ["ENGINES", "EnvPoolEnv", "envpool_task_ids", "make_gym_id_env", "select_engine"]
 
@@ -65,18 +73,18 @@ _NO_LIMIT = 2**30
 
 @functools.cache
 def envpool_task_ids() -> frozenset[str]:
-    """The gymnasium MuJoCo ids EnvPool implements (those routed to it by ``engine="auto"``).
+    """The MuJoCo ids EnvPool runs here (routed to it by ``engine="auto"``): gymnasium's, Playground's, the Control Suite's.
 
     Examples:
-        >>> "HalfCheetah-v5" in envpool_task_ids()
-        True
+        >>> "HalfCheetah-v5" in envpool_task_ids(), "Go1JoystickFlatTerrain-v1" in envpool_task_ids()
+        (True, True)
         >>> "Pendulum-v1" in envpool_task_ids()
         False
     """
     if envpool is None:
         return frozenset()
-    registered = set(envpool.list_all_envs())
-    return frozenset(f"{task}-{v}" for task, versions, _ in gym_mujoco_envs for v in versions) & registered
+    gym_ids = {f"{task}-{v}" for task, versions, _ in gym_mujoco_envs for v in versions}
+    return frozenset(i for i in family_ids() if task_family(i).name != "gymnasium" or i in gym_ids)
 
 
 def _config_keys(env_id: str) -> set[str]:
@@ -90,8 +98,10 @@ def select_engine(env_id: str, engine: str = "auto", env_kwargs: Mapping[str, An
     ``engine="auto"`` picks EnvPool when it implements ``env_id``, accepts every
     key of ``env_kwargs`` (besides ``max_episode_steps``) and ``privileged``
     reads no simulator state; otherwise gymnasium. ``engine="envpool"`` insists,
-    and says why it cannot when it cannot. ``engine="gymnasium"`` always picks
-    gymnasium (:class:`~torchrl_unilab.BatchedGymEnv`).
+    and says why it cannot when it cannot. ``engine="gymnasium"`` picks
+    gymnasium (:class:`~torchrl_unilab.BatchedGymEnv`). MuJoCo Playground and
+    Control Suite ids (:mod:`~torchrl_unilab.envs.task_families`) have no
+    gymnasium version: they run on EnvPool or raise, whatever ``engine``.
 
     A :class:`~torchrl_unilab.PrivilegedInfoTransform` reading ``info_keys``,
     ``mujoco`` fields or ``mujoco_fn`` needs gymnasium's ``info`` dicts and
@@ -107,6 +117,8 @@ def select_engine(env_id: str, engine: str = "auto", env_kwargs: Mapping[str, An
         'gymnasium'
         >>> select_engine("Pendulum-v1")
         'gymnasium'
+        >>> select_engine("CheetahRun-v1")
+        'envpool'
     """
     if engine == "torchrl":
         raise ValueError(
@@ -115,6 +127,11 @@ def select_engine(env_id: str, engine: str = "auto", env_kwargs: Mapping[str, An
         )
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    family = task_family(env_id)
+    only_envpool = family is not None and not family.gymnasium_fallback
+    if engine == "gymnasium" and only_envpool:
+        raise ValueError(f"engine='gymnasium' cannot run {env_id!r}: it is a {family.suite} task that only EnvPool "
+                         "implements here; use engine='auto' or 'envpool'")
     if engine == "gymnasium":
         return "gymnasium"
     reason = None
@@ -131,6 +148,8 @@ def select_engine(env_id: str, engine: str = "auto", env_kwargs: Mapping[str, An
                       "and MuJoCo data, which EnvPool does not expose (critic_key= works with either engine)")
     if reason is None:
         return "envpool"
+    if only_envpool:
+        raise ValueError(f"EnvPool cannot run {env_id!r}, a {family.suite} task gymnasium does not have: {reason}")
     if engine == "envpool":
         raise ValueError(f"engine='envpool' cannot run {env_id!r}: {reason}. Use engine='gymnasium' or 'auto'.")
     return "gymnasium"
@@ -144,9 +163,15 @@ class EnvPoolEnv(BatchedTaskEnv):
     observation under ``("next", "observation")`` with in-place autoreset in
     :meth:`step_and_maybe_reset`), with the physics in EnvPool's C++ threads.
 
+    A MuJoCo Playground task with a critic state also writes ``"privileged"``
+    (EnvPool's ``privileged_state``), beside ``"observation"`` (``state``) and
+    with the same contract; a Control Suite task's parts are concatenated into
+    ``"observation"`` in the suite's order, each part's columns in
+    :attr:`observation_slices` (see :mod:`~torchrl_unilab.envs.task_families`).
+
     Args:
-        env_id: a gymnasium MuJoCo id EnvPool implements, e.g. ``"HalfCheetah-v5"``
-            (see :func:`envpool_task_ids`).
+        env_id: a MuJoCo id EnvPool implements, e.g. ``"HalfCheetah-v5"``,
+            ``"Go1JoystickFlatTerrain-v1"`` or ``"CheetahRun-v1"`` (see :func:`envpool_task_ids`).
         num_envs: how many environments are stepped together (``>= 1``).
 
     Keyword Args:
@@ -179,6 +204,15 @@ class EnvPoolEnv(BatchedTaskEnv):
         >>> transition["next", "reward"].shape
         torch.Size([4, 1])
         >>> env.close()
+
+        A Playground robot, with its critic state, and a Control Suite task:
+
+        >>> env = EnvPoolEnv("Go1JoystickFlatTerrain-v1", num_envs=2, seed=0)
+        >>> {key: tuple(spec.shape) for key, spec in env.observation_spec.items()}
+        {'observation': (2, 48), 'privileged': (2, 123)}
+        >>> env.close()
+        >>> EnvPoolEnv("CheetahRun-v1", num_envs=2).observation_slices
+        {'position': slice(0, 8, None), 'velocity': slice(8, 17, None)}
 
         Two lanes, stepped asynchronously:
 
@@ -223,9 +257,13 @@ class EnvPoolEnv(BatchedTaskEnv):
         spec = envpool.make_spec(env_id, **self._config)
         act_space = spec.gymnasium_action_space
         limit = max_episode_steps or self.env_kwargs.get("max_episode_steps") or spec.config.max_episode_steps
+        #: how EnvPool's observation entries become this env's keys (envs/task_families.py)
+        self.layout = observation_layout(env_id)
+        dims = self.layout.dims
         super().__init__(
             num_envs,
-            obs_dim=int(np.prod(spec.gymnasium_observation_space.shape)),
+            obs_dim=dims["observation"],
+            extra_obs={key: width for key, width in dims.items() if key != "observation"},
             action_low=act_space.low,
             action_high=act_space.high,
             max_episode_steps=limit,
@@ -256,7 +294,8 @@ class EnvPoolEnv(BatchedTaskEnv):
         ]
         pool = self._pools[0]
         keys = pool._state_keys  # noqa: SLF001 - the raw C++ outputs skip the pytree conversion per step
-        self._at = {name: keys.index(name) for name in ("obs", "reward", "done", "trunc", "info:env_id")}
+        self._at = {name: keys.index(name) for name in ("reward", "done", "trunc", "info:env_id")}
+        self._obs_at = [keys.index(entry if entry == "obs" else f"obs:{entry}") for _, entry, _ in self.layout.parts]
         action_keys = tuple(pool._action_keys)  # noqa: SLF001
         if action_keys != ("env_id", "players.env_id", "action"):
             raise RuntimeError(f"unexpected EnvPool action keys {action_keys}; this envpool version is not supported")
@@ -287,19 +326,30 @@ class EnvPoolEnv(BatchedTaskEnv):
             out = [a[order] if getattr(a, "ndim", 0) and len(a) == len(ids) else a for a in out]
         return out
 
+    def _observations(self, out: list[np.ndarray]) -> np.ndarray:
+        """The layout's entries of one recv, ``[n, width]`` in this env's dtype (one copy, or none)."""
+        if len(self._obs_at) == 1:
+            # EnvPool hands out new arrays on every recv (owned by a capsule): float64 observations, as
+            # gymnasium's, are used as they are.
+            return out[self._obs_at[0]].astype(self._obs_np_dtype, copy=False)
+        parts = [out[i] for i in self._obs_at]
+        return np.concatenate([p.reshape(len(p), -1) for p in parts], axis=1, dtype=self._obs_np_dtype)
+
     def _physics_outputs(self, out: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         done, trunc = out[self._at["done"]], out[self._at["trunc"]]
-        # EnvPool hands out new arrays on every recv (owned by a capsule): float64 observations, as
-        # gymnasium's, are used as they are.
-        return (out[self._at["obs"]].astype(self._obs_np_dtype, copy=False),
-                out[self._at["reward"]].astype(np.float32, copy=False), done & ~trunc, trunc)
+        return (self._observations(out), out[self._at["reward"]].astype(np.float32, copy=False), done & ~trunc, trunc)
+
+    @property
+    def observation_slices(self) -> dict[str, slice]:
+        """The columns of each EnvPool entry within ``"observation"`` (e.g. a Control Suite task's parts)."""
+        return self.layout.slices("observation")
 
     # ----------------------------------------------------------------- hooks
     def _reset_envs(self, ids: np.ndarray) -> np.ndarray:
         if not self._pools:
             self._build_pool()
         ids = np.asarray(ids, dtype=np.int32)
-        obs = np.empty((len(ids), self.obs_dim), dtype=self._obs_np_dtype)
+        obs = np.empty((len(ids), self._obs.shape[1]), dtype=self._obs_np_dtype)
         lane_of = ids // self.lane_size
         for lane in np.unique(lane_of).tolist():
             if self._in_flight[lane] is not None:
@@ -307,7 +357,7 @@ class EnvPoolEnv(BatchedTaskEnv):
             mine = lane_of == lane
             local = ids[mine] - lane * self.lane_size
             self._send(lane, local, None)
-            obs[mine] = self._recv(lane, local)[self._at["obs"]]
+            obs[mine] = self._observations(self._recv(lane, local))
         return obs
 
     def _physics_step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -377,10 +427,11 @@ def make_gym_id_env(
     threads: int = 1,
     seed: int | None = None,
 ) -> EnvBase:
-    """Builds the batched env for a gymnasium id on the engine :func:`select_engine` picks.
+    """Builds the batched env for a task id on the engine :func:`select_engine` picks.
 
     Args:
-        env_id: a gymnasium id, e.g. ``"HalfCheetah-v5"``.
+        env_id: a gymnasium id, e.g. ``"HalfCheetah-v5"``, or a MuJoCo Playground or Control
+            Suite id EnvPool runs (``"Go1JoystickFlatTerrain-v1"``, ``"CheetahRun-v1"``).
         num_envs: environments stepped as one batch.
 
     Keyword Args:
@@ -397,6 +448,8 @@ def make_gym_id_env(
         'BatchedGymEnv'
         >>> type(make_gym_id_env("Pendulum-v1", 2)).__name__
         'BatchedGymEnv'
+        >>> type(make_gym_id_env("CheetahRun-v1", 2)).__name__
+        'EnvPoolEnv'
     """
     if select_engine(env_id, engine, env_kwargs) == "envpool":
         return EnvPoolEnv(env_id, num_envs, seed=seed, env_kwargs=env_kwargs, stagger_resets=stagger_resets,

@@ -11,13 +11,14 @@ from collections.abc import Sequence
 
 import torch
 from tensordict import NestedKey
-from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictModuleBase
+from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import Tensor, nn
 from torchrl.data import Bounded
 from torchrl.envs.utils import ExplorationType
 from torchrl.modules import MLP, Actor, ProbabilisticActor, TanhNormal, ValueOperator
 
-__all__ = ["ALGOS", "PRIVILEGED_ALGOS", "MultiInputSequential", "actor_algo", "make_actor", "make_critic"]
+__all__ = ["ALGOS", "PRIVILEGED_ALGOS", "MultiInputSequential", "PassThroughActor", "actor_algo", "make_actor",
+           "make_critic"]
 
 ALGOS: tuple[str, ...] = ("sac", "td3")
 """The off-policy algorithms whose networks :func:`make_actor` can build."""
@@ -247,6 +248,37 @@ def make_actor(
         _AffineRescale(low, high),
     )
     return Actor(net, in_keys=keys, out_keys=["action"], spec=spec)
+
+
+class PassThroughActor(TensorDictSequential):
+    """An actor that also hands ``keys`` on unchanged, for a loss whose critic reads keys the actor does not.
+
+    TorchRL's ``TD3Loss`` runs the critic on what it kept of the actor's input
+    (``tensordict.select(*actor_network.in_keys)``), so an asymmetric critic's
+    ``"privileged"`` must be among the actor's ``in_keys`` to reach it. This
+    wrapper declares them without feeding them to the actor: ``self[0]`` is the
+    actor itself, with its parameters (the loss trains those), and the workers
+    keep running the bare actor.
+
+    Args:
+        actor: the actor module, writing ``"action"``.
+        keys: the critic's other inputs, e.g. ``["privileged"]``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> actor = make_actor("td3", obs_dim=3, action_dim=1, hidden_dim=8)
+        >>> wrapped = PassThroughActor(actor, ["privileged"])
+        >>> wrapped.in_keys, wrapped[0] is actor
+        (['observation', 'privileged'], True)
+        >>> td = wrapped(TensorDict({"observation": torch.zeros(2, 3), "privileged": torch.ones(2, 5)}, [2]))
+        >>> td["action"].shape, td["privileged"].shape
+        (torch.Size([2, 1]), torch.Size([2, 5]))
+    """
+
+    def __init__(self, actor: TensorDictModuleBase, keys: Sequence[NestedKey]) -> None:
+        keys = [k for k in keys if k not in actor.in_keys]
+        super().__init__(actor, *[TensorDictModule(nn.Identity(), in_keys=[k], out_keys=[k]) for k in keys])
 
 
 def make_critic(

@@ -172,7 +172,7 @@ class ObservationNormalizer(TensorDictModuleBase):
             tensordict.set(out_key, self.normalize(tensordict.get(in_key)))
         return tensordict
 
-    def update_from_buffer(self, replay_buffer, key: NestedKey = "observation") -> int:
+    def update_from_buffer(self, replay_buffer, key: NestedKey | None = None) -> int:
         """Updates the statistics with the rows written to a replay buffer since the last call.
 
         Reads the positions a round-robin writer filled since the previous call
@@ -182,6 +182,8 @@ class ObservationNormalizer(TensorDictModuleBase):
         and only the rows still stored are used. Works with a one-dimensional
         TorchRL storage; rows being written concurrently may be read half-written,
         so call it from the learner between collection steps.
+
+        ``key`` is the entry read, by default the normaliser's first ``in_keys`` entry.
 
         Returns:
             The number of rows merged.
@@ -200,6 +202,7 @@ class ObservationNormalizer(TensorDictModuleBase):
             >>> norm.update_from_buffer(rb)
             0
         """
+        key = self.in_keys[0] if key is None else key
         write_count = int(replay_buffer.write_count)
         new = write_count - self._buffer_write_count
         self._buffer_write_count = write_count

@@ -34,6 +34,7 @@ from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import TD0Estimator
 
 from torchrl_unilab.modules._mlp import MLPExecutor, concatenates_inputs, mlp_steps
+from torchrl_unilab.modules.models import PassThroughActor
 
 __all__ = ["tensor_loss"]
 
@@ -213,9 +214,11 @@ def _sac(loss: SACLoss, critic: _Network) -> _SACTensorLoss | None:
 
 
 def _td3(loss: TD3Loss, critic: _Network) -> _TD3TensorLoss | None:
-    actor = loss.actor_network
+    root = actor = loss.actor_network
+    if isinstance(actor, PassThroughActor):  # an asymmetric critic's inputs pass by the actor, unread
+        actor = actor[0]
     if not isinstance(actor, TensorDictModule) or list(actor.out_keys) != ["action"]:
         return None
-    network = _Network(actor, actor)
+    network = _Network(root, actor)
     return _TD3TensorLoss(loss, network, critic) if network.supported else None
 

@@ -4,6 +4,11 @@ Each ``make_*`` reads one section of the Hydra config (``env``, ``collector``,
 ``replay_buffer``, ``optim``, ``network``) and returns TorchRL objects, so the
 recipes in ``recipes/`` read top to bottom: config, collector, networks, loss,
 loop. :class:`EvalRunner` runs the deterministic policy on its own envs.
+
+``network.critic_input=privileged`` makes the critic asymmetric: it reads
+``["privileged", "action"]`` (a MuJoCo Playground robot's critic state, see
+:mod:`~torchrl_unilab.envs.task_families`) while the actor and the workers read
+``"observation"`` only.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.data import ReplayBuffer
@@ -26,18 +32,21 @@ from torchrl.objectives.utils import TargetNetUpdater
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.data import replay_buffer as _rb
 from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
-from torchrl_unilab.envs.batched_env import BatchedGymEnv, make_gym_env
+from torchrl_unilab.data.buffer_sampler import SAMPLE_KEYS
+from torchrl_unilab.envs.envpool_env import make_gym_id_env
 from torchrl_unilab.modules.exploration import make_collector_policy
-from torchrl_unilab.modules.models import ALGOS, make_actor, make_critic
-from torchrl_unilab.modules.normalization import ObservationNormalizer
+from torchrl_unilab.modules.models import ALGOS, PassThroughActor, make_actor, make_critic
+from torchrl_unilab.modules.normalization import ObservationNormalizer, normalize_batch
 from torchrl_unilab.trainers.device import module_device
 from torchrl_unilab.trainers.training import trainable_parameters
 
 __all__ = [
+    "CRITIC_INPUTS",
     "EnvInfo",
     "EvalRunner",
     "Networks",
     "config_to_dict",
+    "critic_input",
     "cpu_copy_of_policy",
     "env_info",
     "env_kwargs",
@@ -62,6 +71,10 @@ def env_kwargs(cfg: DictConfig) -> dict[str, Any]:
     return {} if steps is None else {"max_episode_steps": int(steps)}
 
 
+#: Accepted values of ``network.critic_input``: what the critic reads beside the action.
+CRITIC_INPUTS: tuple[str, ...] = ("observation", "privileged")
+
+
 @dataclass
 class EnvInfo:
     """Dimensions and action bounds of an environment (see :func:`env_info`).
@@ -76,28 +89,63 @@ class EnvInfo:
     action_dim: int
     action_low: torch.Tensor
     action_high: torch.Tensor
+    privileged_dim: int | None = None
+    """Width of the env's ``"privileged"`` entry (a MuJoCo Playground robot's critic state), if it has one."""
+    env_name: str | None = None
 
 
 def env_info(cfg: DictConfig) -> EnvInfo:
-    """Opens one env of ``cfg.env.name`` to read its dimensions and action bounds.
+    """Opens one env of ``cfg.env.name`` (on the collector's engine) to read its dimensions and action bounds.
 
     Examples:
         >>> from omegaconf import OmegaConf
         >>> info = env_info(OmegaConf.create({"env": {"name": "Pendulum-v1"}}))
         >>> info.obs_dim, info.action_dim, info.action_high.tolist()
         (3, 1, [2.0])
+        >>> info = env_info(OmegaConf.create({"env": {"name": "Go1JoystickFlatTerrain-v1"}}))
+        >>> info.obs_dim, info.privileged_dim, info.action_dim
+        (48, 123, 12)
     """
-    env = make_gym_env(cfg.env.name, **env_kwargs(cfg))
+    env = make_gym_id_env(cfg.env.name, 1, env_kwargs=env_kwargs(cfg), stagger_resets=False)
     try:
-        obs_space, act_space = env.observation_space, env.action_space
+        obs = env.observation_spec
+        action = env.action_spec_unbatched
         return EnvInfo(
-            obs_dim=int(torch.Size(obs_space.shape).numel()),
-            action_dim=int(torch.Size(act_space.shape).numel()),
-            action_low=torch.as_tensor(act_space.low, dtype=torch.float32).reshape(-1),
-            action_high=torch.as_tensor(act_space.high, dtype=torch.float32).reshape(-1),
+            obs_dim=int(obs["observation"].shape[-1]),
+            action_dim=int(action.shape[-1]),
+            action_low=action.space.low.to(torch.float32).reshape(-1).clone(),
+            action_high=action.space.high.to(torch.float32).reshape(-1).clone(),
+            privileged_dim=int(obs["privileged"].shape[-1]) if "privileged" in obs.keys() else None,
+            env_name=str(cfg.env.name),
         )
     finally:
         env.close()
+
+
+def critic_input(cfg: DictConfig, info: EnvInfo | None = None) -> str:
+    """``network.critic_input`` (default ``"observation"``), checked against :data:`CRITIC_INPUTS` and the env.
+
+    ``"privileged"`` needs an env with a ``"privileged"`` entry (``info.privileged_dim``).
+
+    Examples:
+        >>> from omegaconf import OmegaConf
+        >>> critic_input(OmegaConf.create({"network": {}}))
+        'observation'
+        >>> critic_input(OmegaConf.create({"network": {"critic_input": "privileged"}}),
+        ...              env_info(OmegaConf.create({"env": {"name": "Pendulum-v1"}})))
+        Traceback (most recent call last):
+        ...
+        ValueError: network.critic_input=privileged needs an env with a 'privileged' entry, and Pendulum-v1 has none; use a MuJoCo Playground robot (e.g. env.name=Go1JoystickFlatTerrain-v1) or network.critic_input=observation
+    """
+    value = cfg.network.get("critic_input", "observation") or "observation"
+    if value not in CRITIC_INPUTS:
+        raise ValueError(f"network.critic_input must be one of {CRITIC_INPUTS}, got {value!r}")
+    if value == "privileged" and info is not None and info.privileged_dim is None:
+        raise ValueError(
+            f"network.critic_input=privileged needs an env with a 'privileged' entry, and {info.env_name} has none; "
+            "use a MuJoCo Playground robot (e.g. env.name=Go1JoystickFlatTerrain-v1) or network.critic_input=observation"
+        )
+    return value
 
 
 @dataclass
@@ -123,10 +171,34 @@ class Networks:
     worker_policy: TensorDictModuleBase | None = None
     """What the collector's workers run: ``policy`` itself on the CPU; on a GPU, a CPU build of it holding the
     same weights, which each publish refreshes from ``policy``."""
+    critic_key: str = "observation"
+    """What the critic reads beside the action (``network.critic_input``)."""
+    critic_normalizer: ObservationNormalizer | None = None
+    """Statistics of ``"privileged"`` for an asymmetric critic with ``network.obs_norm``; the learner's alone
+    (the workers' actor never reads it)."""
 
     def __post_init__(self) -> None:
         if self.worker_policy is None:
             self.worker_policy = self.policy
+
+    @property
+    def sample_keys(self) -> tuple:
+        """The keys the losses read from a sampled batch (:data:`~torchrl_unilab.data.buffer_sampler.SAMPLE_KEYS`,
+        and ``"privileged"`` / ``("next", "privileged")`` for an asymmetric critic)."""
+        if self.critic_key == "observation":
+            return SAMPLE_KEYS
+        return (*SAMPLE_KEYS, self.critic_key, ("next", self.critic_key))
+
+    def normalizers(self) -> list[ObservationNormalizer]:
+        """Every normaliser the learner keeps up to date: the actor's, then the critic's."""
+        return [n for n in (self.normalizer, self.critic_normalizer) if n is not None]
+
+    def normalize(self, batch: TensorDictBase) -> TensorDictBase:
+        """Normalises a sampled batch in place: the actor's and the critic's inputs, now and next."""
+        for norm in self.normalizers():
+            key = norm.in_keys[0]
+            normalize_batch(batch, norm, keys=(key, ("next", key)))
+        return batch
 
 
 def make_networks(cfg: DictConfig, algo: str, info: EnvInfo, *, device: torch.device | str | None = None) -> Networks:
@@ -137,6 +209,10 @@ def make_networks(cfg: DictConfig, algo: str, info: EnvInfo, *, device: torch.de
     the normalisation statistics, so one weight publish sends both. For TD3 the
     exploration noise is ``collector.td3_noise`` (``"constant"`` with
     ``collector.td3_std``, or ``"mixed"`` in ``[td3_std_min, td3_std_max]``).
+
+    ``network.critic_input=privileged`` builds the critic on ``["privileged", "action"]``
+    (the actor still reads ``"observation"``), with a normaliser of its own when
+    ``network.obs_norm`` is on.
 
     ``device`` (the learner's, from
     :func:`~torchrl_unilab.trainers.device.learner_device`; default the CPU)
@@ -154,16 +230,21 @@ def make_networks(cfg: DictConfig, algo: str, info: EnvInfo, *, device: torch.de
     """
     if algo not in ALGOS:
         raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
+    critic_key = critic_input(cfg, info)
+    critic_dim = info.obs_dim if critic_key == "observation" else info.privileged_dim
     device = torch.device("cpu") if device is None else torch.device(device)
     # The default-device context reaches every tensor the builders make, bounds and specs included, which
     # ``module.to(device)`` would leave behind (the actor's distribution keyword arguments are no buffers).
     with contextlib.nullcontext() if device.type == "cpu" else device:
         actor = _make_actor(cfg, algo, info)
-        critic = make_critic(info.obs_dim, info.action_dim, hidden_sizes=_hidden_sizes(cfg.network.hidden_sizes),
-                             use_layer_norm=bool(cfg.network.use_layer_norm))
+        critic = make_critic(critic_dim, info.action_dim, hidden_sizes=_hidden_sizes(cfg.network.hidden_sizes),
+                             use_layer_norm=bool(cfg.network.use_layer_norm), in_keys=(critic_key, "action"))
         policy, normalizer = _make_policy(cfg, algo, info, actor)
+        critic_normalizer = (ObservationNormalizer(critic_dim, in_keys=(critic_key,))
+                             if normalizer is not None and critic_key != "observation" else None)
     worker_policy = policy if device.type == "cpu" else cpu_copy_of_policy(cfg, algo, info, policy)
-    return Networks(actor=actor, critic=critic, policy=policy, normalizer=normalizer, worker_policy=worker_policy)
+    return Networks(actor=actor, critic=critic, policy=policy, normalizer=normalizer, worker_policy=worker_policy,
+                    critic_key=critic_key, critic_normalizer=critic_normalizer)
 
 
 def cpu_copy_of_policy(cfg: DictConfig, algo: str, info: EnvInfo, policy: TensorDictModuleBase) -> TensorDictModuleBase:
@@ -244,8 +325,10 @@ def make_loss_module(cfg: DictConfig, algo: str, nets: Networks) -> tuple[LossMo
             alpha_init=float(optim.alpha_init),
         )
     elif algo == "td3":
+        # TD3Loss runs the critic on the actor's inputs: an asymmetric critic's keys pass by the actor, unread
+        actor = nets.actor if nets.critic_key == "observation" else PassThroughActor(nets.actor, [nets.critic_key])
         loss = TD3Loss(
-            actor_network=nets.actor, qvalue_network=nets.critic, action_spec=nets.actor.spec,
+            actor_network=actor, qvalue_network=nets.critic, action_spec=nets.actor.spec,
             num_qvalue_nets=2, loss_function=optim.loss_function, delay_actor=True, delay_qvalue=True,
             policy_noise=float(optim.policy_noise), noise_clip=float(optim.noise_clip),
         )
@@ -432,7 +515,8 @@ class EvalRunner:
     evaluations start from the same states and differ only by the policy.
 
     Args:
-        env_name: gymnasium id.
+        env_name: a task id, run on the collector's engine (EnvPool for MuJoCo Playground and
+            Control Suite ids).
         num_envs: episodes per evaluation, run as one batch.
 
     Keyword Args:
@@ -454,7 +538,7 @@ class EvalRunner:
         self, env_name: str, num_envs: int, *, seed: int = 0, env_kwargs: Mapping[str, Any] | None = None
     ) -> None:
         self.seed = int(seed)
-        self.env = BatchedGymEnv(env_name, num_envs, seed=self.seed, env_kwargs=env_kwargs, stagger_resets=False)
+        self.env = make_gym_id_env(env_name, num_envs, seed=self.seed, env_kwargs=env_kwargs, stagger_resets=False)
 
     @torch.no_grad()
     def __call__(self, policy: TensorDictModuleBase) -> dict[str, float]:

@@ -72,6 +72,9 @@ class RecipeRun:
 
     Keyword Args:
         normalizer: the observation normaliser, if ``network.obs_norm``.
+        critic_normalizer: the asymmetric critic's normaliser of ``"privileged"``
+            (``network.critic_input=privileged`` with ``network.obs_norm``); updated from the
+            buffer with ``normalizer`` and saved in the checkpoint, never sent to the workers.
         worker_policy: a CPU build of ``policy`` for the workers, when
             ``policy`` lives on a GPU (:attr:`Networks.worker_policy
             <torchrl_unilab.trainers.recipes_utils.Networks.worker_policy>`).
@@ -111,11 +114,16 @@ class RecipeRun:
         modules: Mapping[str, nn.Module | Any],
         *,
         normalizer: ObservationNormalizer | None = None,
+        critic_normalizer: ObservationNormalizer | None = None,
         worker_policy: TensorDictModuleBase | None = None,
     ) -> None:
         self.cfg, self.name, self.policy = cfg, name, policy
         self.worker_policy = policy if worker_policy is None else worker_policy
         self.replay_buffer, self.normalizer = replay_buffer, normalizer
+        self.critic_normalizer = critic_normalizer
+        if critic_normalizer is not None:
+            # its statistics (not its read position in the buffer) are restored on resume
+            modules = {**modules, "critic_normalizer": critic_normalizer}
         self.out_dir = run_dir(cfg)
         os.makedirs(self.out_dir, exist_ok=True)
         OmegaConf.save(cfg, os.path.join(self.out_dir, "config.yaml"))
@@ -191,8 +199,9 @@ class RecipeRun:
         utd, collector = self.utd, self.collector
         self.logger.add_losses(losses)
         if utd.updates % self._sync_every == 0:
-            if self.normalizer is not None:
-                update_normalizer(self.normalizer, self.replay_buffer)
+            for normalizer in (self.normalizer, self.critic_normalizer):
+                if normalizer is not None:
+                    update_normalizer(normalizer, self.replay_buffer)
             self.publish_weights()  # the normaliser's statistics travel with the weights
         frames = utd.frames
         if self._log_due(frames):

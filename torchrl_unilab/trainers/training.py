@@ -28,7 +28,7 @@ from torchrl_unilab.modules.normalization import ObservationNormalizer
 __all__ = ["Every", "GracefulStop", "UTDController", "policy_lag", "trainable_parameters", "update_normalizer"]
 
 def update_normalizer(normalizer: ObservationNormalizer, replay_buffer: ReplayBuffer) -> int:
-    """``normalizer.update_from_buffer(replay_buffer)`` under the buffer's write lock; returns rows read.
+    """``normalizer.update_from_buffer(replay_buffer)`` (its own key) under the buffer's write lock; returns rows read.
 
     Examples:
         >>> import torch
