@@ -289,6 +289,24 @@ def test_torchrl_td3_trainer_bounds_its_loss_from_collector_env(tmp_path):
     assert not any(proc.is_alive() for proc in trainer.collector.procs), "every worker stopped"
 
 
+def test_a_factory_holding_an_unstarted_parallel_env_serves_several_workers():
+    # No no_leaks fixture: a ParallelEnv copied into workers leaves semaphores in /dev/shm (issue 17 note).
+    """td3_trainer's hydra partial: TransformedEnv over a ParallelEnv instance built once, for every worker.
+
+    Looking at the env starts the instance in this process; each worker must get the unstarted copy.
+    """
+    base = ParallelEnv(1, EnvCreator(pendulum))
+    factory = functools.partial(TransformedEnv, base, Compose(StepCounter(200), DoubleToFloat()))
+    collector = OffPolicyCollector(factory, actor_net(), num_workers=2, frames_per_batch=100, total_frames=400)
+    try:
+        assert not base.is_closed, "the probe started the instance here"
+        assert sum(batch.numel() for batch in collector) == 400
+    finally:
+        collector.shutdown()
+    assert base.is_closed, "the probe's instance is closed with the collector"
+    assert not any(proc.is_alive() for proc in collector.procs)
+
+
 def test_collector_env_answers_specs_from_the_workers_envs(no_leaks):
     """TorchRL's Collector has .env; trainers and scripts read its specs."""
     with OffPolicyCollector(make_env, actor_net(), num_workers=2, frames_per_batch=100, total_frames=200) as collector:

@@ -823,7 +823,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         return getattr(env, attr)
 
     @property
-    def env(self) -> _EnvAttributes:
+    def env(self) -> Any:
         """The env, as TorchRL's single-process ``Collector`` exposes it (its trainers read ``collector.env``).
 
         The envs run in the workers, so this is a view whose attributes are
@@ -1004,6 +1004,7 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
                 if isinstance(item, EnvBase) and kwargs:
                     raise ValueError("create_env_kwargs cannot apply to an env instance; pass a factory instead")
                 source = functools.partial(item, **kwargs) if kwargs else item
+                unstarted = source if isinstance(source, EnvBase) else _FactoryCopy.of(source)
                 # envs/ decides what runs the stack; a factory shared by workers is looked at once.
                 key = (id(item), repr(sorted(kwargs.items())))
                 if key not in choices:
@@ -1014,8 +1015,7 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
                     elif built is not None:
                         built.close(raise_if_closed=False)
                 plan = choices[key].plan
-                if plan is not None:
-                    source = plan.factory(idx)
+                source = unstarted if plan is None else plan.factory(idx)
                 engines.append(choices[key].engine)
                 max_steps = max_frames_per_traj
             else:
@@ -1048,6 +1048,33 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
         if isinstance(item, EnvBase) and all(item is not env for env in given):
             given.append(item)
     return out, num_workers, engines, given, probe
+
+
+class _FactoryCopy:
+    """An env factory as it was before this process first called it, for the workers to call.
+
+    Looking at the env (the probe) calls the factory here. A factory that holds
+    an env instance, as the partials of TorchRL's trainer configs do
+    (``TransformedEnv`` over a ``ParallelEnv`` built by hydra), starts that
+    instance then, and pickled afterwards it would carry live processes and
+    their shared memory (``cannot pickle 'mmap.mmap' object``). Pickled first,
+    each worker gets its own unstarted copy, as TorchRL's multi-process
+    collectors give it.
+    """
+
+    def __init__(self, payload: bytes) -> None:
+        self._payload = payload
+
+    @classmethod
+    def of(cls, factory: Callable[[], EnvBase]) -> Callable[[], EnvBase]:
+        """The factory pickled now, or the factory itself if it cannot be (start() then says why)."""
+        try:
+            return cls(cloudpickle.dumps(factory))
+        except Exception:  # noqa: BLE001 - an unpicklable factory fails with its own error at start()
+            return factory
+
+    def __call__(self) -> EnvBase:
+        return cloudpickle.loads(self._payload)()
 
 
 class _EnvAttributes:
