@@ -297,7 +297,12 @@ def test_collector_iterating_batches_runs_the_stack_on_envpool(unilab_log, no_le
 def test_engine_torchrl_keeps_the_stack(unilab_log, no_leaks):
     factory = functools.partial(sota_env_factory, 2)
     with OffPolicyCollector(factory, linear_policy(17, 6), frames_per_batch=20, engine="torchrl") as collector:
-        assert collector._worker_envs == [factory]  # noqa: SLF001 - the worker runs your factory
+        # the worker runs (a copy of) your factory: a stack of TorchRL's, not one rebuilt on EnvPool
+        worker_env = collector._worker_envs[0]()  # noqa: SLF001
+        try:
+            assert type(worker_env) is type(factory()) and "EnvPool" not in repr(worker_env)
+        finally:
+            worker_env.close(raise_if_closed=False)
         assert collector.metrics()["engine"] == "torchrl"
     assert unilab_log == []
 
