@@ -970,6 +970,7 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
         num_workers = len(items)
     num_workers = _check_int("num_workers", 1 if num_workers is None else num_workers, 1)
     choices: dict[tuple, Any] = {}
+    copies: dict[tuple, Any] = {}  # each factory pickled before its first call
     if not many:
         if isinstance(create_env_fn, EnvBase) and num_workers > 1:
             # Decided once here and reused below (an instance takes no create_env_kwargs).
@@ -1004,9 +1005,11 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
                 if isinstance(item, EnvBase) and kwargs:
                     raise ValueError("create_env_kwargs cannot apply to an env instance; pass a factory instead")
                 source = functools.partial(item, **kwargs) if kwargs else item
-                unstarted = source if isinstance(source, EnvBase) else _FactoryCopy.of(source)
-                # envs/ decides what runs the stack; a factory shared by workers is looked at once.
+                # envs/ decides what runs the stack; a factory shared by workers is looked at (and copied) once.
                 key = (id(item), repr(sorted(kwargs.items())))
+                if key not in copies:
+                    copies[key] = source if isinstance(source, EnvBase) else _FactoryCopy.of(source)
+                unstarted = copies[key]
                 if key not in choices:
                     choices[key] = choose_env_stack(source, gym_ids["engine"], privileged)
                     built = choices[key].env  # a factory's env, looked at and kept as it is
