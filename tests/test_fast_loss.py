@@ -156,7 +156,8 @@ def test_td3_recipe_update_follows_stable_baselines3(fast_loss):
     model.set_logger(configure(None, [""]))
     model._n_updates = -1  # SB3 counts before it checks the delay: its update i then moves the actor when i is even
     policy = model.policy
-    pairs = [(loss.actor_network_params, [policy.actor.mu]), (loss.target_actor_network_params, [policy.actor_target.mu]),
+    pairs = [(loss.actor_network_params, [policy.actor.mu]),
+             (loss.target_actor_network_params, [policy.actor_target.mu]),
              (loss.qvalue_network_params, policy.critic.q_networks),
              (loss.target_qvalue_network_params, policy.critic_target.q_networks)]
     with torch.no_grad():
