@@ -13,6 +13,14 @@ Suites (each run is ``recipes/<algo>.py`` called in-process with Hydra overrides
   400) are what published SAC curves reach around 100k frames, a reference for this
   suite rather than a figure measured here; Go1 has none (the comparison is the result).
   Hours on 2 CPU cores; not run in the issue-18 session.
+* ``td3``: ``recipes/td3.py`` with its defaults against Stable-Baselines3's
+  TD3 with its defaults (``learning_starts`` set to the recipe's
+  ``collector.init_random_frames``), HalfCheetah-v5, 100k frames, 3 seeds,
+  both evaluated every 10k frames by the recipe's ``EvalRunner`` (5
+  deterministic episodes from the same seeds). Targets: the recipe's mean
+  return >= SB3's at every 10k mark from 30k on, and at 100k within 10% of
+  SB3's mean or above (``td3_vs_sb3.md``). Hours on 2 CPU cores; needs the
+  ``bench`` extra.
 
 Writes ``results.md`` and ``results.csv`` (final and best eval return per
 run, their means over seeds -- a task passes on the mean final return --,
@@ -23,6 +31,7 @@ JSON line per task.
 
     python benchmarks/learning.py --suite pendulum [--seeds 0 1 2] [--out benchmarks/results/learning]
     python benchmarks/learning.py --suite robot    # seeds 0 1 (the suite's own) unless --seeds is given
+    python benchmarks/learning.py --suite td3 --seeds 0      # one seed of each side
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import csv
 import json
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +52,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass
 class Task:
-    """One algorithm on one env, with its overrides and the return it should reach."""
+    """One algorithm on one env, with its overrides and the return it should reach.
+
+    ``algo`` names a recipe (``recipes/<algo>.py``), or ``"sb3_td3"``: Stable-Baselines3's TD3
+    with its defaults and the TD3 recipe's ``init_random_frames`` as ``learning_starts``.
+    """
 
     algo: str
     env: str
@@ -81,23 +95,102 @@ SUITES: dict[str, list[Task]] = {
         Task("td3", "Go1JoystickFlatTerrain-v1", 100_000, None,
              ["logger.eval_iter=10000", "replay_buffer.size=100000", "network.critic_input=observation",
               "network.obs_norm=true"], seeds=(0, 1), label="symmetric"),
+    "td3": [  # issue 22: the recipe's defaults against SB3's; the targets are relative (see compare_with_sb3)
+        Task("td3", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"]),
+        Task("sb3_td3", "HalfCheetah-v5", 100_000, None),
     ],
 }
 
+#: Frames between two evaluations of the ``td3`` suite, on both sides.
+SB3_EVAL_EVERY = 10_000
+
+
+def recipe_config(algo: str, overrides: list[str]):
+    with initialize_config_dir(config_dir=str(ROOT / "recipes" / "config"), version_base="1.3"):
+        return compose(config_name=algo, overrides=overrides)
+
 
 def run(task: Task, seed: int, run_dir: Path) -> dict:
+    if task.algo == "sb3_td3":
+        return run_sb3_td3(task, seed)
     sys.path.insert(0, str(ROOT / "recipes"))
     recipe = __import__(task.algo)  # recipes/sac.py or recipes/td3.py
-    with initialize_config_dir(config_dir=str(ROOT / "recipes" / "config"), version_base="1.3"):
-        cfg = compose(config_name=task.algo, overrides=[
-            f"env.name={task.env}", f"env.seed={seed}", f"collector.total_frames={task.frames}",
-            f"logger.log_dir={run_dir}", "logger.progress_bar=false", "logger.checkpoint_every=0", *task.overrides,
-        ])
+    cfg = recipe_config(task.algo, [
+        f"env.name={task.env}", f"env.seed={seed}", f"collector.total_frames={task.frames}",
+        f"logger.log_dir={run_dir}", "logger.progress_bar=false", "logger.checkpoint_every=0", *task.overrides,
+    ])
     summary = recipe.main(cfg)
     exp = run_dir / cfg.logger.exp_name / "scalars"
     curve = [tuple(map(float, line.split(","))) for line in open(exp / "eval" / "return.csv")]
     elapsed = dict(tuple(map(float, line.split(","))) for line in open(exp / "time" / "elapsed_s.csv"))
     return {**summary, "curve": curve, "elapsed_at": elapsed}
+
+
+def run_sb3_td3(task: Task, seed: int) -> dict:
+    """SB3's ``TD3("MlpPolicy", env, learning_starts=<the recipe's init_random_frames>, seed=seed)``, else its defaults.
+
+    Evaluated every :data:`SB3_EVAL_EVERY` frames by the recipe's ``EvalRunner`` (its episodes, seeds and
+    deterministic actions), on one torch thread as the recipe's learner; returns what :func:`run` returns.
+    """
+    import gymnasium as gym
+    import torch
+    from stable_baselines3 import TD3
+    from stable_baselines3.common.callbacks import BaseCallback
+    from tensordict.nn import TensorDictModule
+
+    from torchrl_unilab.trainers.recipes_utils import EvalRunner
+
+    cfg = recipe_config("td3", [f"env.name={task.env}", f"env.seed={seed}"])
+    torch.set_num_threads(int(cfg.optim.num_threads))
+    model = TD3("MlpPolicy", gym.make(task.env), learning_starts=int(cfg.collector.init_random_frames), seed=seed,
+                device="cpu")
+    evaluator = EvalRunner(task.env, int(cfg.logger.num_eval_envs), seed=seed + 10_000)
+
+    class Actor(torch.nn.Module):  # SB3's actor acts in [-1, 1]; the env's bounds are unscale_action's
+        def forward(self, observation: torch.Tensor) -> torch.Tensor:
+            action = model.policy.unscale_action(model.actor(observation).numpy())
+            return torch.as_tensor(action, dtype=torch.float32)
+
+    actor = Actor()
+    actor.register_module("sb3", model.actor)  # its parameters tell EvalRunner the device
+    policy = TensorDictModule(actor, in_keys=["observation"], out_keys=["action"])
+    curve, elapsed_at = [], {}
+
+    class Evaluate(BaseCallback):
+        def _on_step(self) -> bool:
+            if self.num_timesteps % SB3_EVAL_EVERY == 0:
+                elapsed_at[float(self.num_timesteps)] = time.perf_counter() - started
+                curve.append((float(self.num_timesteps), evaluator(policy)["eval/return"]))
+            return True
+
+    started = time.perf_counter()
+    model.learn(total_timesteps=task.frames, callback=Evaluate())
+    evaluator.close()
+    elapsed = time.perf_counter() - started
+    return {"final_return": curve[-1][1], "frames": task.frames, "updates": model._n_updates,  # noqa: SLF001
+            "elapsed_s": elapsed, "curve": curve, "elapsed_at": elapsed_at}
+
+
+def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict]) -> list[str]:
+    """The ``td3`` suite's table: mean eval return per 10k mark of both sides, and issue 22's targets.
+
+    Passed: ours >= SB3 at every mark from 30k on, and at the last mark within 10% of SB3 or above.
+    """
+    def means(runs: dict[int, dict]) -> dict[float, float]:
+        marks = sorted({f for r in runs.values() for f, _ in r["curve"]})
+        return {f: statistics.mean(v for r in runs.values() for f2, v in r["curve"] if f2 == f) for f in marks}
+
+    ours_mean, sb3_mean = means(ours), means(sb3)
+    marks = sorted(set(ours_mean) & set(sb3_mean))
+    last = marks[-1]
+    ok = all(ours_mean[f] >= sb3_mean[f] for f in marks if f >= 30_000)
+    ok = ok and ours_mean[last] >= sb3_mean[last] - 0.1 * abs(sb3_mean[last])
+    lines = [f"| frames | recipe mean ({len(ours)} seeds) | SB3 mean ({len(sb3)} seeds) |", "| --- | --- | --- |"]
+    lines += [f"| {int(f)} | {ours_mean[f]:.0f} | {sb3_mean[f]:.0f} |" for f in marks]
+    minutes = [statistics.mean(r["elapsed_s"] for r in side.values()) / 60 for side in (ours, sb3)]
+    lines += ["", f"wall-clock per run: recipe {minutes[0]:.1f} min, SB3 {minutes[1]:.1f} min; "
+              f"targets (>= SB3 from 30k on, within 10% at {int(last)}): {'passed' if ok else 'not passed'}"]
+    return lines
 
 
 def plot(path: Path, title: str, runs: dict[int, dict]) -> None:
@@ -134,9 +227,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for suite in suites:
+        results = {}
         for task in SUITES[suite]:
             seeds = args.seeds or task.seeds or (0, 1, 2)
             runs = {seed: run(task, seed, args.out / "runs" / f"{task.name}_seed{seed}") for seed in seeds}
+            results[task.algo] = runs
             seeds = f"{len(runs)} seed" + "s" * (len(runs) != 1)
             label = f" {task.label}" if task.label else ""
             png = f"{suite}_{task.algo}.png" if suite in ("pendulum", "halfcheetah") else f"{suite}_{task.name}.png"
@@ -154,6 +249,10 @@ def main() -> None:
                    "mean_updates": round(statistics.mean(r["updates"] for r in runs.values()))}
             rows.append(row)
             print(json.dumps({"benchmark": "learning", **row}), flush=True)
+        if {"td3", "sb3_td3"} <= set(results):
+            table = compare_with_sb3(results["td3"], results["sb3_td3"])
+            (args.out / "td3_vs_sb3.md").write_text("\n".join(table) + "\n")
+            print("\n".join(table), flush=True)
     with open(args.out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -3,8 +3,8 @@
 The shape of TorchRL's ``sota-implementations/td3/td3.py``: a Hydra config
 with the sections ``env``, ``collector``, ``replay_buffer``, ``optim``,
 ``network`` and ``logger``, TorchRL's ``TD3Loss`` and ``SoftUpdate``, the
-critics updated on every batch, the actor and the target networks every
-``optim.policy_update_delay`` critic updates. The collection differs as in
+critics updated on every batch, the actor (on the updated critics) and the
+target networks every ``optim.policy_update_delay`` critic updates. The collection differs as in
 ``recipes/sac.py``: an ``OffPolicyCollector`` fills the shared replay buffer
 from worker processes while this process learns at ``optim.utd_ratio``.
 
@@ -22,10 +22,14 @@ Ctrl-C saves a checkpoint to resume from.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import hydra
 import torch
 from omegaconf import DictConfig
+from tensordict import TensorDictBase
+from torchrl.objectives import TD3Loss
+from torchrl.objectives.utils import TargetNetUpdater
 
 from torchrl_unilab.data import BufferSampler
 from torchrl_unilab.objectives import tensor_loss
@@ -39,6 +43,61 @@ from torchrl_unilab.trainers.recipes_utils import (
     make_replay_buffer,
 )
 from torchrl_unilab.trainers.run import RecipeRun
+
+
+def make_update(loss_module: TD3Loss, optimizer: torch.optim.Optimizer, target_net_updater: TargetNetUpdater,
+                fast_loss: Callable | None = None, *, prb: bool = False) -> Callable[[TensorDictBase, bool], dict]:
+    """``update(batch, update_actor) -> losses``: one TD3 gradient update, the critics' and, if asked, the actor's.
+
+    The critics step first; then the actor climbs the updated Q1 and the targets
+    follow, as in TD3 (Fujimoto et al.), SB3, CleanRL and TorchRL's sota
+    ``td3.py``. ``fast_loss`` (:func:`~torchrl_unilab.objectives.tensor_loss`)
+    computes the losses if given, else the loss module; with ``prb`` the
+    losses also hold each row's new priority.
+
+    Examples:
+        >>> from omegaconf import OmegaConf
+        >>> from tensordict import TensorDict
+        >>> cfg = OmegaConf.create({"network": {"hidden_sizes": [8], "use_layer_norm": False},
+        ...     "optim": {"gamma": 0.99, "loss_function": "l2", "target_update_polyak": 0.995, "policy_noise": 0.2,
+        ...               "noise_clip": 0.5, "lr": 1e-3, "weight_decay": 0.0, "adam_eps": 1e-8}})
+        >>> info = env_info(OmegaConf.create({"env": {"name": "Pendulum-v1"}}))
+        >>> loss_module, target = make_loss_module(cfg, "td3", make_networks(cfg, "td3", info))
+        >>> update = make_update(loss_module, make_optimizer(cfg, loss_module), target, tensor_loss(loss_module))
+        >>> done = torch.zeros(4, 1, dtype=torch.bool)
+        >>> batch = TensorDict({"observation": torch.randn(4, 3), "action": torch.rand(4, 1), ("next", "observation"):
+        ...     torch.randn(4, 3), ("next", "reward"): torch.randn(4, 1), ("next", "terminated"): done,
+        ...     ("next", "done"): done}, [4])
+        >>> sorted(update(batch, False)), sorted(update(batch, True))
+        (['loss_qvalue'], ['loss_actor', 'loss_qvalue'])
+    """
+    priority = loss_module.tensor_keys.priority
+
+    def step(loss: torch.Tensor) -> None:
+        loss.backward()
+        optimizer.step()  # one Adam for all networks: those without a gradient (set_to_none) are left alone
+        optimizer.zero_grad(set_to_none=True)
+
+    def update(batch: TensorDictBase, update_actor: bool) -> dict[str, torch.Tensor]:
+        # One backward of both losses would have the actor climb the critic of one step before
+        if fast_loss is not None:
+            loss_qvalue = fast_loss.value_loss(batch)
+        else:
+            loss_qvalue, metadata = loss_module.value_loss(batch)
+            # TD3Loss's priority: the largest TD error of the Q-networks
+            batch.set(priority, metadata["td_error"].detach().max(0)[0])
+        step(loss_qvalue)
+        losses = {"loss_qvalue": loss_qvalue.detach()}
+        if update_actor:
+            loss_actor = fast_loss.actor_loss(batch) if fast_loss is not None else loss_module.actor_loss(batch)[0]
+            step(loss_actor)
+            target_net_updater.step()
+            losses["loss_actor"] = loss_actor.detach()
+        if prb:  # returned, not read from batch: a CUDA graph writes into a batch of its own
+            losses[priority] = batch.get(priority)
+        return losses
+
+    return update
 
 
 @hydra.main(config_path="config", config_name="td3", version_base="1.3")
@@ -56,29 +115,10 @@ def main(cfg: DictConfig) -> dict:
     optimizer = make_optimizer(cfg, loss_module)
     # The same losses as the loss module, from its own parameters, faster (None where it does not apply);
     # it has no importance weights, so prioritized replay trains with the loss module.
-    prb, priority = cfg.replay_buffer.prb, loss_module.tensor_keys.priority
+    prb = cfg.replay_buffer.prb
     fast_loss = tensor_loss(loss_module) if cfg.compile.fast_loss and not prb else None
 
-    def update(batch, update_actor):
-        if fast_loss is not None:
-            losses = fast_loss(batch, update_actor=update_actor)
-        else:
-            loss_qvalue, metadata = loss_module.value_loss(batch)
-            losses = {"loss_qvalue": loss_qvalue}
-            # TD3Loss's priority: the largest TD error of the Q-networks
-            batch.set(priority, metadata["td_error"].detach().max(0)[0])
-            if update_actor:
-                losses["loss_actor"], _ = loss_module.actor_loss(batch)
-        # One backward: the actor loss reads detached critics, so each loss reaches its own network only
-        sum(losses.values()).backward()
-        optimizer.step()  # the actor has no gradient on critic-only updates: Adam leaves it alone
-        optimizer.zero_grad(set_to_none=True)
-        if update_actor:
-            target_net_updater.step()
-        losses = {key: value.detach() for key, value in losses.items()}
-        if prb:  # returned, not read from batch: a CUDA graph writes into a batch of its own
-            losses[priority] = batch.get(priority)
-        return losses
+    update = make_update(loss_module, optimizer, target_net_updater, fast_loss, prb=prb)
 
     # torch.compile, and on CUDA CUDA graphs, as the compile section asks (TorchRL's sota scripts, LeanRL);
     # one per value of update_actor: a CUDA graph replays the branch it captured
@@ -108,7 +148,7 @@ def main(cfg: DictConfig) -> dict:
             # The policy delay: the actor and the targets move on every policy_delay-th update only
             losses = updates[utd.updates % policy_delay == 0](batch)
             if prb:
-                replay_buffer.update_priority(info["index"], losses[priority])
+                replay_buffer.update_priority(info["index"], losses[loss_module.tensor_keys.priority])
 
             utd.step()
             run.after_update(batch, losses)  # weight publish, logging, evaluation, checkpoint when due

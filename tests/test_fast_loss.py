@@ -113,6 +113,97 @@ def test_td3_critic_only_step_matches_value_loss():
     torch.testing.assert_close(got["loss_qvalue"], ref)
 
 
+def test_td3_value_and_actor_losses_match_the_loss_module_methods():
+    """``value_loss`` and ``actor_loss``, which the TD3 recipe steps one after the other, are TD3Loss's."""
+    torch.manual_seed(0)
+    nets = make_networks(config(True), "td3", EnvInfo(OBS, ACT, -2 * torch.ones(ACT), 2 * torch.ones(ACT)))
+    loss, _ = make_loss_module(config(True), "td3", nets)
+    with torch.no_grad():  # targets apart from the online networks
+        for p in loss.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    fast, data = tensor_loss(loss), batch()
+    for name in ("value_loss", "actor_loss"):
+        ref_values, ref_grads = losses_and_grads(loss, lambda: {"loss_": getattr(loss, name)(data.clone())[0]})
+        values, grads = losses_and_grads(loss, lambda: {"loss_": getattr(fast, name)(data.clone())})
+        torch.testing.assert_close(values["loss_"], ref_values["loss_"], rtol=1e-5, atol=1e-5, msg=name)
+        for ref, got in zip(ref_grads, grads):
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _sb3_linears(net: nn.Module) -> list[nn.Linear]:
+    return [m for m in net.modules() if isinstance(m, nn.Linear)]
+
+
+def _linears(params) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(weight, bias) of each Linear layer of an MLP's parameter TensorDict, input layer first."""
+    flat = params.flatten_keys(".")
+    weights = sorted((k for k in flat.keys() if k.endswith("weight")),
+                     key=lambda k: [int(part) if part.isdigit() else part for part in k.split(".")])
+    return [(flat[k], flat[k.removesuffix("weight") + "bias"]) for k in weights]
+
+
+@pytest.mark.parametrize("fast_loss", [True, False])
+def test_td3_recipe_update_follows_stable_baselines3(fast_loss):
+    """recipes/td3.py's update and SB3's ``TD3.train`` from the same weights on the same batches stay together.
+
+    The critics step, then every second update the actor climbs the updated Q1 and the targets follow. An
+    update computing the actor loss on the critic before its step (one backward of both losses) leaves the
+    actor apart by up to 2 * lr after one step (Adam's first step moves each weight by lr).
+    """
+    sb3 = pytest.importorskip("stable_baselines3")
+    import gymnasium as gym
+    from stable_baselines3.common.logger import configure
+    from stable_baselines3.common.type_aliases import ReplayBufferSamples
+
+    from test_recipes import load_recipe
+
+    lr, n, width = 1e-3, 64, 32
+    cfg = OmegaConf.merge(config(False), {"network": {"hidden_sizes": [width, width]},
+                                          "optim": {"gamma": 0.99, "target_update_polyak": 0.995, "lr": lr,
+                                                    "policy_noise": 0.0}})  # no smoothing noise: RNGs apart
+    env = gym.make("MountainCarContinuous-v0")  # actions in [-1, 1], where SB3's actor and ours agree
+    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    torch.manual_seed(0)
+    nets = make_networks(cfg, "td3", EnvInfo(obs_dim, act_dim, -torch.ones(act_dim), torch.ones(act_dim)))
+    loss, target = make_loss_module(cfg, "td3", nets)
+    update = load_recipe("td3").make_update(loss, make_optimizer(cfg, loss), target,
+                                            tensor_loss(loss) if fast_loss else None)
+    model = sb3.TD3("MlpPolicy", env, learning_rate=lr, batch_size=n, target_policy_noise=0.0, seed=0,
+                    policy_kwargs={"net_arch": [width, width]}, device="cpu")
+    model.set_logger(configure(None, [""]))
+    model._n_updates = -1  # SB3 counts before it checks the delay: its update i then moves the actor when i is even
+    policy = model.policy
+    pairs = [(loss.actor_network_params, [policy.actor.mu]),
+             (loss.target_actor_network_params, [policy.actor_target.mu]),
+             (loss.qvalue_network_params, policy.critic.q_networks),
+             (loss.target_qvalue_network_params, policy.critic_target.q_networks)]
+    with torch.no_grad():
+        for params, nets_sb3 in pairs:
+            for i, net in enumerate(nets_sb3):
+                for (w, b), layer in zip(_linears(params), _sb3_linears(net)):
+                    layer.weight.copy_(w if len(nets_sb3) == 1 else w[i])
+                    layer.bias.copy_(b if len(nets_sb3) == 1 else b[i])
+    g = torch.Generator().manual_seed(1)
+    for i in range(6):
+        done = torch.rand(n, 1, generator=g) < 0.1
+        data = TensorDict({"observation": torch.randn(n, obs_dim, generator=g),
+                           "action": torch.rand(n, act_dim, generator=g) * 2 - 1,
+                           ("next", "observation"): torch.randn(n, obs_dim, generator=g),
+                           ("next", "reward"): torch.randn(n, 1, generator=g),
+                           ("next", "terminated"): done, ("next", "done"): done}, [n])
+        model.replay_buffer.sample = lambda *args, data=data, **kwargs: ReplayBufferSamples(
+            data["observation"], data["action"], data["next", "observation"], data["next", "terminated"].float(),
+            data["next", "reward"])
+        model.train(gradient_steps=1, batch_size=n)
+        assert sorted(update(data.clone(), i % 2 == 0)) == ["loss_actor", "loss_qvalue"][i % 2:]
+        for params, nets_sb3 in pairs:
+            for j, net in enumerate(nets_sb3):
+                for (w, b), layer in zip(_linears(params), _sb3_linears(net)):
+                    ours = (w, b) if len(nets_sb3) == 1 else (w[j], b[j])
+                    torch.testing.assert_close(ours[0], layer.weight, rtol=0, atol=1e-5, msg=f"update {i}")
+                    torch.testing.assert_close(ours[1], layer.bias, rtol=0, atol=1e-5, msg=f"update {i}")
+
+
 def test_update_steps_follow_the_same_trajectory_with_and_without_the_tensor_loss():
     """Ten updates (Adam, target updates) from the same start end at the same parameters, also after a reload."""
 

@@ -235,3 +235,14 @@ def test_sac_survives_a_killed_worker_logs_the_restart_and_resumes(tmp_path, no_
     assert scalars(run_dir, "collector/worker_restarts")[-1][1] == 1.0
     resumed = run_recipe("sac", run_dir, f"resume={run_dir}", "collector.total_frames=2240")
     check_run(run_dir, resumed, frames=2240, updates=2240 - 256)
+
+
+def test_td3_trains_with_prioritized_replay(tmp_path, no_leaks):
+    """replay_buffer.prb=true with TD3: the loss module steps the critics, then the actor; TD errors move priorities."""
+    run_dir = tmp_path / "run"
+    summary = run_recipe("td3", run_dir, "replay_buffer.prb=true", "replay_buffer.size=1024",
+                         "collector.total_frames=512", "logger.eval_iter=512")
+    check_run(run_dir, summary, frames=512, updates=512 - 256)
+    sampler_dir = run_dir / "checkpoint" / "replay_buffer" / "sampler"
+    tree = torch.from_file(str(sampler_dir / "sumtree.memmap"), size=1024, dtype=torch.float64)
+    assert bool((tree[:512] > 0).all()) and tree[:512].std() > 0.1 * tree[:512].mean()

@@ -141,7 +141,11 @@ class _SACTensorLoss(_TensorLoss):
 
 
 class _TD3TensorLoss(_TensorLoss):
-    """``TD3Loss`` on tensors; ``update_actor=False`` computes the critic loss alone (the delayed steps)."""
+    """``TD3Loss`` on tensors: :meth:`value_loss` and :meth:`actor_loss` as the loss module's, or both at once.
+
+    ``update_actor=False`` computes the critic loss alone (the delayed steps). A TD3 update steps the critics
+    on :meth:`value_loss` before it computes :meth:`actor_loss`, so that the actor climbs the updated critic.
+    """
 
     def __init__(self, loss: TD3Loss, actor: _Network, critic: _Network) -> None:
         super().__init__(loss, actor, critic)
@@ -149,13 +153,16 @@ class _TD3TensorLoss(_TensorLoss):
         # The actor loss reads the first Q-network only: no need to run the others.
         self.q1_detached = critic.bind(loss.qvalue_network_params.detach()[:1])
 
-    def __call__(self, batch: TensorDictBase, update_actor: bool = True) -> dict[str, torch.Tensor]:
+    def actor_loss(self, batch: TensorDictBase) -> torch.Tensor:
+        """``TD3Loss.actor_loss``: ``-Q1(s, actor(s))`` averaged over the batch, gradients to the actor only."""
+        _check_unweighted(self.loss, batch)
+        action = self.policy(self.actor.inputs(batch))
+        return -self.q1_detached(self.critic.inputs(batch, **{self.action_key: action}), 1)[0].mean()
+
+    def value_loss(self, batch: TensorDictBase) -> torch.Tensor:
+        """``TD3Loss.value_loss``: both Q-networks onto the smoothed, clipped double-Q TD(0) target."""
         loss, act = self.loss, self.action_key
         _check_unweighted(loss, batch)
-        out = {}
-        if update_actor:  # TD3Loss.forward: the actor loss, then the value loss
-            action = self.policy(self.actor.inputs(batch))
-            out["loss_actor"] = -self.q1_detached(self.critic.inputs(batch, **{act: action}), 1)[0].mean()
         action = batch.get(act)
         noise = (torch.randn_like(action) * loss.policy_noise).clamp(-loss.noise_clip, loss.noise_clip)
         with torch.no_grad():
@@ -163,7 +170,12 @@ class _TD3TensorLoss(_TensorLoss):
                 loss.min_action, loss.max_action)
             next_q = self.q_target(self.critic.inputs(batch, next_=True, **{act: next_action}), self.n)
             target = _td0_target(batch, next_q.min(0)[0], _gamma(loss))
-        out["loss_qvalue"] = self._loss_qvalue(batch, target)
+        return self._loss_qvalue(batch, target)
+
+    def __call__(self, batch: TensorDictBase, update_actor: bool = True) -> dict[str, torch.Tensor]:
+        # TD3Loss.forward's order: the actor loss, then the value loss (both on the same parameters)
+        out = {"loss_actor": self.actor_loss(batch)} if update_actor else {}
+        out["loss_qvalue"] = self.value_loss(batch)
         return out
 
 
@@ -181,7 +193,17 @@ def tensor_loss(loss: LossModule) -> Callable[..., dict[str, torch.Tensor]] | No
     and networks built by :mod:`torchrl_unilab.modules.models` (or any MLP of
     ``Linear``, ``LayerNorm`` and parameter-free layers). The returned values
     are the scalar entries the loss module's output holds (SAC: losses,
-    ``alpha``, ``entropy``; TD3: losses).
+    ``alpha``, ``entropy``; TD3: losses). For TD3 the returned object also
+    has ``value_loss(batch)`` and ``actor_loss(batch)``, each a scalar, as
+    ``TD3Loss``'s methods of those names (which return ``(loss, metadata)``).
+
+    Examples:
+        >>> from torchrl.objectives import TD3Loss
+        >>> from torchrl_unilab.modules.models import make_actor, make_critic
+        >>> actor = make_actor("td3", 3, 1, hidden_dim=8)
+        >>> fast = tensor_loss(TD3Loss(actor, make_critic(3, 1, hidden_dim=8), action_spec=actor.spec))
+        >>> callable(fast.value_loss), callable(fast.actor_loss)
+        (True, True)
     """
     if type(loss) not in (SACLoss, TD3Loss) or not _is_td0(loss) or not _plain_weights(loss):
         return None
