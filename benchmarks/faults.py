@@ -16,15 +16,21 @@ Each case injects its fault for real and measures what the issue asks for:
   its workers are gone, and the residue once the next collector starts.
 * ``recipe_sigterm``: ``recipes/sac.py`` gets SIGTERM; exit time, checkpoint,
   residue, and whether ``resume=`` restores the buffer exactly.
+* ``recipe_soak`` (``--soak-minutes``, ``--ray-soak-minutes``): the SAC recipe
+  with restarts on, a worker (or a Ray node actor) SIGKILLed again and again,
+  an undisturbed run beside it; kills, restarts, frames lost, torn rows, the
+  learner's longest stall, both final returns.
 
 Run ``python benchmarks/faults.py`` (CI variant, about 2 minutes) or
 ``python benchmarks/faults.py --minutes 60`` for a soak (the kill cases repeat
-until the time is spent). The last line printed is one JSON object.
+until the time is spent), or ``--soak-minutes 20 --ray-soak-minutes 10`` for the
+recipe's. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -34,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -452,6 +459,185 @@ def recipe_sigterm() -> dict:
                 "resumed_buffer_equals_checkpoint": equal}
 
 
+class WorkerKiller(threading.Thread):
+    """SIGKILLs a random one of ``find_workers()``'s processes every ``interval_s`` (a ``(low, high)`` range).
+
+    A kill waits for the
+    killed worker's replacement to appear and gives it the dead one's slot, so that no slot is killed a third
+    time within the collector's crash-loop window (3 failures within 60 s end a run, rightly; 75 s here, as
+    the collector times a failure when it sees it, not when the kill lands): the soak
+    measures survival, not the crash-loop rule, which ``tests/test_restarts.py`` tests.
+    """
+
+    def __init__(self, find_workers: Callable[[], set[int]], workers: int, interval_s: tuple[float, float], *,
+                 seed: int = 0, window_s: float = 75.0, collecting: Callable[[], bool] = lambda: True) -> None:
+        super().__init__(name="WorkerKiller", daemon=True)
+        self.find_workers, self.workers, self.interval_s, self.window_s = find_workers, workers, interval_s, window_s
+        self.collecting = collecting  # kills stop with collection: a worker killed at shutdown is not replaced
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.kills: list[float] = []  # seconds since start of each kill
+        self.replacement_s: list[float] = []  # kill to the replacement's appearance
+        self._t0 = time.monotonic()
+
+    def run(self) -> None:
+        slots: dict[int, int] = {}  # pid -> slot
+        history: dict[int, list[float]] = {}
+        while not self.stop.is_set() and len(slots) < self.workers:
+            for pid in self.find_workers() - set(slots):
+                slots[pid] = len(slots)
+            self.stop.wait(0.2)
+        while not self.stop.wait(self.rng.uniform(*self.interval_s)):
+            now = time.monotonic()
+            eligible = [pid for pid, slot in slots.items()
+                        if sum(now - t <= self.window_s for t in history.get(slot, [])) < 2]
+            if not self.collecting():
+                return
+            if not eligible:
+                continue
+            victim = self.rng.choice(eligible)
+            slot = slots.pop(victim)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+            self.kills.append(round(now - self._t0, 1))
+            history.setdefault(slot, []).append(now)
+            while not self.stop.is_set():  # the replacement takes the slot
+                new = self.find_workers() - set(slots) - {victim}
+                if new:
+                    slots[new.pop()] = slot
+                    self.replacement_s.append(round(time.monotonic() - now, 2))
+                    break
+                self.stop.wait(0.05)
+
+
+def _processes(command_line: bytes, *, parent: int | None = None) -> set[int]:
+    """Live processes whose command line holds ``command_line`` (among ``parent``'s children if given)."""
+    pids = live_processes(parent=parent) if parent is not None else {int(e) for e in os.listdir("/proc") if e.isdigit()}
+    found = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if command_line in f.read():
+                    found.add(pid)
+    return found
+
+
+def _last_scalar(run_dir: Path, name: str, column: int = -1) -> float | None:
+    """The last logged value of a recipe's scalar (``column=0``: the frames it was logged at)."""
+    files = list(run_dir.glob(f"*/scalars/{name}.csv"))
+    if not files:
+        return None
+    rows = [line.split(",") for line in files[0].read_text().splitlines() if line and line[0].isdigit()]
+    return float(rows[-1][column]) if rows else None
+
+
+def _checked_buffer(run_dir: Path, size: int) -> dict:
+    """The checkpointed buffer of a finished run: its rows, and those torn (``next.step_count != step_count + 1``)."""
+    from torchrl_unilab.trainers.checkpoint import Checkpointer
+
+    rb = make_replay_buffer(size)
+    Checkpointer(run_dir / "checkpoint", modules={}).load(rb)
+    rows = rb[: len(rb)]
+    steps, next_steps = rows["step_count"].reshape(-1), rows["next", "step_count"].reshape(-1)
+    finite = torch.stack([rows[key].reshape(len(rows), -1).isfinite().all(-1)
+                          for key in ("observation", ("next", "observation"), ("next", "reward"))]).all(0)
+    return {"rows": len(rows), "torn_rows": int(((next_steps != steps + 1) | ~finite).sum())}
+
+
+def _recipe(run_dir: Path, overrides: list[str], log: Path):
+    import subprocess
+
+    command = [sys.executable, str(ROOT / "recipes" / "sac.py"), *overrides, f"logger.log_dir={run_dir}"]
+    return subprocess.Popen(command, cwd=run_dir.parent, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _summary(proc, run_dir: Path, log: Path, size: int, frames: int) -> dict:
+    import re
+
+    text = log.read_text()
+    match = re.search(r"final eval return (-?[\d.]+) after (\d+) frames, (\d+) updates, ([\d.]+) min(.*)", text)
+    if proc.returncode != 0 or match is None:
+        error = text.rfind("Error")
+        raise RuntimeError(f"the soak's recipe failed (exit {proc.returncode}); its error:\n"
+                           f"{text[max(0, error - 1500):error + 1500]}")
+    final, got, updates, minutes, survived = match.groups()
+    restarts = {name.replace(" ", "_"): int(count) for count, name in re.findall(r"(\d+) (\w+ restarts)", survived)}
+    buffer = _checked_buffer(run_dir, size)
+    left = live_processes(session=proc.pid)  # the recipe started its own session: workers, Ray, anything
+    deadline = time.monotonic() + 30
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = live_processes(session=proc.pid)
+    return {"final_return": float(final), "frames": int(got), "updates": int(updates), "minutes": float(minutes),
+            "frames_lost": int(got) - buffer["rows"], "frames_short": frames - int(got),
+            "torn_rows_in_buffer": buffer["torn_rows"],
+            "longest_learner_stall_s": round(_last_scalar(run_dir, "learner/longest_stall_s") or 0.0, 2),
+            "residue": _residue_of_pid(proc.pid), "processes_left": len(left), **restarts}
+
+
+def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, backend: str = "local") -> dict:
+    """The SAC recipe on HalfCheetah-v5, a worker (``backend="ray"``: a node actor) SIGKILLed again and again.
+
+    Local: 2 workers, a kill every 20-40 s, and an undisturbed run at the same settings and seed beside it
+    (concurrently, so both share the machine alike). Ray: 2 node actors of 1 worker on a local cluster,
+    a node actor killed every 60 s, no run beside it. ``frames`` defaults to what the machine collects in
+    ``minutes`` at one update per frame: 55 frames/s for each of two runs side by side on 2 cores (24,576
+    frames took 6.1 and 7.1 min, 2026-12-01), 40 on Ray.
+    Reports kills, restarts, frames lost (counted but not in the buffer), torn rows in the final buffer (each
+    row is checked, and it holds every row ever sampled: the buffer never wraps), the learner's longest wait
+    for data, the final eval returns, and the residue.
+    """
+    ray = backend == "ray"
+    frames = -(-(frames or int(minutes * 60 * (40 if ray else 55))) // 1024) * 1024  # whole batches of every worker
+    size = frames + 1024
+    overrides = [f"env.seed={seed}", f"collector.total_frames={frames}", f"replay_buffer.size={size}",
+                 "logger.eval_iter=1000000000", "logger.checkpoint_every=0", "logger.progress_bar=false",
+                 "logger.log_every=1000"]
+    if ray:
+        overrides += ["collector.backend=ray", "collector.num_nodes=2", "collector.num_workers=1",
+                      "collector.frames_per_batch=512", "collector.max_lead_frames=1536",
+                      "collector.max_node_restarts=1000"]
+    else:
+        overrides += ["collector.num_workers=2", "collector.max_worker_restarts=1000"]
+    results = {"backend": backend, "frames": frames, "load_1min_start": round(os.getloadavg()[0], 2)}
+    with tempfile.TemporaryDirectory(prefix="faults_soak_") as tmp:
+        names = ["killed"] if ray else ["killed", "undisturbed"]
+        runs = {name: (Path(tmp) / name, Path(tmp) / f"{name}.log") for name in names}
+        procs = {name: _recipe(run_dir, overrides, log) for name, (run_dir, log) in runs.items()}
+        def collecting() -> bool:
+            return (_last_scalar(runs["killed"][0], "utd/achieved", column=0) or 0) < frames - 2048
+
+        if ray:  # the node actors are Ray's worker processes (titled after their class), not the recipe's children
+            killer = WorkerKiller(lambda: _processes(b"ray::RayNodeCollector"), 2, (60.0, 60.0), seed=seed,
+                                  collecting=collecting)
+        else:  # the collector's workers: the recipe's spawned children
+            pid = procs["killed"].pid
+            killer = WorkerKiller(lambda: _processes(b"spawn_main", parent=pid), 2, (20.0, 40.0), seed=seed,
+                                  collecting=collecting)
+        deadline = time.monotonic() + 60 * minutes * 4 + 600
+        try:
+            killer.start()
+            for proc in procs.values():
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            killer.stop.set()
+            if killer.is_alive():
+                killer.join(10)
+            for proc in procs.values():
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        for name, (run_dir, log) in runs.items():
+            results[name] = _summary(procs[name], run_dir, log, size, frames)
+        restarts = "node_restarts" if ray else "worker_restarts"
+        results["killed"]["kills"] = len(killer.kills)
+        results["killed"].setdefault(restarts, 0)
+        results["killed"]["longest_replacement_s"] = max(killer.replacement_s, default=None)
+    results["load_1min_end"] = round(os.getloadavg()[0], 2)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=None,
@@ -462,7 +648,22 @@ def main() -> None:
     parser.add_argument("--worker-kill-minutes", type=float, default=None,
                         help="stop the worker kills after this many minutes even if fewer were done")
     parser.add_argument("--skip-recipe", action="store_true", help="leave out the recipe SIGTERM case")
+    parser.add_argument("--soak-minutes", type=float, default=None,
+                        help="instead: the SAC recipe with a worker SIGKILLed every 20-40 s, an undisturbed run beside it")
+    parser.add_argument("--soak-frames", type=int, default=None, help="the soak's total_frames (default: from minutes)")
+    parser.add_argument("--ray-soak-minutes", type=float, default=None,
+                        help="the recipe on a local Ray cluster, a node actor killed every minute")
     args = parser.parse_args()
+    if args.soak_minutes or args.ray_soak_minutes:
+        soak = {}
+        if args.soak_minutes:
+            soak["recipe_soak"] = recipe_soak(args.soak_minutes, frames=args.soak_frames)
+            print(json.dumps({"recipe_soak": soak["recipe_soak"]}), flush=True)
+        if args.ray_soak_minutes:
+            soak["ray_soak"] = recipe_soak(args.ray_soak_minutes, backend="ray")
+            print(json.dumps({"ray_soak": soak["ray_soak"]}), flush=True)
+        print(json.dumps(soak))
+        return
     started = time.monotonic()
     results = {"load_1min_start": round(os.getloadavg()[0], 2)}
     results["cycles"] = cycles(args.cycles)

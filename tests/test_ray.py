@@ -247,6 +247,14 @@ def test_nodes_write_to_a_ray_replay_buffer_and_lost_nodes_are_reported():
     sweep_stale("/dev/shm", "tul_w_")
 
 
+def reap_killed_nodes(pids: list[int]) -> None:
+    """The killed node actors' processes are gone; what they could not remove is swept, as the next collector does."""
+    assert wait_until(lambda: gone(pids), timeout=15), "a lost node's processes outlived it"
+    wait_until(lambda: not any(pid_alive(pid) for pid in pids), timeout=10)  # reaped: no longer a zombie
+    sweep_stale(tempfile.gettempdir(), "torchrl_unilab_rb_")
+    sweep_stale("/dev/shm", "tul_w_")
+
+
 def test_a_killed_node_actor_is_replaced_and_training_goes_on():
     """max_node_restarts=1: ray.kill of the node's actor starts a new one; the learner keeps what it received."""
     rb = make_replay_buffer(20_000)
@@ -298,10 +306,39 @@ def test_a_killed_node_actor_is_replaced_and_training_goes_on():
             collector.wait_for_frames(10**9, timeout=30)
     finally:
         collector.shutdown(raise_on_error=False)
-    assert wait_until(lambda: gone(first + second), timeout=15)
-    wait_until(lambda: not any(pid_alive(pid) for pid in first + second), timeout=10)
-    sweep_stale(tempfile.gettempdir(), "torchrl_unilab_rb_")  # what the killed actors could not remove
-    sweep_stale("/dev/shm", "tul_w_")
+    reap_killed_nodes(first + second)
+
+
+def test_a_publish_to_a_node_killed_meanwhile_does_not_fail_the_learner():
+    """A node actor dies just before a weight publish: the publish returns, the node is replaced once."""
+    rb = make_replay_buffer(20_000)
+    collector = RayOffPolicyCollector(
+        "Pendulum-v1", linear_policy(3, 1), num_nodes=1, num_workers=1, num_envs=4, frames_per_batch=32,
+        init_random_frames=64, seed=0, replay_buffer=rb, remote_configs=NODE, max_node_restarts=2,
+    )
+    first = node_processes(collector)
+    second: list[int] = []
+    try:
+        collector.allow_frames(256)
+        assert collector.wait_for_frames(256, timeout=120)
+        ray.kill(collector.remote_collectors[0])
+        with torch.no_grad():
+            for param in collector.policy.parameters():
+                param.zero_()
+            collector.policy.module[0].bias.fill_(0.5)
+        collector.update_policy_weights_()  # raised Ray's ActorDiedError, which ended the recipe (Ray soak)
+        target = collector.frames_written + 256
+        collector.allow_frames(target)
+        assert collector.wait_for_frames(target, timeout=180)
+        assert collector.metrics()["node_restarts"] == 1
+        second = node_processes(collector)
+        data = rb[: len(rb)]
+        replacement = data["collector", "traj_ids"] >= (1 << 44)
+        # built from the policy as it is now: it acts with the published weights
+        assert replacement.any() and torch.allclose(data["action"][replacement], torch.tanh(torch.tensor(0.5)))
+    finally:
+        collector.shutdown(raise_on_error=False)
+    reap_killed_nodes(first + second)
 
 
 class CrashAfter(Transform):

@@ -231,6 +231,9 @@ def test_sac_survives_a_killed_worker_logs_the_restart_and_resumes(tmp_path, no_
         killer.join(5)
     assert killed, "no worker was killed"
     assert summary["worker_restarts"] == 1
+    # the learner waited for the replacement of its only worker: a stall, outside the warm-up's wait
+    assert 0 < summary["longest_stall_s"] < summary["elapsed_s"]
+    assert scalars(run_dir, "learner/longest_stall_s")[-1][1] <= summary["longest_stall_s"]  # logged as it grows
     check_run(run_dir, summary, frames=2048, updates=2048 - 256)
     assert scalars(run_dir, "collector/worker_restarts")[-1][1] == 1.0
     resumed = run_recipe("sac", run_dir, f"resume={run_dir}", "collector.total_frames=2240")
@@ -246,3 +249,21 @@ def test_td3_trains_with_prioritized_replay(tmp_path, no_leaks):
     sampler_dir = run_dir / "checkpoint" / "replay_buffer" / "sampler"
     tree = torch.from_file(str(sampler_dir / "sumtree.memmap"), size=1024, dtype=torch.float64)
     assert bool((tree[:512] > 0).all()) and tree[:512].std() > 0.1 * tree[:512].mean()
+
+
+@pytest.mark.parametrize("engine", ["gymnasium", "envpool"])
+def test_collector_engine_picks_what_steps_the_envs(engine, no_leaks):
+    """``collector.engine`` reaches the collector: HalfCheetah-v5 runs on the engine asked for."""
+    from torchrl_unilab import make_replay_buffer as buffer_of
+    from torchrl_unilab.trainers.recipes_utils import env_info, make_collector, make_networks
+
+    with initialize_config_dir(config_dir=str(RECIPES / "config"), version_base="1.3"):
+        cfg = compose(config_name="td3", overrides=[*TINY, "env.name=HalfCheetah-v5", f"collector.engine={engine}"])
+    nets = make_networks(cfg, "td3", env_info(cfg))
+    collector = make_collector(cfg, nets.policy, buffer_of(1024))
+    try:
+        collector.allow_frames(64)
+        assert collector.wait_for_frames(64, timeout=120)
+        assert collector.metrics()["engine"] == engine
+    finally:
+        collector.shutdown()

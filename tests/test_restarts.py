@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import linear_policy, wait_until
+from tensordict.nn import TensorDictModule
 from torchrl.envs import Transform, TransformedEnv
 
 from torchrl_unilab import BatchedGymEnv, OffPolicyCollector, WorkerError, make_replay_buffer
@@ -32,7 +33,8 @@ def pendulum_collector(rb, **overrides) -> OffPolicyCollector:
     kwargs = dict(num_workers=2, num_envs=4, frames_per_batch=64, total_frames=2048, replay_buffer=rb,
                   init_random_frames=512, seed=0, max_worker_restarts=2)
     kwargs.update(overrides)
-    return OffPolicyCollector(kwargs.pop("env", "Pendulum-v1"), linear_policy(3, 1), **kwargs)
+    policy = kwargs.pop("policy", None) or linear_policy(3, 1)
+    return OffPolicyCollector(kwargs.pop("env", "Pendulum-v1"), policy, **kwargs)
 
 
 def check_buffer(rb, collector, frames: int, random_frames: int) -> None:
@@ -72,6 +74,41 @@ def test_a_sigkilled_worker_is_replaced_with_a_new_seed_stream(no_leaks):
         assert stream1.any(), "the replacement wrote no rows"
         first = data["observation"][(step == 0)]
         assert first.unique(dim=0).shape[0] == first.shape[0], "two episodes started from one seed's state"
+    finally:
+        collector.shutdown()
+
+
+def test_a_replacement_killed_while_it_starts_is_replaced_again(no_leaks):
+    """SIGKILL of worker 0, then of its replacement the moment it exists, before it has read its arguments.
+
+    The arguments (a 600 kB policy) outgrow a pipe's buffer, so the parent is still writing them when the
+    replacement dies: multiprocessing's own spawn then blocks in that write forever (found by the soak).
+    """
+    from conftest import child_pids
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 384), torch.nn.Tanh(), torch.nn.Linear(384, 384), torch.nn.Tanh(),
+                              torch.nn.Linear(384, 1), torch.nn.Tanh())
+    policy = TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
+    rb = make_replay_buffer(4096)
+    collector = pendulum_collector(rb, policy=policy, max_worker_restarts=3)
+    try:
+        collector.start()
+        assert wait_until(lambda: collector._control.worker_written(0) >= 64, timeout=180)  # noqa: SLF001
+        first, known = collector.procs[0].pid, child_pids()
+        os.kill(first, signal.SIGKILL)
+        deadline, replacement = time.monotonic() + 60, None
+        while replacement is None and time.monotonic() < deadline:
+            new = child_pids() - known
+            if new:
+                replacement = new.pop()
+                os.kill(replacement, signal.SIGKILL)
+        assert replacement is not None, "no replacement was started"
+        assert collector.wait_for_frames(2048, timeout=180)
+        assert wait_until(lambda: collector.procs[0].pid not in (first, replacement), timeout=60)
+        metrics = collector.metrics()
+        assert metrics["worker_restarts"] == 2 and [w["restarts"] for w in metrics["workers"]] == [2, 0]
+        check_buffer(rb, collector, 2048, 512)
     finally:
         collector.shutdown()
 

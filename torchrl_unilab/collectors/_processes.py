@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
@@ -37,7 +38,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing import reduction
+from multiprocessing import popen_spawn_posix, reduction
 from typing import Any
 
 import torch
@@ -274,15 +275,20 @@ class WorkerPool:
             if isinstance(proc, _ThreadWorker):
                 proc.start()
             else:
-                self._stderr_files[i] = _start_with_captured_stderr(proc, self._parent_stderr[i])
+                try:
+                    self._stderr_files[i] = _start_with_captured_stderr(proc, self._parent_stderr[i])
+                except OSError as err:
+                    raise WorkerError(i, f"process died while it started, before it read its arguments ({err})",
+                                      "(no traceback)") from err
                 self._error_writers[i].close()  # the child has its own copy: EOF here once it exits
         self._watcher = threading.Thread(target=self._watch, name="collector-watcher", daemon=True)
         self._watcher.start()
 
     def _process(self, idx: int, args: Sequence) -> mp.process.BaseProcess:
         common = (idx, *args, self.stop_event, self._error_writers[idx], self.started)
-        return self.ctx.Process(target=self.target, args=(*common, self._parent_stderr[idx]),
-                                name=f"{self.name}-worker-{idx}", daemon=False)
+        process = _SpawnProcess if self.ctx.get_start_method() == "spawn" else self.ctx.Process
+        return process(target=self.target, args=(*common, self._parent_stderr[idx]),
+                       name=f"{self.name}-worker-{idx}", daemon=False)
 
     def _watch(self) -> None:
         while not self._stopping:
@@ -312,12 +318,17 @@ class WorkerPool:
             if self.restart.max_restarts == 0:  # no restarts asked for: the error as it came
                 self._fail(error)
                 return False
-            refusal = self._refusal(idx)
-            if refusal is not None:
-                self._fail(self._final_error(idx, error, refusal))
-                return False
-            self._replace(idx, error)
-            return True
+            while True:
+                refusal = self._refusal(idx)
+                if refusal is not None:
+                    self._fail(self._final_error(idx, error, refusal))
+                    return False
+                if self._replace(idx, error):
+                    return True
+                # The replacement died before it read its arguments: one more failure of this worker
+                error = WorkerError(idx, "process died while it started, before it read its arguments",
+                                    "(no traceback)")
+                self.failures.append(_Failure(idx, error))
 
     def _refusal(self, idx: int) -> str | None:
         """Why worker ``idx`` is not restarted, or None if it is."""
@@ -341,8 +352,8 @@ class WorkerPool:
         return WorkerError(idx, f"{error._message} (not restarted: {refusal}; {sum(self.restarts)} "  # noqa: SLF001
                                 f"restart(s) in all)", tracebacks, failures=seen)
 
-    def _replace(self, idx: int, error: WorkerError) -> None:
-        """Starts a new process in worker ``idx``'s place, once the old one has exited."""
+    def _replace(self, idx: int, error: WorkerError) -> bool:
+        """Starts a new process in worker ``idx``'s place, once the old one has exited; whether it started."""
         old = self.procs[idx]
         old.join(_EXIT_WAIT_SECONDS)  # one that reported its error exits by itself at once
         if old.is_alive():
@@ -359,12 +370,17 @@ class WorkerPool:
         self._error_readers[idx], self._error_writers[idx] = reader, writer
         self.started[idx] = 0
         proc = self._process(idx, args)
-        self._stderr_files[idx] = _start_with_captured_stderr(proc, self._parent_stderr[idx])
+        _log.warning(f"{self.name}: worker {idx} failed ({error._message.splitlines()[0]}); restarting it "  # noqa: SLF001
+                     f"(restart {self.restarts[idx]} of at most {self.restart.max_restarts} for this worker)")
+        try:
+            self._stderr_files[idx] = _start_with_captured_stderr(proc, self._parent_stderr[idx])
+        except OSError:  # it died before it read its arguments (_SpawnPopen)
+            writer.close()
+            return False
         writer.close()
         self.procs[idx] = proc
         self._open.add(idx)
-        _log.warning(f"{self.name}: worker {idx} failed ({error._message.splitlines()[0]}); restarted it "  # noqa: SLF001
-                     f"(restart {self.restarts[idx]} of at most {self.restart.max_restarts} for this worker)")
+        return True
 
     def last_failure(self, idx: int) -> WorkerError | None:
         """The latest failure of worker ``idx``, restarted or not."""
@@ -466,6 +482,63 @@ def _receive(reader: mp.connection.Connection) -> tuple[int, str, str] | None:
         return None
 
 
+class _SpawnPopen(popen_spawn_posix.Popen):
+    """The spawn start method's ``Popen``, which fails instead of hanging when the new process dies at once.
+
+    The standard one writes the pickled process object into a pipe while it
+    still holds the child's read end of that pipe itself; a child that dies
+    before it has read the payload (SIGKILLed while it imports torch) leaves the
+    parent blocked in that write forever. Measured: in ``benchmarks/faults.py
+    --soak-minutes``, a replacement worker killed 20-40 s after the one it
+    replaced hung the collector's watcher thread in ``Popen._launch``, and the
+    recipe's shutdown waited on it (2026-12-01, load 6 on 2 cores). Here the
+    parent closes the child's ends before writing, so the write raises
+    ``BrokenPipeError`` once the child is gone; the child is reaped.
+    """
+
+    def _launch(self, process_obj: mp.process.BaseProcess) -> None:
+        from multiprocessing import resource_tracker, spawn, util
+
+        tracker_fd = resource_tracker.getfd()
+        self._fds.append(tracker_fd)
+        payload = io.BytesIO()
+        popen_spawn_posix.set_spawning_popen(self)
+        try:
+            reduction.dump(spawn.get_preparation_data(process_obj._name), payload)  # noqa: SLF001
+            reduction.dump(process_obj, payload)
+        finally:
+            popen_spawn_posix.set_spawning_popen(None)
+        parent_r, child_w = os.pipe()
+        child_r, parent_w = os.pipe()
+        try:
+            cmd = spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r)
+            self.pid = util.spawnv_passfds(spawn.get_executable(), cmd, [*self._fds, child_r, child_w])
+        except BaseException:
+            util.close_fds(parent_r, parent_w)
+            raise
+        finally:
+            os.close(child_r)  # the child has its copies: once it is gone, nobody reads the payload
+            os.close(child_w)
+        self.sentinel = parent_r
+        self.finalizer = util.Finalize(self, util.close_fds, [parent_r, parent_w])
+        try:
+            with open(parent_w, "wb", closefd=False) as f:
+                f.write(payload.getbuffer())
+        except OSError:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+            self.finalizer()
+            raise
+
+
+class _SpawnProcess(mp.context.SpawnProcess):
+    """A spawned process started through :class:`_SpawnPopen`."""
+
+    @staticmethod
+    def _Popen(process_obj: mp.process.BaseProcess) -> _SpawnPopen:  # noqa: N802 - multiprocessing's name
+        return _SpawnPopen(process_obj)
+
+
 def _start_with_captured_stderr(proc: mp.process.BaseProcess, parent_stderr: _InheritedFd) -> int:
     """Starts ``proc`` with fd 2 on an unlinked temporary file; returns a read fd on that file.
 
@@ -482,6 +555,9 @@ def _start_with_captured_stderr(proc: mp.process.BaseProcess, parent_stderr: _In
     os.dup2(fd, 2)
     try:
         proc.start()
+    except BaseException:
+        os.close(fd)
+        raise
     finally:
         os.dup2(saved, 2)
         os.close(saved)

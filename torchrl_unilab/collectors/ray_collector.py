@@ -397,6 +397,8 @@ class RayOffPolicyCollector(RayCollector):
         self.node_restarts = [0] * num_nodes
         self._node_delivered = [[0, 0] for _ in range(num_nodes)]  # frames and random frames received per node
         self._replaced: set[int] = set()
+        self._metrics_calls: dict[int, tuple[Any, Any]] = {}  # node -> (actor, its node_metrics call in flight)
+        self._node_figures: dict[int, dict[str, Any]] = {}  # node -> its last answer
         kwargs.update(num_workers=num_workers, num_envs=num_envs, num_nodes=num_nodes)
         self._lost: dict[int, str] = {}
         self._pending: dict[Any, int] = {}  # the next() call in flight on each node -> node index
@@ -526,7 +528,7 @@ class RayOffPolicyCollector(RayCollector):
         delivered[0] += self.frames_per_batch
         if out is not None:
             delivered[1] += int((out[VERSION_KEY] == -1).sum())
-        if idx in self._replaced and self.node_hosts[idx].endswith("(starting)"):
+        if self._starting(idx):
             self.node_hosts[idx] = _ray().get(self._nodes[idx].host.remote())  # it answers: it has started
 
     def _fetch(self, futures: list) -> None:
@@ -575,6 +577,10 @@ class RayOffPolicyCollector(RayCollector):
             raise NodeError(idx, self.node_hosts[idx], "its Ray actor was lost", str(err)) from None
         warnings.warn(f"collector node {idx} on {self.node_hosts[idx]} was lost; going on with "
                       f"{len(self._nodes) - len(self._lost)} node(s): {str(err).splitlines()[0]}", stacklevel=3)
+
+    def _starting(self, idx: int) -> bool:
+        """Whether node ``idx`` is a replacement that has not delivered a batch yet (its actor may still start)."""
+        return idx in self._replaced and self.node_hosts[idx].endswith("(starting)")
 
     @property
     def lost_nodes(self) -> list[int]:
@@ -654,6 +660,7 @@ class RayOffPolicyCollector(RayCollector):
 
     def _send_weights_scheme(self, *, model_id, scheme, processed_weights, worker_ids) -> None:
         ray = _ray()
+        nodes = list(self._nodes)  # the actors this publish calls
         if worker_ids is None and (self._lost or self._replaced):
             worker_ids = [i for i in range(len(self._nodes)) if i not in self._lost and i not in self._replaced]
         if self._replaced:
@@ -662,17 +669,21 @@ class RayOffPolicyCollector(RayCollector):
             weights = {key: value.detach().cpu() for key, value in self.policy.state_dict().items()}
             replaced = [i for i in sorted(self._replaced) if i not in self._lost]
             calls = [self._nodes[i].load_learner_weights.remote(weights, self.published_version + 1) for i in replaced]
+            # Not waited for while a replacement still starts (seconds: a learner stall, the Ray soak measured
+            # 6.8 s): Ray runs an actor's calls in order, after its constructor, so the weights reach it all the same.
+            calls = [call for i, call in zip(replaced, calls) if not self._starting(i)]
         try:
             if worker_ids is None or worker_ids:  # none left in the group when every node was replaced
                 super()._send_weights_scheme(model_id=model_id, scheme=scheme, processed_weights=processed_weights,
                                              worker_ids=worker_ids)
             if self._replaced:
                 ray.get(calls)
-        except ray.exceptions.RayActorError as err:
-            dead = [i for i, c in enumerate(self._nodes) if i not in self._lost and not _alive(ray, c)]
-            for idx in dead:
-                self._node_lost(idx, err)
-            raise
+        except ray.exceptions.RayActorError:
+            if all(_alive(ray, node) for i, node in enumerate(nodes) if i not in self._lost):
+                raise
+            # A node died: the collection thread, which holds a call in flight to (or pings) every node, replaces
+            # it (or reports it) as it does any lost node, with an actor built from the current policy. Not here
+            # as well: one death would be handled twice. A live node that missed these weights gets the next ones.
 
     @property
     def policy_version(self) -> int:
@@ -685,13 +696,31 @@ class RayOffPolicyCollector(RayCollector):
 
     # ----------------------------------------------------------------- figures
     def metrics(self) -> dict[str, Any]:
-        """Figures of every live node (``nodes``), summed ``frames`` and the mean of their ``mean_return``."""
+        """Figures of every live node (``nodes``), summed ``frames`` and the mean of their ``mean_return``.
+
+        A node's figures are its last answer: one busy with a batch answers after it, so this waits at most
+        1 s (10 s before every node has answered once) and uses the previous answer of a node still busy. A
+        replacement node that has not delivered a batch yet is not asked (its actor may still be starting);
+        it is listed in ``starting_nodes``.
+        """
         self._raise_if_failed()
         ray = _ray()
-        live = [i for i in range(len(self._nodes)) if i not in self._lost]
-        refs = [self._nodes[i].node_metrics.remote() for i in live]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
-        nodes = {i: ray.get(r) for i, r in zip(live, refs) if r in ready}
+        # A replacement still starting would hold this call until its constructor ends: a learner stall.
+        live = [i for i in range(len(self._nodes)) if i not in self._lost and not self._starting(i)]
+        for i in live:  # at most one call in flight per actor: a busy node answers after its batch
+            if self._metrics_calls.get(i, (None,))[0] is not self._nodes[i]:
+                self._metrics_calls[i] = (self._nodes[i], self._nodes[i].node_metrics.remote())
+        calls = {self._metrics_calls[i][1]: i for i in live}
+        # A node killed a moment ago may not be known lost yet, and its call would wait for Ray's timeout: the
+        # learner stalled 14 s here in the Ray soak. So wait briefly, and use each node's last answer.
+        wait_s = 10.0 if any(i not in self._node_figures for i in live) else 1.0
+        ready, _ = ray.wait(list(calls), num_returns=len(calls), timeout=wait_s)
+        for ref in ready:
+            idx = calls[ref]
+            del self._metrics_calls[idx]
+            with contextlib.suppress(ray.exceptions.RayActorError):  # a lost node: the collection thread's
+                self._node_figures[idx] = ray.get(ref)
+        nodes = {i: self._node_figures[i] for i in live if i in self._node_figures}
         returns = [m["mean_return"] for m in nodes.values() if m.get("mean_return") == m.get("mean_return")]
         lengths = [m["mean_length"] for m in nodes.values() if m.get("mean_length") == m.get("mean_length")]
         return {
@@ -704,6 +733,7 @@ class RayOffPolicyCollector(RayCollector):
             "node_restarts": sum(self.node_restarts),
             "worker_restarts": sum(int(m.get("worker_restarts", 0)) for m in nodes.values()),
             "node_restarts_per_node": list(self.node_restarts),
+            "starting_nodes": [i for i in range(len(self._nodes)) if i not in self._lost and self._starting(i)],
             "receive_s": self.receive_s,
             "nodes": nodes,
         }

@@ -462,6 +462,7 @@ def make_collector(
         exploration_type=ExplorationType.RANDOM,
         env_kwargs=env_kwargs(cfg),
         max_worker_restarts=int(col.get("max_worker_restarts", 0)),
+        engine=str(col.get("engine", "auto")),
     )
 
 
@@ -494,7 +495,8 @@ def _make_ray_collector(cfg: DictConfig, policy: TensorDictModuleBase, replay_bu
         seed=None if seed is None else int(seed) + frames_done,
         replay_buffer=replay_buffer,
         max_node_restarts=int(col.get("max_node_restarts", 0)),
-        collector_kwargs={"env_kwargs": env_kwargs(cfg), "max_worker_restarts": int(col.get("max_worker_restarts", 0))},
+        collector_kwargs={"env_kwargs": env_kwargs(cfg), "max_worker_restarts": int(col.get("max_worker_restarts", 0)),
+                          "engine": str(col.get("engine", "auto"))},
         ray_init_config={"address": address} if address else {"include_dashboard": False},
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -162,6 +163,10 @@ class RecipeRun:
         self._stop = GracefulStop()
         self._restarts: dict[str, int] = {"worker_restarts": 0}
         self._collector_closed = False
+        # The longest time from one update to the next outside evaluations and checkpoints (waits for data,
+        # sampling, the update, publishes, logging): a learner stall. The wait for the warm-up frames is none.
+        self.longest_stall_s = 0.0
+        self._stall_mark: float | None = None
 
     @property
     def stop_requested(self) -> bool:
@@ -214,12 +219,17 @@ class RecipeRun:
                 "utd/cumulative": utd.achieved(),
                 "learner/policy_lag": policy_lag(batch, collector.policy_version),
                 "learner/waited_s": utd.waited_s,
+                "learner/longest_stall_s": self.longest_stall_s,
                 **restart_counts(episodes),
             })
+        now = time.perf_counter()
+        if self._stall_mark is not None:
+            self.longest_stall_s = max(self.longest_stall_s, now - self._stall_mark)
         if self._eval_due(frames):
             self.logger.log_eval(frames=frames, values=self.eval_runner(self.policy))
         if self._checkpoint_due(frames):
             self.save_checkpoint()
+        self._stall_mark = time.perf_counter()
 
     def publish_weights(self) -> None:
         """Sends :attr:`policy`'s weights to the workers (they load them before their next step).
@@ -264,6 +274,7 @@ class RecipeRun:
             "frames": utd.frames,
             "updates": utd.updates,
             "utd_achieved": utd.achieved(),
+            "longest_stall_s": self.longest_stall_s,
             "elapsed_s": logger.elapsed,
             "run_dir": self.out_dir,
             "plot": logger.plot_path,
