@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 from tensordict.nn import TensorDictModule
+from torchrl.envs import Transform
 
 from torchrl_unilab._residue import live_processes
 
@@ -52,6 +53,25 @@ def linear_policy(obs_dim: int, action_dim: int, seed: int = 0) -> TensorDictMod
     torch.manual_seed(seed)
     net = torch.nn.Sequential(torch.nn.Linear(obs_dim, action_dim), torch.nn.Tanh())
     return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
+
+
+class RaiseAfter(Transform):
+    """Raises ``RuntimeError(message)`` from the env's step once ``steps`` steps are done: a real fault in a worker.
+
+    With ``marker`` (a file path) it raises once only, in the first process that gets there.
+    """
+
+    def __init__(self, steps: int, message: str, marker: str | None = None) -> None:
+        super().__init__()
+        self.steps, self.message, self.marker = steps, message, marker
+
+    def _step(self, tensordict, next_tensordict):
+        self.steps -= 1
+        if self.steps < 0 and not (self.marker and os.path.exists(self.marker)):
+            if self.marker:
+                open(self.marker, "w").close()
+            raise RuntimeError(self.message)
+        return next_tensordict
 
 
 @pytest.fixture(autouse=True)

@@ -133,11 +133,7 @@ def test_sac_ctrl_c_saves_a_checkpoint_and_the_run_resumes(tmp_path, no_leaks):
     assert "Interrupted: checkpoint saved" in out, out
     stopped = saved_counters(run_dir)
     assert 256 < stopped["frames"] < 100_000 and stopped["updates"] > 0
-
-    # resume=<dir> continues from the interrupted run's counters
-    total = stopped["frames"] + 192
-    summary = run_recipe("sac", run_dir, f"resume={run_dir}", f"collector.total_frames={total}")
-    check_run(run_dir, summary, frames=total, updates=total - 256)
+    # resuming an interrupted run: test_faults.py's SIGTERM test, from the same kind of checkpoint
 
 
 def test_lockstep_runs_are_reproducible(tmp_path, no_leaks):

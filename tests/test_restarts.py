@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import linear_policy, wait_until
+from conftest import RaiseAfter, linear_policy, wait_until
 from tensordict.nn import TensorDictModule
-from torchrl.envs import Transform, TransformedEnv
+from torchrl.envs import TransformedEnv
 
 from torchrl_unilab import BatchedGymEnv, OffPolicyCollector, WorkerError, make_replay_buffer
 
@@ -52,11 +52,22 @@ def test_a_sigkilled_worker_is_replaced_with_a_new_seed_stream(no_leaks):
     rb = make_replay_buffer(4096)
     collector = pendulum_collector(rb)
     try:
-        collector.start()
+        # Worker 1 alone could write all 2048 frames before the replacement has started (CI saw it): it is
+        # held at a cap until then, and let on one batch at a time until the replacement has written one.
+        collector.allow_frames(512)
         assert wait_until(lambda: collector._control.worker_written(0) >= 64, timeout=180)  # noqa: SLF001
         victim = collector.procs[0].pid
         with faults.TimedSampler(rb, batch_size=64) as sampler:
             os.kill(victim, signal.SIGKILL)
+            before = collector._control.worker_written(0)  # noqa: SLF001
+            assert wait_until(lambda: collector.procs[0].pid != victim and collector._pool.started[0], 180)  # noqa: SLF001
+            deadline = time.monotonic() + 180
+            while collector._control.worker_written(0) == before and time.monotonic() < deadline:  # noqa: SLF001
+                if collector.wait_for_frames(collector._control.allowed, timeout=1.0):  # noqa: SLF001
+                    time.sleep(0.5)  # worker 1 takes one batch per step; the replacement has ~11 s to get going
+                    collector.allow_frames(min(collector._control.allowed + 64, 1984))  # noqa: SLF001
+            assert collector._control.worker_written(0) > before, "the replacement wrote no rows"  # noqa: SLF001
+            collector.start()
             assert collector.wait_for_frames(2048, timeout=180)
         metrics = collector.metrics()
         assert metrics["worker_restarts"] == 1 and [w["restarts"] for w in metrics["workers"]] == [1, 0]
@@ -113,39 +124,12 @@ def test_a_replacement_killed_while_it_starts_is_replaced_again(no_leaks):
         collector.shutdown()
 
 
-class RaiseOnce(Transform):
-    """Raises from the env's step once ``steps`` steps are done, in the first process that gets there only."""
-
-    def __init__(self, steps: int, marker: str) -> None:
-        super().__init__()
-        self.steps, self.marker = steps, marker
-
-    def _step(self, tensordict, next_tensordict):
-        self.steps -= 1
-        if self.steps < 0 and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-            raise RuntimeError("boom from the env")
-        return next_tensordict
-
-
-class RaiseAlways(Transform):
-    def __init__(self, steps: int) -> None:
-        super().__init__()
-        self.steps = steps
-
-    def _step(self, tensordict, next_tensordict):
-        self.steps -= 1
-        if self.steps < 0:
-            raise RuntimeError("boom from the env, again")
-        return next_tensordict
-
-
 def env_raising_once(marker: str):
-    return TransformedEnv(BatchedGymEnv("Pendulum-v1", 4), RaiseOnce(40, marker))
+    return TransformedEnv(BatchedGymEnv("Pendulum-v1", 4), RaiseAfter(40, "boom from the env", marker))
 
 
 def env_raising_always():
-    return TransformedEnv(BatchedGymEnv("Pendulum-v1", 4), RaiseAlways(20))
+    return TransformedEnv(BatchedGymEnv("Pendulum-v1", 4), RaiseAfter(20, "boom from the env, again"))
 
 
 def test_an_exception_from_the_env_restarts_its_worker(tmp_path, no_leaks):

@@ -165,9 +165,9 @@ def test_sampling_beside_a_thread_extending_the_same_buffer_does_not_deadlock():
     thread = threading.Thread(target=extend_forever)
     thread.start()
     try:
-        for _ in range(3000):
+        for _ in range(1000):
             sample()
-            if _ % 100 == 0:
+            if _ % 50 == 0:
                 update_normalizer(ObservationNormalizer(3), rb)
     finally:
         stop.set()

@@ -397,6 +397,11 @@ class RayOffPolicyCollector(RayCollector):
         self.node_restarts = [0] * num_nodes
         self._node_delivered = [[0, 0] for _ in range(num_nodes)]  # frames and random frames received per node
         self._replaced: set[int] = set()
+        self._starting_nodes: set[int] = set()  # replacements that have not delivered a batch yet
+        # Calls to replacements the learner does not wait for -> (node, actor): its host name, its weights.
+        self._host_calls: dict[Any, tuple[int, Any]] = {}
+        self._weight_calls: dict[Any, tuple[int, Any]] = {}
+        self._calls_lock = threading.Lock()  # the learner's thread and the collection thread both take answers
         self._metrics_calls: dict[int, tuple[Any, Any]] = {}  # node -> (actor, its node_metrics call in flight)
         self._node_figures: dict[int, dict[str, Any]] = {}  # node -> its last answer
         kwargs.update(num_workers=num_workers, num_envs=num_envs, num_nodes=num_nodes)
@@ -468,6 +473,7 @@ class RayOffPolicyCollector(RayCollector):
                                      other_params=params)
         self._nodes[idx] = self._remote_collectors[idx] = actor
         self._replaced.add(idx)
+        self._starting_nodes.add(idx)
         if idx not in self._pending.values():  # a batch it finished may still wait to be delivered
             self._pending[actor.next.remote()] = idx
         _log.warning(f"RayOffPolicyCollector: collector node {idx} on {self.node_hosts[idx]} was lost "
@@ -528,8 +534,33 @@ class RayOffPolicyCollector(RayCollector):
         delivered[0] += self.frames_per_batch
         if out is not None:
             delivered[1] += int((out[VERSION_KEY] == -1).sum())
-        if self._starting(idx):
-            self.node_hosts[idx] = _ray().get(self._nodes[idx].host.remote())  # it answers: it has started
+        if idx in self._starting_nodes:  # it has started; named once it answers, not waited for here
+            self._starting_nodes.discard(idx)
+            with self._calls_lock:
+                self._host_calls[self._nodes[idx].host.remote()] = (idx, self._nodes[idx])
+        self._reap_calls()
+
+    def _reap_calls(self) -> None:
+        """Takes the answers of the replacements' calls that are done, without waiting for the others.
+
+        The learner waited for them before: 4.2 s (a host name) and 4.6 s (a publish) in a Ray soak, while a
+        replacement worked through its queue of calls. A lost node's call fails; the collection thread replaces
+        or reports that node, as it does any lost node.
+        """
+        with self._calls_lock:
+            calls = list(self._host_calls) + list(self._weight_calls)
+            if not calls:
+                return
+            ray = _ray()
+            for ref in ray.wait(calls, num_returns=len(calls), timeout=0)[0]:
+                is_host = ref in self._host_calls
+                idx, actor = self._host_calls.pop(ref) if is_host else self._weight_calls.pop(ref)
+                try:
+                    answer = ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    continue
+                if is_host and self._nodes[idx] is actor:
+                    self.node_hosts[idx] = answer
 
     def _fetch(self, futures: list) -> None:
         """Gets finished batches into ``_fetched``; a lost node's future is dropped (or raises)."""
@@ -553,6 +584,7 @@ class RayOffPolicyCollector(RayCollector):
         so it is pinged instead (a cheap call; the actor is idle).
         """
         ray = _ray()
+        self._reap_calls()
         waiting = [f for f in self._pending if f not in self._fetched]
         if waiting:
             self._fetch(ray.wait(waiting, num_returns=len(waiting), timeout=0)[0])
@@ -580,7 +612,7 @@ class RayOffPolicyCollector(RayCollector):
 
     def _starting(self, idx: int) -> bool:
         """Whether node ``idx`` is a replacement that has not delivered a batch yet (its actor may still start)."""
-        return idx in self._replaced and self.node_hosts[idx].endswith("(starting)")
+        return idx in self._starting_nodes
 
     @property
     def lost_nodes(self) -> list[int]:
@@ -666,20 +698,20 @@ class RayOffPolicyCollector(RayCollector):
         if self._replaced:
             # Replacements are no part of the weight-sync group made at the start: a Ray call brings them the
             # weights, and the version they publish to their workers is the learner's.
-            weights = {key: value.detach().cpu() for key, value in self.policy.state_dict().items()}
-            replaced = [i for i in sorted(self._replaced) if i not in self._lost]
-            calls = [self._nodes[i].load_learner_weights.remote(weights, self.published_version + 1) for i in replaced]
-            # Not waited for while a replacement still starts (seconds: a learner stall, the Ray soak measured
-            # 6.8 s): Ray runs an actor's calls in order, after its constructor, so the weights reach it all the same.
-            calls = [call for i, call in zip(replaced, calls) if not self._starting(i)]
+            # Not waited for (a learner stall: 6.8 s while one still started, 4.6 s behind a started one's queue,
+            # in Ray soaks): Ray runs an actor's calls in order, so the node loads them before its next batch.
+            self._reap_calls()
+            weights = ray.put({key: value.detach().cpu() for key, value in self.policy.state_dict().items()})
+            for i in sorted(self._replaced - set(self._lost)):
+                call = self._nodes[i].load_learner_weights.remote(weights, self.published_version + 1)
+                with self._calls_lock:
+                    self._weight_calls[call] = (i, self._nodes[i])
         try:
             if worker_ids is None or worker_ids:  # none left in the group when every node was replaced
                 super()._send_weights_scheme(model_id=model_id, scheme=scheme, processed_weights=processed_weights,
                                              worker_ids=worker_ids)
-            if self._replaced:
-                ray.get(calls)
         except ray.exceptions.RayActorError:
-            if all(_alive(ray, node) for i, node in enumerate(nodes) if i not in self._lost):
+            if not _any_lost(ray, [node for i, node in enumerate(nodes) if i not in self._lost]):
                 raise
             # A node died: the collection thread, which holds a call in flight to (or pings) every node, replaces
             # it (or reports it) as it does any lost node, with an actor built from the current policy. Not here
@@ -705,6 +737,7 @@ class RayOffPolicyCollector(RayCollector):
         """
         self._raise_if_failed()
         ray = _ray()
+        self._reap_calls()
         # A replacement still starting would hold this call until its constructor ends: a learner stall.
         live = [i for i in range(len(self._nodes)) if i not in self._lost and not self._starting(i)]
         for i in live:  # at most one call in flight per actor: a busy node answers after its batch
@@ -772,12 +805,25 @@ class RayOffPolicyCollector(RayCollector):
         self.shutdown(raise_on_error=exc_type is None)
 
 
-def _alive(ray, actor) -> bool:
-    try:
-        ray.get(actor.host.remote(), timeout=5.0)
-        return True
-    except Exception:  # noqa: BLE001 - any failure to answer counts as lost
-        return False
+def _any_lost(ray, actors: list, timeout: float = 5.0) -> bool:
+    """Whether one of ``actors`` is lost: its answer fails, or some answer is still missing after ``timeout``.
+
+    All are asked at once and a failed answer ends the wait: a lost actor's call fails at once, while a
+    live one busy with a batch answers only after it.
+    """
+    pending = [actor.host.remote() for actor in actors]
+    deadline = time.monotonic() + timeout
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return True
+        ready, pending = ray.wait(pending, timeout=left)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception:  # noqa: BLE001 - any failure to answer counts as lost
+                return True
+    return False
 
 
 def _node_error(idx: int, host: str, err: Exception) -> NodeError:
