@@ -48,25 +48,34 @@ def check_buffer(rb, collector, frames: int, random_frames: int) -> None:
     assert starts.unique().numel() == starts.numel(), "a trajectory id was used twice"
 
 
+def let_worker_write(collector: OffPolicyCollector, idx: int, beyond: int, cap_limit: int) -> bool:
+    """Raises the frame cap one batch at a time until worker ``idx`` has written more than ``beyond`` frames.
+
+    The other worker takes at most a batch per step, so ``idx`` gets frames however late it starts.
+    """
+    control, deadline = collector._control, time.monotonic() + 180  # noqa: SLF001
+    while control.worker_written(idx) <= beyond and time.monotonic() < deadline:
+        if collector.wait_for_frames(control.allowed, timeout=1.0):
+            time.sleep(0.5)
+            collector.allow_frames(min(control.allowed + collector.frames_per_batch, cap_limit))
+    return control.worker_written(idx) > beyond
+
+
 def test_a_sigkilled_worker_is_replaced_with_a_new_seed_stream(no_leaks):
     rb = make_replay_buffer(4096)
     collector = pendulum_collector(rb)
     try:
-        # Worker 1 alone could write all 2048 frames before the replacement has started (CI saw it): it is
-        # held at a cap until then, and let on one batch at a time until the replacement has written one.
-        collector.allow_frames(512)
-        assert wait_until(lambda: collector._control.worker_written(0) >= 64, timeout=180)  # noqa: SLF001
+        # Worker 1 alone could write all 2048 frames before worker 0 or its replacement has started (CI saw
+        # it): the cap lets it on one batch at a time until the other has written.
+        collector.allow_frames(0)  # nothing until both have reached their entry point (seconds under load)
+        assert wait_until(lambda: all(collector._pool.started), 180)  # noqa: SLF001
+        assert let_worker_write(collector, 0, 63, 1024), "worker 0 wrote nothing"
         victim = collector.procs[0].pid
         with faults.TimedSampler(rb, batch_size=64) as sampler:
             os.kill(victim, signal.SIGKILL)
             before = collector._control.worker_written(0)  # noqa: SLF001
             assert wait_until(lambda: collector.procs[0].pid != victim and collector._pool.started[0], 180)  # noqa: SLF001
-            deadline = time.monotonic() + 180
-            while collector._control.worker_written(0) == before and time.monotonic() < deadline:  # noqa: SLF001
-                if collector.wait_for_frames(collector._control.allowed, timeout=1.0):  # noqa: SLF001
-                    time.sleep(0.5)  # worker 1 takes one batch per step; the replacement has ~11 s to get going
-                    collector.allow_frames(min(collector._control.allowed + 64, 1984))  # noqa: SLF001
-            assert collector._control.worker_written(0) > before, "the replacement wrote no rows"  # noqa: SLF001
+            assert let_worker_write(collector, 0, before, 1984), "the replacement wrote no rows"
             collector.start()
             assert collector.wait_for_frames(2048, timeout=180)
         metrics = collector.metrics()
