@@ -76,7 +76,12 @@ def id_rows(first: int, count: int) -> TensorDict:
 
 
 def torn_rows(batch: TensorDict) -> int:
-    """Rows of ``batch`` whose columns do not all hold the same id.
+    """Rows of ``batch`` whose columns do not all hold the same id (:func:`torn_mask`)."""
+    return int(torn_mask(batch).sum())
+
+
+def torn_mask(batch: TensorDict) -> torch.Tensor:
+    """Which rows of ``batch`` are torn: their columns do not all hold the same id.
 
     A collector's rows carry no id: there a row is torn when its
     ``("next", "step_count")`` is not its ``step_count + 1`` (both are written
@@ -84,13 +89,13 @@ def torn_rows(batch: TensorDict) -> int:
     """
     if "row_id" not in batch.keys():
         step = batch.get("step_count")
-        return int((batch.get(("next", "step_count")) != step + 1).reshape(len(step), -1).any(-1).sum())
+        return (batch.get(("next", "step_count")) != step + 1).reshape(len(step), -1).any(-1)
     ids = batch.get("row_id").to(torch.float64)
     bad = torch.zeros(len(ids), dtype=torch.bool)
     for key, shape, _ in ID_COLUMNS:
         values = batch.get(key).to(torch.float64).reshape(len(ids), -1)
         bad |= (values != ids[:, None]).any(-1)
-    return int(bad.sum())
+    return bad
 
 
 def id_writer(replay_buffer, first: int, rows: int) -> None:
@@ -538,10 +543,9 @@ def _checked_buffer(run_dir: Path, size: int) -> dict:
     rb = make_replay_buffer(size)
     Checkpointer(run_dir / "checkpoint", modules={}).load(rb)
     rows = rb[: len(rb)]
-    steps, next_steps = rows["step_count"].reshape(-1), rows["next", "step_count"].reshape(-1)
     finite = torch.stack([rows[key].reshape(len(rows), -1).isfinite().all(-1)
                           for key in ("observation", ("next", "observation"), ("next", "reward"))]).all(0)
-    return {"rows": len(rows), "torn_rows": int(((next_steps != steps + 1) | ~finite).sum())}
+    return {"rows": len(rows), "torn_rows": int((torn_mask(rows) | ~finite).sum())}
 
 
 def _recipe(run_dir: Path, overrides: list[str], log: Path):

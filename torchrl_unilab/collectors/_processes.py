@@ -57,6 +57,8 @@ _STDERR_TAIL = 4000
 _THREAD_JOIN_SECONDS = 60.0
 #: How long a dead worker's process may take to exit before its replacement starts (it reported, then exits).
 _EXIT_WAIT_SECONDS = 5.0
+#: Why a new worker failed when the parent could not write its arguments (its pipe broke: it was gone).
+_DIED_STARTING = "process died while it started, before it read its arguments"
 
 # A child of TorchRL's logger, as the collector's: restarts are logged beside TorchRL's own lines.
 _log = logging.getLogger("torchrl.unilab")
@@ -278,8 +280,7 @@ class WorkerPool:
                 try:
                     self._stderr_files[i] = _start_with_captured_stderr(proc, self._parent_stderr[i])
                 except OSError as err:
-                    raise WorkerError(i, f"process died while it started, before it read its arguments ({err})",
-                                      "(no traceback)") from err
+                    raise WorkerError(i, f"{_DIED_STARTING} ({err})", "(no traceback)") from err
                 self._error_writers[i].close()  # the child has its own copy: EOF here once it exits
         self._watcher = threading.Thread(target=self._watch, name="collector-watcher", daemon=True)
         self._watcher.start()
@@ -326,8 +327,7 @@ class WorkerPool:
                 if self._replace(idx, error):
                     return True
                 # The replacement died before it read its arguments: one more failure of this worker
-                error = WorkerError(idx, "process died while it started, before it read its arguments",
-                                    "(no traceback)")
+                error = WorkerError(idx, _DIED_STARTING, "(no traceback)")
                 self.failures.append(_Failure(idx, error))
 
     def _refusal(self, idx: int) -> str | None:

@@ -543,6 +543,8 @@ class RayOffPolicyCollector(RayCollector):
     def _reap_calls(self) -> None:
         """Takes the answers of the replacements' calls that are done, without waiting for the others.
 
+        Called where batches are collected (each delivery, and while the learner holds collection back).
+
         The learner waited for them before: 4.2 s (a host name) and 4.6 s (a publish) in a Ray soak, while a
         replacement worked through its queue of calls. A lost node's call fails; the collection thread replaces
         or reports that node, as it does any lost node.
@@ -700,7 +702,7 @@ class RayOffPolicyCollector(RayCollector):
             # weights, and the version they publish to their workers is the learner's.
             # Not waited for (a learner stall: 6.8 s while one still started, 4.6 s behind a started one's queue,
             # in Ray soaks): Ray runs an actor's calls in order, so the node loads them before its next batch.
-            self._reap_calls()
+            # The collection thread takes their answers (_reap_calls).
             weights = ray.put({key: value.detach().cpu() for key, value in self.policy.state_dict().items()})
             for i in sorted(self._replaced - set(self._lost)):
                 call = self._nodes[i].load_learner_weights.remote(weights, self.published_version + 1)
@@ -737,7 +739,6 @@ class RayOffPolicyCollector(RayCollector):
         """
         self._raise_if_failed()
         ray = _ray()
-        self._reap_calls()
         # A replacement still starting would hold this call until its constructor ends: a learner stall.
         live = [i for i in range(len(self._nodes)) if i not in self._lost and not self._starting(i)]
         for i in live:  # at most one call in flight per actor: a busy node answers after its batch
