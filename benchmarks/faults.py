@@ -51,7 +51,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from torchrl_unilab import make_replay_buffer  # noqa: E402
-from torchrl_unilab._residue import live_processes  # noqa: E402
+from torchrl_unilab._residue import live_processes, multiprocessing_helpers, worker_processes  # noqa: E402
 
 CTX = mp.get_context("spawn")
 #: Columns of an id-stamped row: (key, per-row shape, dtype).
@@ -312,10 +312,7 @@ def residue_snapshot() -> dict:
     gc.collect()
     mp.active_children()
     me = os.getpid()
-    children = live_processes(parent=me)
-    from multiprocessing import resource_tracker
-
-    children.discard(getattr(resource_tracker._resource_tracker, "_pid", None))  # noqa: SLF001 - not ours
+    children = live_processes(parent=me) - multiprocessing_helpers()  # not ours
     return {
         "shm": {e for e in os.listdir("/dev/shm") if e.startswith(f"tul_w_{me}_")},
         "fds": len(os.listdir("/proc/self/fd")),
@@ -615,9 +612,9 @@ def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, bac
         if ray:  # the node actors are Ray's worker processes (titled after their class), not the recipe's children
             killer = WorkerKiller(lambda: _processes(b"ray::RayNodeCollector"), 2, (60.0, 60.0), seed=seed,
                                   collecting=collecting)
-        else:  # the collector's workers: the recipe's spawned children
+        else:  # the collector's workers: forked from the recipe's fork server (or spawned by the recipe)
             pid = procs["killed"].pid
-            killer = WorkerKiller(lambda: _processes(b"spawn_main", parent=pid), 2, (20.0, 40.0), seed=seed,
+            killer = WorkerKiller(lambda: worker_processes(pid), 2, (20.0, 40.0), seed=seed,
                                   collecting=collecting)
         deadline = time.monotonic() + 60 * minutes * 4 + 600
         try:

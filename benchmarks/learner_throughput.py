@@ -293,6 +293,7 @@ def stable_baselines3(frames: int, threads: int) -> dict | None:
         import gymnasium as gym  # noqa: PLC0415
         from stable_baselines3 import SAC  # noqa: PLC0415
         from stable_baselines3.common.callbacks import BaseCallback  # noqa: PLC0415
+        from stable_baselines3.common.logger import Logger  # noqa: PLC0415
     except ImportError:
         return None
 
@@ -310,6 +311,7 @@ def stable_baselines3(frames: int, threads: int) -> dict | None:
     env = gym.make("HalfCheetah-v5")
     model = SAC("MlpPolicy", env, batch_size=BATCH, learning_starts=START_FRAMES, train_freq=1, gradient_steps=1,
                 policy_kwargs={"net_arch": [HIDDEN, HIDDEN]}, device="cpu", seed=0)
+    model.set_logger(Logger(folder=None, output_formats=[]))  # its default logger leaves a /tmp/SB3-<date> folder
     clock = Clock()
     model.learn(frames, callback=clock)
     env.close()

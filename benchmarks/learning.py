@@ -136,6 +136,7 @@ def run_sb3_td3(task: Task, seed: int) -> dict:
     import torch
     from stable_baselines3 import TD3
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger
     from tensordict.nn import TensorDictModule
 
     from torchrl_unilab.trainers.recipes_utils import EvalRunner
@@ -144,6 +145,7 @@ def run_sb3_td3(task: Task, seed: int) -> dict:
     torch.set_num_threads(int(cfg.optim.num_threads))
     model = TD3("MlpPolicy", gym.make(task.env), learning_starts=int(cfg.collector.init_random_frames), seed=seed,
                 device="cpu")
+    model.set_logger(Logger(folder=None, output_formats=[]))  # its default logger leaves a /tmp/SB3-<date> folder
     evaluator = EvalRunner(task.env, int(cfg.logger.num_eval_envs), seed=seed + 10_000)
 
     class Actor(torch.nn.Module):  # SB3's actor acts in [-1, 1]; the env's bounds are unscale_action's

@@ -13,7 +13,7 @@ import torch
 from tensordict.nn import TensorDictModule
 from torchrl.envs import Transform
 
-from torchrl_unilab._residue import live_processes
+from torchrl_unilab._residue import live_processes, multiprocessing_helpers
 
 
 def child_pids() -> set[int]:
@@ -46,6 +46,21 @@ def wait_until(predicate, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.05)
     return predicate()
+
+
+def let_worker_write(collector, idx: int, beyond: int, cap_limit: int) -> bool:
+    """Raises the frame cap one batch at a time until worker ``idx`` has written more than ``beyond`` frames.
+
+    The other worker takes at most a batch per step, so ``idx`` gets frames however late it starts.
+    """
+    control, deadline = collector._control, time.monotonic() + 180  # noqa: SLF001
+    while control.worker_written(idx) <= beyond and time.monotonic() < deadline:
+        if collector.wait_for_frames(control.allowed, timeout=1.0):
+            if control.allowed >= cap_limit:
+                break
+            time.sleep(0.5)
+            collector.allow_frames(min(control.allowed + collector.frames_per_batch, cap_limit))
+    return control.worker_written(idx) > beyond
 
 
 def linear_policy(obs_dim: int, action_dim: int, seed: int = 0) -> TensorDictModule:
@@ -98,17 +113,8 @@ def no_leaks():
     yield
     gc.collect()  # multiprocessing unlinks a lock's /dev/shm semaphore when the lock is collected
     mp.active_children()
-    assert wait_until(lambda: child_pids() - before_children <= _resource_tracker_pids()), (
+    assert wait_until(lambda: child_pids() - before_children <= multiprocessing_helpers()), (
         f"leftover child processes: {child_pids() - before_children}"
     )
     assert shm_entries() - before_shm == set(), f"leftover /dev/shm entries: {shm_entries() - before_shm}"
     assert tmp_entries() - before_tmp == set(), f"leftover temp dirs: {tmp_entries() - before_tmp}"
-
-
-def _resource_tracker_pids() -> set[int]:
-    # multiprocessing's resource tracker is a long-lived helper started on first
-    # use of shared memory; it is not one of ours.
-    from multiprocessing import resource_tracker
-
-    pid = getattr(resource_tracker._resource_tracker, "_pid", None)  # noqa: SLF001
-    return {pid} if pid else set()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from conftest import linear_policy, wait_until
+from conftest import let_worker_write, linear_policy, wait_until
 from tensordict import TensorDictBase
 from torchrl.collectors import MultiAsyncCollector
 
@@ -73,6 +73,11 @@ def test_integrity_and_ring_wraparound(engine, no_leaks):
     capacity = 12_288
     rb = make_replay_buffer(capacity)
     with hopper_collector(rb, total_frames=-1, engine=engine) as collector:
+        # One worker alone can write all 10k frames before the other has started on a loaded 2-core machine
+        # (CI saw it): the cap lets the first on one batch at a time until both have written.
+        collector.allow_frames(0)
+        assert wait_until(lambda: all(collector._pool.started), 180)  # noqa: SLF001
+        assert let_worker_write(collector, 0, 0, 10_240) and let_worker_write(collector, 1, 0, 10_240)
         collector.allow_frames(10_240)
         assert collector.wait_for_frames(10_240, timeout=120)
         time.sleep(0.2)  # nothing beyond the allowance may be written
@@ -245,6 +250,7 @@ def test_user_scratch_dir_is_kept(tmp_path, no_leaks):
         (dict(metrics_window=0), ValueError, "metrics_window must be an int >= 1, got 0"),
         (dict(nonfinite="ignore"), ValueError, r"nonfinite must be one of \('raise', 'drop', 'reset'\), got 'ignore'"),
         (dict(max_worker_restarts=-1), ValueError, "max_worker_restarts must be an int >= 0, got -1"),
+        (dict(start_method="fork"), ValueError, r"start_method must be one of \('forkserver', 'spawn'\), got 'fork'"),
         (dict(device="cuda"), ValueError, "device must be a CPU device"),
         (dict(init_random_frames=-1), ValueError, "init_random_frames must be an int >= 0, got -1"),
         (dict(replay_buffer="capacity-too-small"), ValueError, "capacity 256 is below one batch"),

@@ -152,7 +152,7 @@ def test_td3_recipe_update_follows_stable_baselines3(fast_loss):
     """
     sb3 = pytest.importorskip("stable_baselines3")
     import gymnasium as gym
-    from stable_baselines3.common.logger import configure
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
     from test_recipes import load_recipe
@@ -170,7 +170,7 @@ def test_td3_recipe_update_follows_stable_baselines3(fast_loss):
                                             tensor_loss(loss) if fast_loss else None)
     model = sb3.TD3("MlpPolicy", env, learning_rate=lr, batch_size=n, target_policy_noise=0.0, seed=0,
                     policy_kwargs={"net_arch": [width, width]}, device="cpu")
-    model.set_logger(configure(None, [""]))
+    model.set_logger(Logger(folder=None, output_formats=[]))  # configure() makes a /tmp/SB3-<date> folder
     model._n_updates = -1  # SB3 counts before it checks the delay: its update i then moves the actor when i is even
     policy = model.policy
     pairs = [(loss.actor_network_params, [policy.actor.mu]),

@@ -31,7 +31,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter  # no
 from torchrl.envs import TransformedEnv  # noqa: E402
 
 from torchrl_unilab import BatchedGymEnv, make_replay_buffer  # noqa: E402
-from torchrl_unilab._residue import pid_alive, sweep_stale  # noqa: E402
+from torchrl_unilab._residue import multiprocessing_helpers, pid_alive, sweep_stale  # noqa: E402
 from torchrl_unilab.collectors.ray_collector import NodeError, RayOffPolicyCollector  # noqa: E402
 
 # Ray actors unpickle this module's env factories (and conftest's fault transform) without importing them.
@@ -380,8 +380,10 @@ def test_the_core_package_imports_without_ray():
 
 def test_no_ray_process_is_left_after_ray_shutdown():
     """Last in the module: the cluster this module started goes away with ``ray.shutdown()``."""
-    # raylet, gcs_server, ray:: workers; node workers are checked by the tests above
-    ray_procs = {pid: cmdline(pid)[:100] for pid in descendants(os.getpid()) if "ray" in cmdline(pid)}
+    # raylet, gcs_server, ray:: workers; node workers are checked by the tests above. Not this process's fork
+    # server: Ray put its paths on sys.path, which the server's command line carries.
+    ray_procs = {pid: cmdline(pid)[:100] for pid in set(descendants(os.getpid())) - multiprocessing_helpers()
+                 if "ray" in cmdline(pid)}
     assert ray_procs, "ray.init started its processes as our children"
     ray.shutdown()
     assert wait_until(lambda: gone(list(ray_procs)), timeout=60), \

@@ -23,6 +23,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from torchrl_unilab._residue import worker_processes
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 
@@ -192,26 +194,14 @@ def test_sac_trains_with_prioritized_replay_and_resumes_its_priorities(tmp_path,
 
 def _kill_a_worker_when_it_runs(stop: threading.Event, killed: list) -> None:
     """SIGKILLs the first worker process of this test's recipe once it has run for 3 s."""
-    from conftest import child_pids
-
     while not stop.is_set() and not killed:
-        for pid in child_pids():
+        for pid in worker_processes(os.getpid()):
             with contextlib.suppress(OSError):
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    spawned = b"spawn_main" in f.read()
-                age = time.time() - os.stat(f"/proc/{pid}").st_mtime
-                if spawned and age > 3.0 and pid not in _tracker():
+                if time.time() - os.stat(f"/proc/{pid}").st_mtime > 3.0:
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
                     return
         time.sleep(0.2)
-
-
-def _tracker() -> set[int]:
-    from multiprocessing import resource_tracker
-
-    pid = getattr(resource_tracker._resource_tracker, "_pid", None)  # noqa: SLF001
-    return {pid} if pid else set()
 
 
 def test_sac_survives_a_killed_worker_logs_the_restart_and_resumes(tmp_path, no_leaks):

@@ -19,11 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import RaiseAfter, linear_policy, wait_until
+from conftest import RaiseAfter, let_worker_write, linear_policy, wait_until
 from tensordict.nn import TensorDictModule
 from torchrl.envs import TransformedEnv
 
 from torchrl_unilab import BatchedGymEnv, OffPolicyCollector, WorkerError, make_replay_buffer
+from torchrl_unilab._residue import worker_processes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import faults  # noqa: E402
@@ -46,19 +47,6 @@ def check_buffer(rb, collector, frames: int, random_frames: int) -> None:
     traj, step = data["collector", "traj_ids"], data["step_count"].squeeze(-1)
     starts = traj[step == 0]
     assert starts.unique().numel() == starts.numel(), "a trajectory id was used twice"
-
-
-def let_worker_write(collector: OffPolicyCollector, idx: int, beyond: int, cap_limit: int) -> bool:
-    """Raises the frame cap one batch at a time until worker ``idx`` has written more than ``beyond`` frames.
-
-    The other worker takes at most a batch per step, so ``idx`` gets frames however late it starts.
-    """
-    control, deadline = collector._control, time.monotonic() + 180  # noqa: SLF001
-    while control.worker_written(idx) <= beyond and time.monotonic() < deadline:
-        if collector.wait_for_frames(control.allowed, timeout=1.0):
-            time.sleep(0.5)
-            collector.allow_frames(min(control.allowed + collector.frames_per_batch, cap_limit))
-    return control.worker_written(idx) > beyond
 
 
 def test_a_sigkilled_worker_is_replaced_with_a_new_seed_stream(no_leaks):
@@ -98,28 +86,27 @@ def test_a_sigkilled_worker_is_replaced_with_a_new_seed_stream(no_leaks):
         collector.shutdown()
 
 
-def test_a_replacement_killed_while_it_starts_is_replaced_again(no_leaks):
-    """SIGKILL of worker 0, then of its replacement the moment it exists, before it has read its arguments.
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_replacement_killed_while_it_starts_is_replaced_again(start_method, no_leaks):
+    """SIGKILL of worker 0, then of its replacement the moment it exists, likely before it has read its arguments.
 
     The arguments (a 600 kB policy) outgrow a pipe's buffer, so the parent is still writing them when the
     replacement dies: multiprocessing's own spawn then blocks in that write forever (found by the soak).
     """
-    from conftest import child_pids
-
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 384), torch.nn.Tanh(), torch.nn.Linear(384, 384), torch.nn.Tanh(),
                               torch.nn.Linear(384, 1), torch.nn.Tanh())
     policy = TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
     rb = make_replay_buffer(4096)
-    collector = pendulum_collector(rb, policy=policy, max_worker_restarts=3)
+    collector = pendulum_collector(rb, policy=policy, max_worker_restarts=3, start_method=start_method)
     try:
         collector.start()
         assert wait_until(lambda: collector._control.worker_written(0) >= 64, timeout=180)  # noqa: SLF001
-        first, known = collector.procs[0].pid, child_pids()
+        first, known = collector.procs[0].pid, worker_processes(os.getpid())
         os.kill(first, signal.SIGKILL)
         deadline, replacement = time.monotonic() + 60, None
         while replacement is None and time.monotonic() < deadline:
-            new = child_pids() - known
+            new = worker_processes(os.getpid()) - known
             if new:
                 replacement = new.pop()
                 os.kill(replacement, signal.SIGKILL)

@@ -13,7 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
-__all__ = ["live_processes", "pid_alive", "sweep_stale"]
+__all__ = ["live_processes", "multiprocessing_helpers", "pid_alive", "sweep_stale", "worker_processes"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -57,6 +57,53 @@ def live_processes(*, parent: int | None = None, session: int | None = None) -> 
             continue
         out.add(int(entry))
     return out
+
+
+def worker_processes(parent: int) -> set[int]:
+    """Ids of the live worker processes that process ``parent`` started, spawned or forked from its fork server.
+
+    Spawned workers are ``parent``'s children; forked ones are the children of
+    the fork server, which is ``parent``'s child. The faults benchmark and the
+    tests pick the workers they kill with it.
+
+    Examples:
+        >>> worker_processes(os.getpid()) <= live_processes()
+        True
+    """
+    found = set()
+    for pid in live_processes(parent=parent):
+        command_line = _command_line(pid)
+        if b"spawn_main" in command_line:
+            found.add(pid)
+        elif b"multiprocessing.forkserver" in command_line:
+            found |= live_processes(parent=pid)
+    return found
+
+
+def multiprocessing_helpers() -> set[int]:
+    """Ids of this process's multiprocessing helpers: its resource tracker and its fork server, if started.
+
+    Both are long-lived stdlib processes that exit with this one (the fork
+    server is the one our workers are forked from); a check for processes left
+    behind leaves them out.
+
+    Examples:
+        >>> os.getpid() in multiprocessing_helpers()
+        False
+    """
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = {getattr(resource_tracker._resource_tracker, "_pid", None),  # noqa: SLF001
+            getattr(forkserver._forkserver, "_forkserver_pid", None)}  # noqa: SLF001
+    return {pid for pid in pids if pid}
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def sweep_stale(directory: str | os.PathLike, prefix: str) -> list[str]:

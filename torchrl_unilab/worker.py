@@ -43,6 +43,7 @@ from torchrl.envs.utils import ExplorationType, RandomPolicy
 from torchrl_unilab.collectors._control import FrameControl
 from torchrl_unilab.collectors._processes import (
     WorkerPool,
+    process_context,
     report_error,
     restore_stderr,
     shut_down_at_exit,
@@ -569,10 +570,12 @@ def _collector_process_main(idx: int, fn_kwargs: dict, stop_event, error_pipe, s
 
 
 class CollectorProcess:
-    """Launches ``off_policy_collector_fn`` in a spawned process, watches it, re-raises its errors.
+    """Launches ``off_policy_collector_fn`` in a worker process, watches it, re-raises its errors.
 
     All keyword arguments go to :func:`off_policy_collector_fn`; ``stop_event`` and
-    ``metrics_queue`` are created when not given. The process is started and
+    ``metrics_queue`` are created when not given. ``ctx`` is the multiprocessing
+    context; by default the process is forked from the fork server, as
+    :class:`~torchrl_unilab.OffPolicyCollector`'s workers are (``start_method``). The process is started and
     watched by the collector's own worker pool, so an error reaches the learner
     as it does from :class:`~torchrl_unilab.OffPolicyCollector`'s workers: a
     :class:`~torchrl_unilab.WorkerError` with the subprocess's traceback, or
@@ -592,7 +595,7 @@ class CollectorProcess:
         unknown = sorted(set(fn_kwargs) - accepted)
         if unknown:
             raise TypeError(f"off_policy_collector_fn() got an unexpected keyword argument {unknown[0]!r}")
-        self.ctx = ctx or mp.get_context("spawn")
+        self.ctx = ctx or process_context()
         stop_event = fn_kwargs.pop("stop_event", None)
         fn_kwargs.setdefault("metrics_queue", self.ctx.Queue(maxsize=64))
         self.metrics_queue = fn_kwargs["metrics_queue"]

@@ -1,16 +1,17 @@
 """Worker lifecycle: start, watch, stop, and carry errors to the parent.
 
-Workers are spawned processes, or threads of the parent for env *instances*
+Workers are processes forked from multiprocessing's fork server (or spawned:
+:func:`process_context`), or threads of the parent for env *instances*
 (a live ``ParallelEnv`` cannot be pickled into another process; its own
 processes do the physics, so a thread that drives it costs the learner little).
 
-Two things make a failed start readable. Each process's stderr goes to an
-unlinked temporary file until its entry point runs, and the entry point then
-restores the parent's stderr: what a worker printed while the interpreter
-bootstrapped (e.g. the error that a script without an
-``if __name__ == "__main__":`` guard gets under spawn) is kept and shown.
-And each worker marks that it reached its entry point, so an exit before that
-is reported as a start-up failure rather than a crash.
+Two things make a failed start readable. Each worker marks that it reached
+its entry point, so an exit before that is reported as a start-up failure
+(with a hint at the ``if __name__ == "__main__":`` guard) rather than a crash.
+And a spawned process's stderr goes to an unlinked temporary file until its
+entry point runs, which then restores the parent's stderr: what it printed
+while the interpreter bootstrapped is kept and shown in the error. A forked
+worker prints on the fork server's stderr, which is the parent's.
 
 With a :class:`RestartPolicy`, the watcher that sees a worker die (its
 reported exception, or an exit it did not explain) replaces it with a new
@@ -49,8 +50,8 @@ __all__ = ["RestartPolicy", "WorkerError", "WorkerPool", "report_error", "restor
            "worker_started"]
 
 _BOOTSTRAP_HINT = (
-    "it exited before reaching its entry point. Under the 'spawn' start method each worker re-imports the "
-    "script that created the collector, so the code that builds the collector must sit under "
+    "it exited before reaching its entry point. Each worker re-imports the script that created the "
+    "collector while it starts, so the code that builds the collector must sit under "
     "`if __name__ == \"__main__\":`."
 )
 _STDERR_TAIL = 4000
@@ -62,6 +63,43 @@ _DIED_STARTING = "process died while it started, before it read its arguments"
 
 # A child of TorchRL's logger, as the collector's: restarts are logged beside TorchRL's own lines.
 _log = logging.getLogger("torchrl.unilab")
+
+
+#: Accepted ``start_method`` values of process workers.
+START_METHODS = ("forkserver", "spawn")
+#: What the fork server imports once, so that each worker forked from it starts with them loaded.
+_FORKSERVER_PRELOAD = ["torchrl_unilab.collectors._worker", "torchrl_unilab.worker"]
+
+
+def process_context(start_method: str = "forkserver") -> mp.context.BaseContext:
+    """The multiprocessing context that process workers start in.
+
+    ``"forkserver"`` (the default) forks each worker from one server process,
+    which imported torch, TorchRL and this package once, when the first
+    worker started. A worker that is spawned instead imports them itself, about
+    7 s on 2 cores. A 2-worker Pendulum collector, from construction to its last
+    batch, took 0.26 to 0.36 s forked from the server, against 5.9 to 9.0 s
+    spawned (2026-12-01, 3 rounds each, one machine). The cost is the same for a
+    worker that replaces a dead one. Like spawn, and unlike fork, a worker
+    shares no threads or locks with the learner, and it re-imports the main
+    script, so the ``if __name__ == "__main__":`` guard is still needed. The
+    server has the environment variables that the first start saw. Use
+    ``"spawn"`` where a worker must see variables set later.
+
+    Examples:
+        >>> process_context().get_start_method()
+        'forkserver'
+        >>> process_context("fork")
+        Traceback (most recent call last):
+        ...
+        ValueError: start_method must be one of ('forkserver', 'spawn'), got 'fork'
+    """
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
+    return ctx
 
 
 class WorkerError(RuntimeError):
@@ -139,8 +177,8 @@ def _detach_fd(dup) -> int:
 
 
 def restore_stderr(stderr_fd: int | None) -> None:
-    """Worker side: points fd 2 back at the parent's stderr once bootstrapping is over."""
-    if stderr_fd is None:
+    """Worker side: points fd 2 back at the parent's stderr once bootstrapping is over (-1: it is already)."""
+    if stderr_fd is None or stderr_fd < 0:
         return
     with contextlib.suppress(OSError):
         sys.stderr.flush()
@@ -214,7 +252,7 @@ class WorkerPool:
     registers with :func:`shut_down_at_exit`.
 
     Args:
-        ctx: multiprocessing context (``spawn``).
+        ctx: multiprocessing context (:func:`process_context`: forkserver or spawn).
         target: the worker entry point; called as
             ``target(idx, *args, stop_event, error_pipe, started, stderr_fd)``;
             a worker that fails sends ``(idx, message, traceback)`` on its
@@ -287,8 +325,11 @@ class WorkerPool:
 
     def _process(self, idx: int, args: Sequence) -> mp.process.BaseProcess:
         common = (idx, *args, self.stop_event, self._error_writers[idx], self.started)
-        process = _SpawnProcess if self.ctx.get_start_method() == "spawn" else self.ctx.Process
-        return process(target=self.target, args=(*common, self._parent_stderr[idx]),
+        if self.ctx.get_start_method() == "spawn":
+            process, parent_stderr = _SpawnProcess, self._parent_stderr[idx]
+        else:  # forked from the fork server, whose fd 2 is the parent's stderr already
+            process, parent_stderr = self.ctx.Process, -1
+        return process(target=self.target, args=(*common, parent_stderr),
                        name=f"{self.name}-worker-{idx}", daemon=False)
 
     def _watch(self) -> None:
@@ -390,6 +431,8 @@ class WorkerPool:
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         stderr = self._stderr_tail(idx)
         if not self.started[idx]:
+            if self._stderr_files[idx] is None:  # forked: what it printed is on this process's stderr
+                return WorkerError(idx, f"process {how}: {_BOOTSTRAP_HINT}", "(its stderr is this process's stderr)")
             return WorkerError(idx, f"process {how}: {_BOOTSTRAP_HINT}",
                                f"(worker stderr while starting)\n{stderr or '(empty)'}")
         return WorkerError(idx, f"process {how} without reporting an exception", stderr or "(no traceback)")
@@ -539,13 +582,16 @@ class _SpawnProcess(mp.context.SpawnProcess):
         return _SpawnPopen(process_obj)
 
 
-def _start_with_captured_stderr(proc: mp.process.BaseProcess, parent_stderr: _InheritedFd) -> int:
+def _start_with_captured_stderr(proc: mp.process.BaseProcess, parent_stderr: _InheritedFd) -> int | None:
     """Starts ``proc`` with fd 2 on an unlinked temporary file; returns a read fd on that file.
 
     The file is unlinked at once, so nothing is left behind whatever happens to
     either process. The child points fd 2 back at the parent's stderr (passed
     to it as an argument) as soon as its entry point runs.
     """
+    if proc._start_method != "spawn":  # noqa: SLF001
+        proc.start()
+        return None
     fd, path = tempfile.mkstemp(prefix="torchrl_unilab_stderr_")
     os.unlink(path)
     saved = os.dup(2)
