@@ -302,7 +302,7 @@ if __name__ == "__main__":
                            replay_buffer=make_replay_buffer(1000))
     c.start()
     c.wait_for_frames(128, timeout=60)
-    print(c.procs[0].pid, flush=True)
+    print("worker pid", c.procs[0].pid, flush=True)
     os._exit(0)  # the parent dies without shutdown()
 """
 
@@ -317,7 +317,8 @@ def test_workers_exit_when_the_parent_dies(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                          env=env)
-    worker_pid = int(out.stdout.split()[-1])
+    assert "worker pid " in out.stdout, out.stdout + out.stderr[-3000:]
+    worker_pid = int(out.stdout.split("worker pid ")[1].split()[0])
 
     def gone() -> bool:
         try:
@@ -328,3 +329,8 @@ def test_workers_exit_when_the_parent_dies(tmp_path):
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 
     assert wait_until(gone, timeout=5), "an orphaned worker kept running"
+    # The killed parent's multiprocessing directory (its fork server's socket) stays, and the next start sweeps it.
+    assert [p.name for p in tmp_path.glob("tul_mp_*")], "the killed parent left no directory to sweep"
+    sweep = "from torchrl_unilab.collectors._processes import process_context; process_context()"
+    subprocess.run([sys.executable, "-c", sweep], check=True, timeout=120, env=env)
+    assert not list(tmp_path.glob("tul_mp_*")), "neither swept nor removed at exit"

@@ -120,6 +120,30 @@ def test_a_replacement_killed_while_it_starts_is_replaced_again(start_method, no
         collector.shutdown()
 
 
+def die_after_its_first_write(marker: str):
+    """A ``post_collect_hook``: the first worker to run it is SIGKILLed after its batch is in the buffer."""
+    def hook(batch):
+        if not os.path.exists(marker):
+            Path(marker).touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+    return hook
+
+
+def test_a_worker_killed_after_its_write_and_before_its_count_loses_no_frame(tmp_path, no_leaks):
+    """The batch was committed to the buffer, its count not made: the parent finds its rows and counts them."""
+    rb = make_replay_buffer(4096)
+    collector = pendulum_collector(rb, post_collect_hook=die_after_its_first_write(str(tmp_path / "died")))
+    try:
+        collector.start()
+        assert collector.wait_for_frames(2048, timeout=180)
+        metrics = collector.metrics()
+        assert metrics["worker_restarts"] == 1 and metrics["frames_lost"] == 0
+        assert sum(w["frames"] for w in metrics["workers"]) == 2048
+        check_buffer(rb, collector, 2048, 512)
+    finally:
+        collector.shutdown()
+
+
 def env_raising_once(marker: str):
     return TransformedEnv(BatchedGymEnv("Pendulum-v1", 4), RaiseAfter(40, "boom from the env", marker))
 

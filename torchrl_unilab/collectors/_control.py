@@ -30,7 +30,7 @@ from torchrl_unilab._sync import ProcessLock
 __all__ = ["FrameControl"]
 
 _ALLOWED, _CLAIMED, _WRITTEN, _TOTAL = range(4)
-_IN_FLIGHT, _W_WRITTEN, _W_RANDOM = range(3)
+_IN_FLIGHT, _W_WRITTEN, _W_RANDOM, _P_SET, _P_TRAJ, _P_STEP, _P_RANDOM = range(7)
 _UNLIMITED = 2**62
 
 
@@ -92,8 +92,9 @@ class FrameControl:
         reserved = [-(-share // frames_per_batch) * frames_per_batch for share in random_frames or [0]]
         self._reserved = torch.tensor(reserved, dtype=torch.int64).share_memory_()
         self.frames_per_batch = frames_per_batch
-        # Per worker: frames claimed and not yet written, frames written, random frames written.
-        self._workers = torch.zeros(len(reserved), 3, dtype=torch.int64).share_memory_()
+        # Per worker: frames claimed and not yet written, frames written, random frames written; then the
+        # batch it is writing into the buffer and has not counted yet (a flag, its first row's ids, random frames).
+        self._workers = torch.zeros(len(reserved), 7, dtype=torch.int64).share_memory_()
 
     @property
     def allowed(self) -> int:
@@ -145,6 +146,26 @@ class FrameControl:
             row[_IN_FLIGHT] = max(0, int(row[_IN_FLIGHT]) - frames)
             row[_W_WRITTEN] += frames
             row[_W_RANDOM] += random_frames
+            row[_P_SET] = 0
+
+    def writing_(self, worker_idx: int, first_row: tuple[int, int], random_frames: int) -> None:
+        """Worker side, just before a buffer write: the batch's first row (trajectory id, step count).
+
+        A worker killed after its rows were committed and before :meth:`written_`
+        counted them leaves this record: the parent looks the row up in the
+        buffer (:meth:`pending_write`) and counts the batch if it is there.
+        """
+        row = self._workers[worker_idx]
+        row[_P_TRAJ], row[_P_STEP], row[_P_RANDOM] = first_row[0], first_row[1], random_frames
+        row[_P_SET] = 1  # last: a record is whole once flagged
+
+    def pending_write(self, worker_idx: int) -> tuple[int, int, int] | None:
+        """Parent side, once worker ``worker_idx`` is dead: ``(trajectory id, step count, random frames)`` of the
+        batch it had started writing into the buffer and not counted, or None."""
+        row = self._workers[worker_idx]
+        if not int(row[_P_SET]):
+            return None
+        return int(row[_P_TRAJ]), int(row[_P_STEP]), int(row[_P_RANDOM])
 
     def worker_written(self, worker_idx: int) -> int:
         """Frames worker ``worker_idx`` wrote so far (over all its restarts)."""
@@ -165,6 +186,7 @@ class FrameControl:
         with self._lock:
             lost = int(self._workers[worker_idx, _IN_FLIGHT])
             self._workers[worker_idx, _IN_FLIGHT] = 0
+            self._workers[worker_idx, _P_SET] = 0
             self._state[_CLAIMED] -= lost
             self._reserved[worker_idx] = -(-random_frames // self.frames_per_batch) * self.frames_per_batch
             return lost

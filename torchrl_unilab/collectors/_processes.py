@@ -29,7 +29,9 @@ import io
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
+import multiprocessing.util
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -44,6 +46,7 @@ from typing import Any
 
 import torch
 
+from torchrl_unilab._residue import sweep_stale
 from torchrl_unilab._sync import StopFlag
 
 __all__ = ["RestartPolicy", "WorkerError", "WorkerPool", "report_error", "restore_stderr", "shut_down_at_exit",
@@ -69,6 +72,9 @@ _log = logging.getLogger("torchrl.unilab")
 START_METHODS = ("forkserver", "spawn")
 #: What the fork server imports once, so that each worker forked from it starts with them loaded.
 _FORKSERVER_PRELOAD = ["torchrl_unilab.collectors._worker", "torchrl_unilab.worker"]
+#: multiprocessing's temporary directory (the fork server's socket) is ``{prefix}{pid}_...``: swept once pid is gone.
+#: Short: the socket's whole path must fit in 108 bytes (AF_UNIX), under a TMPDIR that may be long already.
+MP_DIR_PREFIX = "tul_mp_"
 
 
 def process_context(start_method: str = "forkserver") -> mp.context.BaseContext:
@@ -99,7 +105,27 @@ def process_context(start_method: str = "forkserver") -> mp.context.BaseContext:
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
+        _name_the_temp_dir()
     return ctx
+
+
+def _name_the_temp_dir() -> None:
+    """Makes multiprocessing's temporary directory, which holds the fork server's socket, one we can sweep.
+
+    multiprocessing removes its ``pymp-*`` directory when the process exits,
+    and leaves it when the process is killed (a Ray node actor, a SIGKILLed
+    run): 56 of them after an hour of the suite and its loops, with this server
+    (2026-12-01). Named after the pid, a dead process's one is removed at the
+    next start, as the buffer's scratch directories are.
+    """
+    config = mp.current_process()._config  # noqa: SLF001 - where multiprocessing.util.get_temp_dir keeps it
+    if config.get("tempdir") is not None:
+        return
+    sweep_stale(tempfile.gettempdir(), MP_DIR_PREFIX)
+    path = tempfile.mkdtemp(prefix=f"{MP_DIR_PREFIX}{os.getpid()}_")
+    # exitpriority -100, as multiprocessing's own: after the finalizers that still use the socket
+    mp.util.Finalize(None, shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, exitpriority=-100)
+    config["tempdir"] = path
 
 
 class WorkerError(RuntimeError):

@@ -391,11 +391,15 @@ class WorkerLoop:
                 batch = self.finite_rows(batch.select(*cfg.row_keys, strict=True))
                 if hooks.postproc is not None:
                     batch = hooks.postproc(batch)
+                random_frames = int((versions == RANDOM_VERSION).sum())
                 if len(batch):  # every row of it may have been dropped
+                    if self.control is not None and TRAJ_KEY in batch.keys(True) and STEP_KEY in batch.keys():
+                        # what the parent looks for in the buffer should this process die before counting
+                        self.control.writing_(self.idx, (int(batch[TRAJ_KEY][0]), int(batch[STEP_KEY][0])),
+                                              random_frames)
                     self.rb.extend(batch)
             if hooks.after_batch is not None:
                 hooks.after_batch(batch)
-            random_frames = int((versions == RANDOM_VERSION).sum())
             if self.control is not None:
                 self.control.written_(cfg.frames_per_batch, self.idx, random_frames)
             totals = phase.take_totals()

@@ -16,7 +16,7 @@ from typing import Any
 
 import cloudpickle
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.collectors import MultiAsyncCollector
@@ -37,6 +37,7 @@ from torchrl_unilab.collectors._processes import (
 )
 from torchrl_unilab.collectors._worker import (
     NONFINITE_MODES,
+    STEP_KEY,
     TRAJ_KEY,
     WorkerConfig,
     as_batched_env,
@@ -44,6 +45,7 @@ from torchrl_unilab.collectors._worker import (
     worker_main,
 )
 from torchrl_unilab.collectors.metrics import CollectorMetrics
+from torchrl_unilab.data.buffer_writer import CommitWriter
 from torchrl_unilab.data.replay_buffer import init_storage, storage_keys, writer_keys
 from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
@@ -182,7 +184,8 @@ class OffPolicyCollector(MultiAsyncCollector):
             the first failure raises :class:`~torchrl_unilab.WorkerError`. A replacement
             continues the worker's env seed stream (no seed is reused), loads the current
             weights and is owed the worker's random frames not yet written; the batch the
-            dead worker was collecting is lost, and not counted. A worker that fails once
+            dead worker was collecting is lost, and not counted (one it had written into a
+            ``make_replay_buffer`` buffer and not yet counted is found there and counted). A worker that fails once
             more, or 3 times within 60 s, raises a ``WorkerError`` with every traceback seen.
             Workers that step an env instance in a thread are not restarted.
         start_method: how worker processes start. ``"forkserver"`` (default): each is forked
@@ -516,13 +519,36 @@ class OffPolicyCollector(MultiAsyncCollector):
         Called by the pool once the dead process is gone: its claimed, unwritten
         batch is handed back (lost, not counted), and the replacement gets the
         next seed stream and the random frames the worker has not written yet.
+        A batch it had written into the buffer and not yet counted is counted.
         """
+        pending = self._control.pending_write(worker_idx)
+        if pending is not None and self._buffer_holds_row(*pending[:2]):
+            self._control.written_(self.frames_per_batch, worker_idx, pending[2])
+            self._metrics.add(worker_idx, frames=self.frames_per_batch, random_frames=pending[2])
         owed = max(0, self._random_shares[worker_idx] - self._control.random_written(worker_idx))
         self.frames_lost += self._control.release(worker_idx, owed)
         config = args[0]
         random_frames, streams = list(config.random_frames), list(config.streams or [0] * self.num_workers)
         random_frames[worker_idx], streams[worker_idx] = owed, restarts
         return (dataclasses.replace(config, random_frames=random_frames, streams=streams), *args[1:])
+
+    def _buffer_holds_row(self, traj_id: int, step_count: int) -> bool:
+        """Whether the replay buffer holds the row with these trajectory id and step count.
+
+        Only for :class:`~torchrl_unilab.data.buffer_writer.CommitWriter` buffers: taking
+        their lock first repairs a dead writer's half-written slots, and a TorchRL
+        ``mp.Lock`` that a killed writer held is never released. Elsewhere: False.
+        """
+        rb = self.replay_buffer
+        data = getattr(getattr(rb, "_storage", None), "_storage", None)
+        if not isinstance(getattr(rb, "_writer", None), CommitWriter) or not is_tensor_collection(data):
+            return False
+        with rb._write_lock:  # noqa: SLF001
+            rows = len(rb._storage)  # noqa: SLF001
+            if TRAJ_KEY not in data.keys(True) or STEP_KEY not in data.keys():
+                return False
+            same_traj = data.get(TRAJ_KEY)[:rows].reshape(-1) == traj_id
+            return bool((same_traj & (data.get(STEP_KEY)[:rows].reshape(-1) == step_count)).any())
 
     def _close_probe(self) -> None:
         probe, self._probe_env = self._probe_env, None
