@@ -51,7 +51,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from torchrl_unilab import make_replay_buffer  # noqa: E402
-from torchrl_unilab._residue import live_processes, multiprocessing_helpers, worker_processes  # noqa: E402
+from torchrl_unilab._residue import command_line, live_processes, multiprocessing_helpers, worker_processes  # noqa: E402
 
 CTX = mp.get_context("spawn")
 #: Columns of an id-stamped row: (key, per-row shape, dtype).
@@ -512,16 +512,10 @@ class WorkerKiller(threading.Thread):
                 self.stop.wait(0.05)
 
 
-def _processes(command_line: bytes, *, parent: int | None = None) -> set[int]:
-    """Live processes whose command line holds ``command_line`` (among ``parent``'s children if given)."""
+def _processes(text: bytes, *, parent: int | None = None) -> set[int]:
+    """Live processes whose command line holds ``text`` (among ``parent``'s children if given)."""
     pids = live_processes(parent=parent) if parent is not None else {int(e) for e in os.listdir("/proc") if e.isdigit()}
-    found = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if command_line in f.read():
-                    found.add(pid)
-    return found
+    return {pid for pid in pids if text in command_line(pid)}
 
 
 def _last_scalar(run_dir: Path, name: str, column: int = -1) -> float | None:

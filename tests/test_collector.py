@@ -331,6 +331,7 @@ def test_workers_exit_when_the_parent_dies(tmp_path):
     assert wait_until(gone, timeout=5), "an orphaned worker kept running"
     # The killed parent's multiprocessing directory (its fork server's socket) stays, and the next start sweeps it.
     assert [p.name for p in tmp_path.glob("tul_mp_*")], "the killed parent left no directory to sweep"
-    sweep = "from torchrl_unilab.collectors._processes import process_context; process_context()"
+    sweep = ("from torchrl_unilab.collectors._processes import WorkerPool, process_context\n"
+             "pool = WorkerPool(process_context(), target=print, args=(), num_workers=0); pool.start(); pool.stop()")
     subprocess.run([sys.executable, "-c", sweep], check=True, timeout=120, env=env)
     assert not list(tmp_path.glob("tul_mp_*")), "neither swept nor removed at exit"

@@ -13,7 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
-__all__ = ["live_processes", "multiprocessing_helpers", "pid_alive", "sweep_stale", "worker_processes"]
+__all__ = ["command_line", "live_processes", "multiprocessing_helpers", "pid_alive", "sweep_stale", "worker_processes"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -72,10 +72,10 @@ def worker_processes(parent: int) -> set[int]:
     """
     found = set()
     for pid in live_processes(parent=parent):
-        command_line = _command_line(pid)
-        if b"spawn_main" in command_line:
+        line = command_line(pid)
+        if b"spawn_main" in line:
             found.add(pid)
-        elif b"multiprocessing.forkserver" in command_line:
+        elif b"multiprocessing.forkserver" in line:
             found |= live_processes(parent=pid)
     return found
 
@@ -98,7 +98,13 @@ def multiprocessing_helpers() -> set[int]:
     return {pid for pid in pids if pid}
 
 
-def _command_line(pid: int) -> bytes:
+def command_line(pid: int) -> bytes:
+    """Process ``pid``'s command line as ``/proc`` has it (arguments separated by NUL), or ``b""`` if it is gone.
+
+    Examples:
+        >>> b"python" in command_line(os.getpid())
+        True
+    """
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read()

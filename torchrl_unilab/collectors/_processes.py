@@ -78,7 +78,7 @@ MP_DIR_PREFIX = "tul_mp_"
 
 
 def process_context(start_method: str = "forkserver") -> mp.context.BaseContext:
-    """The multiprocessing context that process workers start in.
+    """The multiprocessing context that process workers start in; refuses an unknown ``start_method``.
 
     ``"forkserver"`` (the default) forks each worker from one server process,
     which imported torch, TorchRL and this package once, when the first
@@ -102,15 +102,11 @@ def process_context(start_method: str = "forkserver") -> mp.context.BaseContext:
     """
     if start_method not in START_METHODS:
         raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
-    ctx = mp.get_context(start_method)
-    if start_method == "forkserver":
-        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
-        _name_the_temp_dir()
-    return ctx
+    return mp.get_context(start_method)
 
 
-def _name_the_temp_dir() -> None:
-    """Makes multiprocessing's temporary directory, which holds the fork server's socket, one we can sweep.
+def _prepare_fork_server() -> None:
+    """Before the fork server starts: what it preloads, and a temporary directory we can sweep.
 
     multiprocessing removes its ``pymp-*`` directory when the process exits,
     and leaves it when the process is killed (a Ray node actor, a SIGKILLed
@@ -118,6 +114,7 @@ def _name_the_temp_dir() -> None:
     (2026-12-01). Named after the pid, a dead process's one is removed at the
     next start, as the buffer's scratch directories are.
     """
+    mp.set_forkserver_preload(_FORKSERVER_PRELOAD)
     config = mp.current_process()._config  # noqa: SLF001 - where multiprocessing.util.get_temp_dir keeps it
     if config.get("tempdir") is not None:
         return
@@ -305,6 +302,8 @@ class WorkerPool:
                  in_thread: Sequence[bool] | None = None, stop_event: Any = None,
                  restart: RestartPolicy | None = None) -> None:
         self.ctx = ctx
+        # Spawned processes get their stderr kept until they start; forked ones print on the server's, ours.
+        self._spawns = ctx.get_start_method() == "spawn"
         self.target, self.args, self.name = target, tuple(args), name
         self.restart = restart or RestartPolicy()
         #: Restarts of each worker so far.
@@ -337,12 +336,14 @@ class WorkerPool:
 
     def start(self) -> None:
         """Starts every worker and the watcher thread."""
+        if self.ctx.get_start_method() == "forkserver":
+            _prepare_fork_server()
         for i, proc in enumerate(self.procs):
             if isinstance(proc, _ThreadWorker):
                 proc.start()
             else:
                 try:
-                    self._stderr_files[i] = _start_with_captured_stderr(proc, self._parent_stderr[i])
+                    self._start_process(i, proc)
                 except OSError as err:
                     raise WorkerError(i, f"{_DIED_STARTING} ({err})", "(no traceback)") from err
                 self._error_writers[i].close()  # the child has its own copy: EOF here once it exits
@@ -351,12 +352,18 @@ class WorkerPool:
 
     def _process(self, idx: int, args: Sequence) -> mp.process.BaseProcess:
         common = (idx, *args, self.stop_event, self._error_writers[idx], self.started)
-        if self.ctx.get_start_method() == "spawn":
+        if self._spawns:
             process, parent_stderr = _SpawnProcess, self._parent_stderr[idx]
         else:  # forked from the fork server, whose fd 2 is the parent's stderr already
             process, parent_stderr = self.ctx.Process, -1
         return process(target=self.target, args=(*common, parent_stderr),
                        name=f"{self.name}-worker-{idx}", daemon=False)
+
+    def _start_process(self, idx: int, proc: mp.process.BaseProcess) -> None:
+        if self._spawns:
+            self._stderr_files[idx] = _start_with_captured_stderr(proc, self._parent_stderr[idx])
+        else:
+            proc.start()
 
     def _watch(self) -> None:
         while not self._stopping:
@@ -440,7 +447,7 @@ class WorkerPool:
         _log.warning(f"{self.name}: worker {idx} failed ({error._message.splitlines()[0]}); restarting it "  # noqa: SLF001
                      f"(restart {self.restarts[idx]} of at most {self.restart.max_restarts} for this worker)")
         try:
-            self._stderr_files[idx] = _start_with_captured_stderr(proc, self._parent_stderr[idx])
+            self._start_process(idx, proc)
         except OSError:  # it died before it read its arguments (_SpawnPopen)
             writer.close()
             return False
@@ -457,7 +464,7 @@ class WorkerPool:
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         stderr = self._stderr_tail(idx)
         if not self.started[idx]:
-            if self._stderr_files[idx] is None:  # forked: what it printed is on this process's stderr
+            if not self._spawns:  # forked: what it printed is on this process's stderr
                 return WorkerError(idx, f"process {how}: {_BOOTSTRAP_HINT}", "(its stderr is this process's stderr)")
             return WorkerError(idx, f"process {how}: {_BOOTSTRAP_HINT}",
                                f"(worker stderr while starting)\n{stderr or '(empty)'}")
@@ -608,16 +615,13 @@ class _SpawnProcess(mp.context.SpawnProcess):
         return _SpawnPopen(process_obj)
 
 
-def _start_with_captured_stderr(proc: mp.process.BaseProcess, parent_stderr: _InheritedFd) -> int | None:
+def _start_with_captured_stderr(proc: mp.process.BaseProcess, parent_stderr: _InheritedFd) -> int:
     """Starts ``proc`` with fd 2 on an unlinked temporary file; returns a read fd on that file.
 
     The file is unlinked at once, so nothing is left behind whatever happens to
     either process. The child points fd 2 back at the parent's stderr (passed
     to it as an argument) as soon as its entry point runs.
     """
-    if proc._start_method != "spawn":  # noqa: SLF001
-        proc.start()
-        return None
     fd, path = tempfile.mkstemp(prefix="torchrl_unilab_stderr_")
     os.unlink(path)
     saved = os.dup(2)

@@ -16,7 +16,7 @@ from typing import Any
 
 import cloudpickle
 import torch
-from tensordict import TensorDict, TensorDictBase, is_tensor_collection
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.collectors import MultiAsyncCollector
@@ -45,8 +45,7 @@ from torchrl_unilab.collectors._worker import (
     worker_main,
 )
 from torchrl_unilab.collectors.metrics import CollectorMetrics
-from torchrl_unilab.data.buffer_writer import CommitWriter
-from torchrl_unilab.data.replay_buffer import init_storage, storage_keys, writer_keys
+from torchrl_unilab.data.replay_buffer import holds_row, init_storage, storage_keys, writer_keys
 from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
 from torchrl_unilab.envs.torchrl_stack import check_engine, choose_env_stack
@@ -522,7 +521,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         A batch it had written into the buffer and not yet counted is counted.
         """
         pending = self._control.pending_write(worker_idx)
-        if pending is not None and self._buffer_holds_row(*pending[:2]):
+        if pending is not None and holds_row(self.replay_buffer, {TRAJ_KEY: pending[0], STEP_KEY: pending[1]}):
             self._control.written_(self.frames_per_batch, worker_idx, pending[2])
             self._metrics.add(worker_idx, frames=self.frames_per_batch, random_frames=pending[2])
         owed = max(0, self._random_shares[worker_idx] - self._control.random_written(worker_idx))
@@ -531,24 +530,6 @@ class OffPolicyCollector(MultiAsyncCollector):
         random_frames, streams = list(config.random_frames), list(config.streams or [0] * self.num_workers)
         random_frames[worker_idx], streams[worker_idx] = owed, restarts
         return (dataclasses.replace(config, random_frames=random_frames, streams=streams), *args[1:])
-
-    def _buffer_holds_row(self, traj_id: int, step_count: int) -> bool:
-        """Whether the replay buffer holds the row with these trajectory id and step count.
-
-        Only for :class:`~torchrl_unilab.data.buffer_writer.CommitWriter` buffers: taking
-        their lock first repairs a dead writer's half-written slots, and a TorchRL
-        ``mp.Lock`` that a killed writer held is never released. Elsewhere: False.
-        """
-        rb = self.replay_buffer
-        data = getattr(getattr(rb, "_storage", None), "_storage", None)
-        if not isinstance(getattr(rb, "_writer", None), CommitWriter) or not is_tensor_collection(data):
-            return False
-        with rb._write_lock:  # noqa: SLF001
-            rows = len(rb._storage)  # noqa: SLF001
-            if TRAJ_KEY not in data.keys(True) or STEP_KEY not in data.keys():
-                return False
-            same_traj = data.get(TRAJ_KEY)[:rows].reshape(-1) == traj_id
-            return bool((same_traj & (data.get(STEP_KEY)[:rows].reshape(-1) == step_count)).any())
 
     def _close_probe(self) -> None:
         probe, self._probe_env = self._probe_env, None

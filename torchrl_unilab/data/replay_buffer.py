@@ -16,9 +16,10 @@ import os
 import shutil
 import tempfile
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 
-from tensordict import TensorDictBase
+from tensordict import NestedKey, TensorDictBase, unravel_key
 import torch
 from torchrl.data import LazyMemmapStorage, ReplayBuffer
 from torchrl.data.replay_buffers.writers import TensorDictMaxValueWriter, TensorDictRoundRobinWriter
@@ -27,7 +28,8 @@ from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 from torchrl_unilab._residue import sweep_stale
 from torchrl_unilab.data.buffer_writer import CommitWriter
 
-__all__ = ["buffer_lock", "make_replay_buffer", "init_storage", "storage_keys", "owned_scratch_dir", "writer_keys"]
+__all__ = ["buffer_lock", "holds_row", "make_replay_buffer", "init_storage", "storage_keys", "owned_scratch_dir",
+           "writer_keys"]
 
 _OWNED_DIR_ATTR = "_torchrl_unilab_owned_dir"
 #: Temporary scratch directories are named ``{prefix}{pid}_...`` after their creator.
@@ -228,3 +230,37 @@ class buffer_lock:  # noqa: N801 - used like a function: ``with buffer_lock(rb):
             write_lock.release()
         finally:
             replay_lock.release()
+
+
+def holds_row(replay_buffer: ReplayBuffer, values: Mapping[NestedKey, int]) -> bool:
+    """Whether a buffer of :func:`make_replay_buffer` holds a row with these values (one element per row each).
+
+    Looked up under :class:`buffer_lock`, whose acquisition first repairs the
+    slots a dead writer left half-written. The collector asks it of a dead
+    worker's last batch (its first row's trajectory id and step count): rows
+    committed before the worker counted them are counted, not lost. Other
+    buffers answer ``False``: a TorchRL ``mp.Lock`` that a killed writer held is
+    never released, so theirs is not taken.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> rb = make_replay_buffer(10)
+        >>> _ = rb.extend(TensorDict({"step_count": torch.arange(4)}, [4]))
+        >>> holds_row(rb, {"step_count": 2}), holds_row(rb, {"step_count": 7}), holds_row(rb, {"other": 2})
+        (True, False, False)
+    """
+    if not isinstance(getattr(replay_buffer, "_writer", None), CommitWriter):  # TorchRL keeps the writer private
+        return False
+    keys = storage_keys(replay_buffer)
+    if keys is None:
+        return False
+    if any(unravel_key(key) not in keys for key in values):
+        return False
+    storage = replay_buffer.storage
+    with buffer_lock(replay_buffer):
+        rows = len(storage)
+        found = torch.ones(rows, dtype=torch.bool)
+        for key, value in values.items():
+            found &= storage._storage.get(key)[:rows].reshape(-1) == value  # noqa: SLF001
+        return bool(found.any())
