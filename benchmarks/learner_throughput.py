@@ -1,29 +1,38 @@
-"""Learner throughput: the recipe's SAC update step against a plain TorchRL SACLoss loop, and end to end.
+"""Learner throughput: the recipe's SAC update against TorchRL's loop and the machine's limit, and end to end.
 
-In one run, on one torch thread, batch 256, 256x256 networks, HalfCheetah-v5 sizes:
+In one run, on one torch thread unless said otherwise, batch 256, 256x256 networks, HalfCheetah-v5 sizes:
 
 * ``plain``: the loop of TorchRL's ``sota-implementations/sac`` -- ``rb.sample()``,
   ``SACLoss``, three ``Adam`` optimizers (actor, critic, alpha), ``SoftUpdate``;
 * ``recipe_loss_module``: the update of ``recipes/sac.py`` -- ``BufferSampler``, one fused Adam over
   every parameter, ``SoftUpdate`` -- calling ``SACLoss`` itself;
-* ``recipe``: the same with the tensor-level loss (``fast_loss=True``, the default);
+* ``recipe``: the same with the tensor-level loss (``fast_loss=True``, the default),
+  and ``recipe_2t`` on two threads;
+* ``td3_recipe``: the update of ``recipes/td3.py`` with its defaults ([400, 300], the
+  actor every second update);
 * ``recipe_compiled``: the same under ``torch.compile`` (``--no-compile`` skips it);
 * ``recipe_prefetch`` (``--prefetch``): the same with the next batch sampled by a
   thread while the update runs, and ``sample_ms``, one batch's sampling: what
   overlapping sampling with the update buys on a CPU;
-* ``e2e``: ``recipes/sac.py`` on HalfCheetah-v5 at ``utd_ratio=1``, env
-  frames per second once learning has started;
-* ``sb3``: Stable-Baselines3's SAC on the same task, sizes and thread count
+* the limit (issue 19): an update's matrix products (:func:`update_matmuls`), each at
+  the best rate ``torch.mm`` reaches on its shape, on 1 and 2 threads
+  (``limit_ups_*``), and the recipe's update as a fraction of it
+  (``recipe_fraction_of_limit_1t``, ``td3_fraction_of_limit_1t``); ``--profile``
+  adds where an update's milliseconds go (``profile_ms``);
+* ``e2e``: ``recipes/sac.py`` on HalfCheetah-v5 at ``utd_ratio=1``, env frames per
+  second once learning has started, with ``optim.num_threads=auto`` and ``=1`` in
+  alternating runs (``e2e_fps_auto``, ``e2e_fps_1t``);
+* ``sb3``: Stable-Baselines3's SAC on the same task and sizes, on every core
   (``train_freq=1, gradient_steps=1``), frames per second once learning has
-  started -- the baseline the end-to-end figure is compared with (skipped when
-  ``stable-baselines3``, the ``bench`` extra, is not installed).
+  started (``sb3_fps``; skipped when ``stable-baselines3``, the ``bench`` extra,
+  is not installed).
 
 The update loops run in alternating blocks and report the median block rate,
 so that other load on the machine weighs on every variant alike. Prints one
 JSON line.
 
     python benchmarks/learner_throughput.py [--blocks 12] [--block-updates 20] [--e2e-frames 3000]
-                                            [--e2e-threads 1] [--no-compile] [--no-sb3] [--prefetch]
+                                            [--e2e-rounds 2] [--no-compile] [--no-sb3] [--prefetch] [--profile]
 
 ``--device cuda`` measures a learner on a GPU instead (collection stays on CPU
 workers), the same update of ``recipes/sac.py`` with batches sampled through
@@ -53,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -72,6 +82,7 @@ from torchrl_unilab.objectives import tensor_loss
 from torchrl_unilab.trainers.compile import compile_update
 from torchrl_unilab.trainers.device import learner_device
 from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
+from torchrl_unilab.trainers.threads import machine_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 OBS, ACT, BATCH, HIDDEN = 17, 6, 256, 256  # HalfCheetah-v5
@@ -172,11 +183,35 @@ def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False, cudagraphs
     return step
 
 
+def td3_loop(rb):
+    """The update of recipes/td3.py with its defaults (``make_update``, its networks, the tensor-level loss):
+    the critics every call, the actor and targets every ``optim.policy_update_delay``-th."""
+    sys.path.insert(0, str(ROOT / "recipes"))
+    from td3 import make_update  # noqa: PLC0415 - the recipe script, imported as a module
+
+    cfg = OmegaConf.load(ROOT / "recipes" / "config" / "td3.yaml")
+    torch.manual_seed(0)
+    nets = make_networks(cfg, "td3", EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT)))
+    loss, target = make_loss_module(cfg, "td3", nets)
+    update = make_update(loss, make_optimizer(cfg, loss), target, tensor_loss(loss))
+    sample, delay, calls = BufferSampler(rb, int(cfg.optim.batch_size)), int(cfg.optim.policy_update_delay), [0]
+
+    def step():
+        calls[0] += 1
+        update(sample()[0], calls[0] % delay == 0)
+    return step
+
+
 def update_rates(variants: dict, blocks: int, block_updates: int, *, warmup_steps: int = 3,
-                 sync=lambda: None) -> dict:
-    """Median updates/s over alternating blocks; ``sync`` waits for queued device work at each block's end."""
+                 sync=lambda: None, threads: dict[str, int] | None = None) -> dict:
+    """Median updates/s over alternating blocks; ``sync`` waits for queued device work at each block's end.
+
+    ``threads`` maps a variant to the torch thread count its blocks run with (default: one).
+    """
+    threads = threads or {}
     warmup = {}
     for name, step in variants.items():
+        torch.set_num_threads(threads.get(name, 1))
         start = time.perf_counter()
         for _ in range(warmup_steps):  # compiles the compiled variants (and captures CUDA graphs)
             step()
@@ -185,13 +220,136 @@ def update_rates(variants: dict, blocks: int, block_updates: int, *, warmup_step
     rates = {name: [] for name in variants}
     for _ in range(blocks):
         for name, step in variants.items():
+            torch.set_num_threads(threads.get(name, 1))
             start = time.perf_counter()
             for _ in range(block_updates):
                 step()
             sync()
             rates[name].append(block_updates / (time.perf_counter() - start))
+    torch.set_num_threads(1)
     return {name: {"ups": statistics.median(r), "best_ups": max(r), "warmup_s": warmup[name]}
             for name, r in rates.items()}
+
+
+def profile_update(rb, updates: int = 50) -> dict[str, float]:
+    """Milliseconds per recipe update (one thread) in each of its parts, and in matrix products, by torch.profiler.
+
+    ``matmul`` is the self time of the matrix-product ops anywhere in the
+    update (inside ``loss`` and ``backward``); ``total`` the whole update.
+    """
+    from torch.autograd.profiler import record_function  # noqa: PLC0415
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    nets = networks()
+    cfg = config()
+    loss, target = make_loss_module(cfg, "sac", nets)
+    optimizer = make_optimizer(cfg, loss)
+    loss_fn = tensor_loss(loss)
+    sample = BufferSampler(rb, BATCH)
+
+    def update():
+        with record_function("update"):
+            with record_function("sample"):
+                batch = sample()[0]
+            with record_function("loss"):
+                losses = loss_fn(batch)
+                total = losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]
+            with record_function("backward"):
+                total.backward()
+            with record_function("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            with record_function("target_update"):
+                target.step()
+
+    for _ in range(10):
+        update()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(updates):
+            update()
+    events = prof.key_averages()
+    parts = {e.key: e.cpu_time_total / 1e3 / updates for e in events
+             if e.key in ("update", "sample", "loss", "backward", "optimizer", "target_update")}
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm",
+                                                                      "aten::baddbmm", "aten::matmul"))
+    parts["matmul"] = matmul / 1e3 / updates
+    parts["total"] = parts.pop("update")
+    return {key: round(value, 3) for key, value in parts.items()}
+
+
+def update_matmuls(algo: str = "sac", hidden: tuple[int, ...] = (HIDDEN, HIDDEN), batch: int = BATCH,
+                   obs: int = OBS, act: int = ACT, policy_delay: int = 2) -> list[tuple[tuple[int, int, int], float]]:
+    """The matrix products ``(m, k) @ (k, n)`` of one update of the recipe, as ``((m, k, n), times per update)``.
+
+    SAC (SACLoss v2 or its tensor-level twin, two Q-networks): the actor forward
+    on ``observation`` (with backward) and on ``("next", "observation")``; the
+    Q-networks forward on ``(observation, new action)`` for the actor loss
+    (backward to the action only: their weights are detached there), on
+    ``(observation, action)`` for the Q loss (with backward), and the target
+    Q-networks on ``(next observation, next action)``. TD3: every update the
+    target actor and both target Q-networks forward on the next observation
+    and both Q-networks forward and backward; every ``policy_delay``-th the
+    actor forward and backward through Q1 (backward to the action only). A
+    layer's backward is ``grad_out @ W`` for its input (none for a layer reading
+    the batch) and ``input.T @ grad_out`` for its weight.
+    """
+    sizes = [*hidden]
+    actor = list(zip([obs, *sizes], [*sizes, (2 if algo == "sac" else 1) * act]))
+    critic = list(zip([obs + act, *sizes], [*sizes, 1]))
+
+    def forward(layers, times):
+        return [((batch, i, o), times) for i, o in layers]
+
+    def backward(layers, times, weights: bool, first_input: bool):
+        out = []
+        for idx, (i, o) in enumerate(layers):
+            if idx > 0 or first_input:
+                out.append(((batch, o, i), times))  # grad of the layer's input
+            if weights:
+                out.append(((i, batch, o), times))  # grad of its weight
+        return out
+
+    if algo == "sac":
+        return [*forward(actor, 2), *backward(actor, 1, weights=True, first_input=False),
+                *forward(critic, 2 * 3),  # two Q-networks: actor loss, Q loss, target
+                *backward(critic, 2, weights=False, first_input=True),  # actor loss: down to the action
+                *backward(critic, 2, weights=True, first_input=False)]  # Q loss
+    delayed = 1.0 / policy_delay
+    return [*forward(actor, 1), *forward(critic, 2 * 2),  # target actor and Q-networks; both Q-networks
+            *backward(critic, 2, weights=True, first_input=False),
+            *forward(actor, delayed), *backward(actor, delayed, weights=True, first_input=False),
+            *forward(critic, delayed), *backward(critic, delayed, weights=False, first_input=True)]
+
+
+def best_matmul_s(m: int, k: int, n: int, threads: int, repeats: int = 200) -> float:
+    """The fastest ``torch.mm`` of a contiguous ``(m, k) @ (k, n)`` float32 product on ``threads`` threads."""
+    torch.set_num_threads(threads)
+    a, b, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+    for _ in range(20):
+        torch.mm(a, b, out=out)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        best = min(best, time.perf_counter() - start)
+    torch.set_num_threads(1)
+    return best
+
+
+def sgemm_limit(threads: int, algo: str = "sac", hidden: tuple[int, ...] = (HIDDEN, HIDDEN)) -> dict:
+    """An update's matrix products alone (:func:`update_matmuls`), each at the best rate torch reaches on its
+    shape on ``threads`` threads: updates/s, that rate in GFLOP/s, and the MFLOP of one update.
+
+    The limit the recipe's update is measured against (issue 19): everything
+    else an update does -- elementwise ops, the optimiser, the target update,
+    sampling, Python -- is what separates the two.
+    """
+    products = update_matmuls(algo, hidden)
+    best = {shape: best_matmul_s(*shape, threads) for shape in {shape for shape, _ in products}}
+    seconds = sum(best[shape] * times for shape, times in products)
+    flops = sum(2 * m * k * n * times for (m, k, n), times in products)
+    return {"ups": 1.0 / seconds, "gflops": flops / seconds / 1e9, "update_mflop": flops / 1e6}
 
 
 def median_ms(call, repeats: int = 50, sync=lambda: None) -> float:
@@ -264,7 +422,7 @@ def device_suite(args) -> dict:
 START_FRAMES = 1000  # random frames before learning starts, in both end-to-end runs
 
 
-def end_to_end(frames: int, threads: int, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+def end_to_end(frames: int, threads: int | str, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     """recipes/sac.py on HalfCheetah-v5 at utd_ratio=1 (plus ``overrides``): env frames/s once learning has started."""
     sys.path.insert(0, str(ROOT / "recipes"))
     import sac  # noqa: PLC0415 - the recipe script, imported as a module
@@ -284,7 +442,8 @@ def end_to_end(frames: int, threads: int, overrides: list[str] | tuple[str, ...]
     after = [(f, t) for f, t in elapsed if f >= start_frames + 250]
     (f0, t0), (f1, t1) = after[0], after[-1]
     return {"frames": summary["frames"], "updates": summary["updates"], "frames_per_s": (f1 - f0) / (t1 - t0),
-            "utd_achieved": summary["utd_achieved"]}
+            "utd_achieved": summary["utd_achieved"], "threads": summary["learner_threads"],
+            "thread_changes": summary["learner_thread_changes"]}
 
 
 def stable_baselines3(frames: int, threads: int) -> dict | None:
@@ -324,7 +483,11 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=12)
     parser.add_argument("--block-updates", type=int, default=20)
     parser.add_argument("--e2e-frames", type=int, default=3000, help="0 skips the end-to-end run")
-    parser.add_argument("--e2e-threads", type=int, default=1, help="optim.num_threads of the end-to-end run")
+    parser.add_argument("--e2e-rounds", type=int, default=2,
+                        help="end-to-end runs of each of optim.num_threads=auto and =1, alternating")
+    parser.add_argument("--e2e-threads", default="1", help="optim.num_threads of the --device cuda end-to-end runs")
+    parser.add_argument("--profile", action="store_true",
+                        help="add profile_ms: where one recipe update's time goes, by torch.profiler")
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled update (saves ~1 min)")
     parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 baseline")
     parser.add_argument("--prefetch", action="store_true",
@@ -338,28 +501,53 @@ def main() -> None:
         return
     rb = filled_buffer()
     variants = {"plain": plain_loop(rb), "recipe_loss_module": recipe_loop(rb, fast_loss=False),
-                "recipe": recipe_loop(rb)}
+                "recipe": recipe_loop(rb), "recipe_2t": recipe_loop(rb), "td3_recipe": td3_loop(rb)}
     if not args.no_compile:
         variants["recipe_compiled"] = recipe_loop(rb, compile=True)
     if args.prefetch:
         variants["recipe_prefetch"] = recipe_loop(rb, prefetch=True)
-    rates = update_rates(variants, args.blocks, args.block_updates)
+    rates = update_rates(variants, args.blocks, args.block_updates, threads={"recipe_2t": 2})
+    limits = {n: sgemm_limit(n) for n in (1, 2)}
+    td3_hidden = tuple(OmegaConf.load(ROOT / "recipes" / "config" / "td3.yaml").network.hidden_sizes)
+    td3_limit = sgemm_limit(1, "td3", td3_hidden)
     out = {"benchmark": "learner_throughput", "batch_size": BATCH, "hidden": [HIDDEN, HIDDEN], "threads": 1,
            **{f"{name}_ups": round(r["ups"], 1) for name, r in rates.items()},
            **{f"{name}_best_ups": round(r["best_ups"], 1) for name, r in rates.items()},
-           **{f"{name}_ratio": round(r["ups"] / rates["plain"]["ups"], 2) for name, r in rates.items() if name != "plain"}}
+           **{f"{name}_ratio": round(r["ups"] / rates["plain"]["ups"], 2) for name, r in rates.items() if name != "plain"},
+           # issue 19's figures: the update against the sgemm limit on 1 and 2 threads
+           "update_mflop": round(limits[1]["update_mflop"], 1),
+           "sgemm_gflops_1t": round(limits[1]["gflops"], 1), "sgemm_gflops_2t": round(limits[2]["gflops"], 1),
+           "limit_ups_1t": round(limits[1]["ups"], 1), "limit_ups_2t": round(limits[2]["ups"], 1),
+           "plain_ups_1t": round(rates["plain"]["ups"], 1),
+           "recipe_ups_1t": round(rates["recipe"]["ups"], 1), "recipe_ups_2t": round(rates["recipe_2t"]["ups"], 1),
+           "recipe_fraction_of_limit_1t": round(rates["recipe"]["ups"] / limits[1]["ups"], 3),
+           "recipe_fraction_of_limit_2t": round(rates["recipe_2t"]["ups"] / limits[2]["ups"], 3),
+           # the same for recipes/td3.py's update, with its own sizes and policy delay
+           "td3_hidden": list(td3_hidden), "td3_update_mflop": round(td3_limit["update_mflop"], 1),
+           "td3_limit_ups_1t": round(td3_limit["ups"], 1), "td3_recipe_ups_1t": round(rates["td3_recipe"]["ups"], 1),
+           "td3_fraction_of_limit_1t": round(rates["td3_recipe"]["ups"] / td3_limit["ups"], 3)}
     if "recipe_compiled" in rates:
         out["compile_warmup_s"] = round(rates["recipe_compiled"]["warmup_s"], 1)
     if args.prefetch:
         out["sample_ms"] = round(median_ms(BufferSampler(rb, BATCH)), 3)
+    if args.profile:
+        out["profile_ms"] = profile_update(rb)
     if args.e2e_frames:
-        e2e = end_to_end(args.e2e_frames, args.e2e_threads)
-        out.update({"e2e_threads": args.e2e_threads, "e2e_frames_per_s": round(e2e["frames_per_s"], 1),
-                    "e2e_utd_achieved": round(e2e["utd_achieved"], 3)})
-        sb3 = None if args.no_sb3 else stable_baselines3(args.e2e_frames, args.e2e_threads)
+        # optim.num_threads auto (the default) against 1, alternating (auto, 1, 1, auto, ...): frames/s each
+        fps, changes = {"auto": [], "1": []}, []
+        for threads in [t for r in range(args.e2e_rounds) for t in (("auto", "1"), ("1", "auto"))[r % 2]]:
+            e2e = end_to_end(args.e2e_frames, threads)
+            fps[threads].append(round(e2e["frames_per_s"], 1))
+            if threads == "auto":
+                changes.append(e2e["thread_changes"])
+        out.update({"e2e_fps_auto": round(statistics.median(fps["auto"]), 1),
+                    "e2e_fps_1t": round(statistics.median(fps["1"]), 1),
+                    "e2e_auto_over_1t": round(statistics.median(fps["auto"]) / statistics.median(fps["1"]), 3),
+                    "e2e_fps_rounds": fps, "e2e_auto_thread_changes": changes})
+        sb3 = None if args.no_sb3 else stable_baselines3(args.e2e_frames, machine_cores())
         if sb3 is not None:
-            out.update({"sb3_frames_per_s": round(sb3["frames_per_s"], 1),
-                        "e2e_over_sb3": round(e2e["frames_per_s"] / sb3["frames_per_s"], 2)})
+            out.update({"sb3_fps": round(sb3["frames_per_s"], 1), "sb3_threads": machine_cores(),
+                        "e2e_auto_over_sb3": round(statistics.median(fps["auto"]) / sb3["frames_per_s"], 2)})
     print(json.dumps(out))
 
 

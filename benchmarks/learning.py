@@ -22,6 +22,11 @@ Suites (each run is ``recipes/<algo>.py`` called in-process with Hydra overrides
   SB3's mean or above (``td3_vs_sb3.md``). Hours on 2 CPU cores; needs the
   ``bench`` extra.
 
+Each run's figures are kept as ``result.json`` in its directory; ``--reuse``
+takes a run from there instead of training it again (when its frames match), so
+that the two sides of a suite, or its seeds, can run as separate commands
+(``--algo``) and one last call with ``--reuse`` writes the tables.
+
 Writes ``results.md`` and ``results.csv`` (final and best eval return per
 run, their means over seeds -- a task passes on the mean final return --,
 frames and wall-clock time) and ``<suite>_<algo>.png`` (eval return
@@ -32,12 +37,15 @@ JSON line per task.
     python benchmarks/learning.py --suite pendulum [--seeds 0 1 2] [--out benchmarks/results/learning]
     python benchmarks/learning.py --suite robot    # seeds 0 1 (the suite's own) unless --seeds is given
     python benchmarks/learning.py --suite td3 --seeds 0      # one seed of each side
+    python benchmarks/learning.py --suite td3 --algo sb3_td3 --seeds 1    # one side, one seed
+    python benchmarks/learning.py --suite td3 --reuse        # the table from the runs already done
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import statistics
 import sys
@@ -95,6 +103,7 @@ SUITES: dict[str, list[Task]] = {
         Task("td3", "Go1JoystickFlatTerrain-v1", 100_000, None,
              ["logger.eval_iter=10000", "replay_buffer.size=100000", "network.critic_input=observation",
               "network.obs_norm=true"], seeds=(0, 1), label="symmetric"),
+    ],
     "td3": [  # issue 22: the recipe's defaults against SB3's; the targets are relative (see compare_with_sb3)
         Task("td3", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"]),
         Task("sb3_td3", "HalfCheetah-v5", 100_000, None),
@@ -108,6 +117,21 @@ SB3_EVAL_EVERY = 10_000
 def recipe_config(algo: str, overrides: list[str]):
     with initialize_config_dir(config_dir=str(ROOT / "recipes" / "config"), version_base="1.3"):
         return compose(config_name=algo, overrides=overrides)
+
+
+def run_or_reuse(task: Task, seed: int, run_dir: Path, reuse: bool) -> dict:
+    """:func:`run`, or with ``reuse`` the run's ``result.json`` when it holds a run of ``task.frames`` frames."""
+    saved = run_dir / "result.json"
+    if reuse and saved.exists():
+        result = json.loads(saved.read_text())
+        if result["frames"] == task.frames:
+            result["curve"] = [tuple(point) for point in result["curve"]]
+            result["elapsed_at"] = {float(f): t for f, t in result["elapsed_at"].items()}
+            return result
+    result = run(task, seed, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps({**result, "frames": task.frames, "seed": seed}))
+    return result
 
 
 def run(task: Task, seed: int, run_dir: Path) -> dict:
@@ -130,7 +154,8 @@ def run_sb3_td3(task: Task, seed: int) -> dict:
     """SB3's ``TD3("MlpPolicy", env, learning_starts=<the recipe's init_random_frames>, seed=seed)``, else its defaults.
 
     Evaluated every :data:`SB3_EVAL_EVERY` frames by the recipe's ``EvalRunner`` (its episodes, seeds and
-    deterministic actions), on one torch thread as the recipe's learner; returns what :func:`run` returns.
+    deterministic actions), on the torch threads the recipe's learner may take (``optim.num_threads``; with
+    ``auto`` every core); returns what :func:`run` returns.
     """
     import gymnasium as gym
     import torch
@@ -140,9 +165,11 @@ def run_sb3_td3(task: Task, seed: int) -> dict:
     from tensordict.nn import TensorDictModule
 
     from torchrl_unilab.trainers.recipes_utils import EvalRunner
+    from torchrl_unilab.trainers.threads import AUTO, machine_cores
 
     cfg = recipe_config("td3", [f"env.name={task.env}", f"env.seed={seed}"])
-    torch.set_num_threads(int(cfg.optim.num_threads))
+    threads = cfg.optim.num_threads  # the recipe's learner's: with "auto" the cores it may take
+    torch.set_num_threads(machine_cores() if threads == AUTO else int(threads))
     model = TD3("MlpPolicy", gym.make(task.env), learning_starts=int(cfg.collector.init_random_frames), seed=seed,
                 device="cpu")
     model.set_logger(Logger(folder=None, output_formats=[]))  # its default logger leaves a /tmp/SB3-<date> folder
@@ -224,6 +251,11 @@ def main() -> None:
     parser.add_argument("--suite", choices=[*SUITES, "all"], default="pendulum")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the suite's, else 0 1 2")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
+    parser.add_argument("--algo", nargs="+", default=None,
+                        help="only the suite's tasks of these algos (e.g. td3 or sb3_td3); default: all of them")
+    parser.add_argument("--frames", type=int, default=None, help="frames per run instead of the suite's")
+    parser.add_argument("--reuse", action="store_true",
+                        help="take a run from its directory's result.json when it has the same frames")
     args = parser.parse_args()
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -231,8 +263,13 @@ def main() -> None:
     for suite in suites:
         results = {}
         for task in SUITES[suite]:
+            if args.algo and task.algo not in args.algo:
+                continue
+            if args.frames:
+                task = dataclasses.replace(task, frames=args.frames)
             seeds = args.seeds or task.seeds or (0, 1, 2)
-            runs = {seed: run(task, seed, args.out / "runs" / f"{task.name}_seed{seed}") for seed in seeds}
+            runs = {seed: run_or_reuse(task, seed, args.out / "runs" / f"{task.name}_seed{seed}", args.reuse)
+                    for seed in seeds}
             results[task.algo] = runs
             seeds = f"{len(runs)} seed" + "s" * (len(runs) != 1)
             label = f" {task.label}" if task.label else ""

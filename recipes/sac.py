@@ -42,7 +42,6 @@ from torchrl_unilab.trainers.run import RecipeRun
 @hydra.main(config_path="config", config_name="sac", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     torch.manual_seed(cfg.env.seed)
-    torch.set_num_threads(cfg.optim.num_threads)
     device = learner_device(cfg.network.device)  # TorchRL's key; null: cuda if available, else cpu
 
     # Networks on the learner's device: actor, critic, and the exploration policy ([normaliser,] actor, noise);

@@ -103,7 +103,6 @@ def make_update(loss_module: TD3Loss, optimizer: torch.optim.Optimizer, target_n
 @hydra.main(config_path="config", config_name="td3", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     torch.manual_seed(cfg.env.seed)
-    torch.set_num_threads(cfg.optim.num_threads)
     device = learner_device(cfg.network.device)  # TorchRL's key; null: cuda if available, else cpu
 
     # Networks on the learner's device: deterministic actor, critic, and the exploration policy (actor + Gaussian

@@ -253,3 +253,12 @@ def test_collector_engine_picks_what_steps_the_envs(engine, no_leaks):
         assert collector.metrics()["engine"] == engine
     finally:
         collector.shutdown()
+
+
+def test_learner_threads_auto_are_logged_and_a_bad_count_fails_before_any_worker_starts(tmp_path, no_leaks):
+    run_recipe("sac", tmp_path / "auto", "optim.num_threads=auto")
+    threads = [value for _, value in scalars(tmp_path / "auto", "learner/threads")]
+    assert threads and set(threads) <= {float(n) for n in range(1, os.cpu_count() + 1)}
+    with pytest.raises(ValueError, match="optim.num_threads must be a thread count >= 1 or 'auto', got 0"):
+        run_recipe("td3", tmp_path / "bad", "optim.num_threads=0")
+    assert not worker_processes(os.getpid())

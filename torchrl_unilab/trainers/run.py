@@ -20,11 +20,12 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.data import ReplayBuffer
 
-from torchrl_unilab.collectors import WorkerError
+from torchrl_unilab.collectors import OffPolicyCollector, WorkerError
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.trainers.checkpoint import Checkpointer
 from torchrl_unilab.trainers.logging_utils import LearningCurve, RunLogger, make_logger
 from torchrl_unilab.trainers.recipes_utils import EvalRunner, env_kwargs, make_collector, run_dir
+from torchrl_unilab.trainers.threads import LearnerThreads
 from torchrl_unilab.trainers.training import (
     Every,
     GracefulStop,
@@ -54,6 +55,9 @@ class RecipeRun:
     the RNG and ``replay_buffer`` from the checkpoint when ``resume`` is set,
     and starts the collector (:attr:`collector`) paced by a
     :class:`~torchrl_unilab.trainers.training.UTDController` (:attr:`utd`).
+    The learner's torch threads are ``optim.num_threads``, a count or ``auto``:
+    the cores the workers leave idle, followed between updates
+    (:attr:`threads`, a :class:`~torchrl_unilab.trainers.threads.LearnerThreads`).
 
     Use it as a context around the training loop: inside, the first Ctrl-C or
     SIGTERM sets :attr:`stop_requested` (the loop ends after its update and a
@@ -149,6 +153,8 @@ class RecipeRun:
                                       env_kwargs=env_kwargs(cfg))
 
         col = cfg.collector
+        # Set (and checked) before the workers start; "auto" reads their timers once the updates begin.
+        self.threads = LearnerThreads(cfg.optim.get("num_threads", "auto"), self._collector_metrics)
         self.collector = make_collector(cfg, self.worker_policy, replay_buffer, frames_done=frames_done)
         self.utd = UTDController(
             self.collector, cfg.optim.utd_ratio,
@@ -188,6 +194,10 @@ class RecipeRun:
         # The workers also get a terminal's Ctrl-C and fail; after a stop request that is expected.
         return exc_type is not None and issubclass(exc_type, WorkerError) and stopped
 
+    def _collector_metrics(self) -> Mapping[str, Any] | None:
+        # Ray's node actors answer only between their batches: no reading between two updates.
+        return self.collector.metrics() if isinstance(self.collector, OffPolicyCollector) else None
+
     def save_checkpoint(self) -> None:
         """Saves modules, normaliser, RNG, buffer and counters; no worker writes while the buffer is dumped."""
         with self.collector.pause():
@@ -203,6 +213,7 @@ class RecipeRun:
         """
         utd, collector = self.utd, self.collector
         self.logger.add_losses(losses)
+        self.threads.step()
         if utd.updates % self._sync_every == 0:
             for normalizer in (self.normalizer, self.critic_normalizer):
                 if normalizer is not None:
@@ -220,6 +231,8 @@ class RecipeRun:
                 "learner/policy_lag": policy_lag(batch, collector.policy_version),
                 "learner/waited_s": utd.waited_s,
                 "learner/longest_stall_s": self.longest_stall_s,
+                "learner/threads": self.threads.threads,  # optim.num_threads=auto: what the workers leave idle
+                "learner/collection_cores": self.threads.collection_cores,
                 **restart_counts(episodes),
             })
         now = time.perf_counter()
@@ -275,6 +288,8 @@ class RecipeRun:
             "updates": utd.updates,
             "utd_achieved": utd.achieved(),
             "longest_stall_s": self.longest_stall_s,
+            "learner_threads": self.threads.threads,
+            "learner_thread_changes": self.threads.changes,
             "elapsed_s": logger.elapsed,
             "run_dir": self.out_dir,
             "plot": logger.plot_path,

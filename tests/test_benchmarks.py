@@ -1,0 +1,74 @@
+"""The benchmark scripts parse and answer ``--help``; ``learning.py``'s reuse of saved runs and its SB3 table.
+
+The benchmarks themselves take minutes to hours and live outside the suite;
+these tests keep them runnable (a merge once left ``learning.py`` unparseable,
+unnoticed because nothing imported it) and check the logic that decides what
+their tables say.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import learning  # noqa: E402
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.py")))
+def test_every_benchmark_script_parses(script):
+    ast.parse((BENCHMARKS / script).read_text(), filename=script)
+
+
+def test_learning_help_lists_its_options():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "learning.py"), "--help"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    for option in ("--suite", "--seeds", "--algo", "--frames", "--reuse"):
+        assert option in out
+
+
+def _result(curve: list[tuple[float, float]], frames: int = 100_000) -> dict:
+    return {"final_return": curve[-1][1], "frames": frames, "updates": 1, "elapsed_s": 60.0,
+            "curve": curve, "elapsed_at": {f: f / 1000 for f, _ in curve}}
+
+
+def test_a_saved_run_is_reused_only_with_the_same_frames(tmp_path, monkeypatch):
+    task = learning.SUITES["td3"][1]
+    trained = []
+
+    def fake_run(task, seed, run_dir):  # stands for hours of training
+        trained.append((task.frames, seed))
+        return _result([(10_000.0, float(seed)), (float(task.frames), 2.0 * seed)], task.frames)
+
+    monkeypatch.setattr(learning, "run", fake_run)
+    first = learning.run_or_reuse(task, 3, tmp_path / "run", reuse=True)  # nothing saved yet: trains
+    saved = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert saved["seed"] == 3 and saved["frames"] == task.frames
+    again = learning.run_or_reuse(task, 3, tmp_path / "run", reuse=True)
+    assert trained == [(task.frames, 3)]
+    assert again["curve"] == first["curve"] and again["elapsed_at"] == first["elapsed_at"]
+    shorter = learning.dataclasses.replace(task, frames=40_000)
+    learning.run_or_reuse(shorter, 3, tmp_path / "run", reuse=True)
+    learning.run_or_reuse(task, 3, tmp_path / "run", reuse=False)
+    assert trained == [(task.frames, 3), (40_000, 3), (task.frames, 3)]
+
+
+@pytest.mark.parametrize("ours_at_40k, ours_last, passed", [
+    (2000.0, 3200.0, True),    # at or above SB3's mean at every mark from 30k on
+    (1000.0, 3200.0, False),   # below at one mark from 30k on
+    (2000.0, 3000.0, False),   # below at the last mark
+])
+def test_the_sb3_table_applies_issue_22s_targets(ours_at_40k, ours_last, passed):
+    sb3 = {0: _result([(20_000.0, 900.0), (30_000.0, 1000.0), (40_000.0, 1500.0), (50_000.0, 3000.0)]),
+           1: _result([(20_000.0, 1100.0), (30_000.0, 1200.0), (40_000.0, 1700.0), (50_000.0, 3200.0)])}
+    ours = {0: _result([(20_000.0, 0.0), (30_000.0, 1100.0), (40_000.0, ours_at_40k), (50_000.0, ours_last)])}
+    table = learning.compare_with_sb3(ours, sb3)
+    assert "| 40000 | %.0f | 1600 |" % ours_at_40k in table
+    assert table[-1].endswith("passed" if passed else "not passed")
+    assert ("not passed" in table[-1]) is not passed

@@ -1,0 +1,96 @@
+"""The learner's torch threads (``optim.num_threads``): a fixed count, and ``auto`` following a real collector."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from conftest import linear_policy, wait_until
+
+from torchrl_unilab import OffPolicyCollector, make_replay_buffer
+from torchrl_unilab.trainers.threads import LearnerThreads
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+class Readings:
+    """Busy seconds the test scripts, on a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now, self.busy = 0.0, 0.0
+
+    def metrics(self) -> dict:
+        return {"time": {"env_step": self.busy * 0.7, "policy": self.busy * 0.3, "wait": 1e6}}
+
+    def advance(self, seconds: float, cores_used: float) -> None:
+        self.now += seconds
+        self.busy += seconds * cores_used
+
+
+@pytest.mark.parametrize("setting", [0, -1, "2", "all", 1.5, True, None])
+def test_a_bad_setting_names_the_key_and_the_accepted_values(setting):
+    with pytest.raises(ValueError, match=r"optim.num_threads must be a thread count >= 1 or 'auto', got"):
+        LearnerThreads(setting)
+
+
+def test_a_fixed_count_is_set_once_and_kept():
+    threads = LearnerThreads(2, cores=4)
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(1)  # step() does not undo what the user sets meanwhile
+    assert threads.step() == 2 and torch.get_num_threads() == 1 and threads.changes == 0
+
+
+def test_auto_moves_one_thread_at_a_time_with_hysteresis():
+    r = Readings()
+    threads = LearnerThreads("auto", r.metrics, cores=4, interval_s=5.0, clock=lambda: r.now)
+    assert threads.step() == 1  # first reading
+    r.advance(2.0, 0.0)
+    assert threads.step() == 1  # within the interval: nothing read
+    seen = []
+    for _ in range(4):  # workers idle at the cap: up by one per interval, to every core
+        r.advance(5.0, 0.1)
+        seen.append(threads.step())
+    assert seen == [2, 3, 4, 4] and torch.get_num_threads() == 4
+    assert threads.collection_cores == pytest.approx(0.1)
+    r.advance(5.0, 0.4)  # free 3.6 >= 4 - 0.5: kept
+    assert threads.step() == 4
+    r.advance(5.0, 0.6)  # free 3.4 < 3.5: one back
+    assert threads.step() == 3
+    r.advance(5.0, 0.6)  # free 3.4: neither up (needs >= 3.75) nor down (< 2.5): no flipping
+    assert threads.step() == 3
+    r.advance(5.0, 3.0)  # collection takes three cores: down to one, one step per interval
+    assert [threads.step(), (r.advance(5.0, 3.0), threads.step())[1]] == [2, 1]
+    r.advance(5.0, 4.0)
+    assert threads.step() == 1 and threads.changes == 6 and torch.get_num_threads() == 1
+
+
+def test_auto_without_readings_stays_at_one_thread():
+    threads = LearnerThreads("auto", lambda: None, cores=4, interval_s=0.0)
+    assert [threads.step() for _ in range(3)] == [1, 1, 1] and torch.get_num_threads() == 1
+    assert LearnerThreads("auto", cores=4).step() == 1
+
+
+def test_auto_follows_a_real_collector_waiting_at_its_cap_then_running_free(no_leaks):
+    rb = make_replay_buffer(100_000)
+    with OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_workers=1, num_envs=4, frames_per_batch=64,
+                            total_frames=-1, replay_buffer=rb) as collector:
+        collector.allow_frames(256)
+        assert collector.wait_for_frames(256, timeout=120)
+        threads = LearnerThreads("auto", collector.metrics, cores=2, interval_s=1.0)
+        threads.step()
+        time.sleep(1.2)  # the worker waits at the cap: collection uses no core
+        assert threads.step() == 2, threads.collection_cores
+        assert threads.collection_cores < 0.25
+        collector.allow_frames(10**9)  # the worker now steps as fast as it can: a core of its own
+        written = collector.frames_written
+        assert wait_until(lambda: collector.frames_written > written + 256, timeout=60)
+        threads.step()
+        time.sleep(1.5)
+        assert threads.step() == 1, threads.collection_cores
+        assert threads.collection_cores > 0.5

@@ -1,0 +1,154 @@
+"""The learner's torch threads: a fixed count, or the cores that collection leaves idle (``optim.num_threads: auto``).
+
+At one update per frame on a CPU machine the learner is the bottleneck: its
+workers write their batch in well under a core and then wait at the frame cap
+(:class:`~torchrl_unilab.trainers.training.UTDController`). Their time outside
+that wait, summed over workers, is the number of cores collection uses; the
+rest can run the learner's matrix products.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from torchrl_unilab.collectors.metrics import PHASES
+
+__all__ = ["AUTO", "LearnerThreads", "collection_cores_used", "machine_cores"]
+
+#: The setting that makes the thread count follow the workers.
+AUTO = "auto"
+
+#: Worker phases that occupy a core; ``wait`` is the time at the frame cap.
+BUSY_PHASES = tuple(p for p in PHASES if p != "wait")
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity; ``os.cpu_count()`` where that is not known).
+
+    Examples:
+        >>> machine_cores() >= 1
+        True
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def collection_cores_used(metrics: Mapping[str, Any]) -> float:
+    """Seconds the workers have spent outside their wait at the frame cap, summed over workers and phases.
+
+    Two readings of an :class:`~torchrl_unilab.OffPolicyCollector`'s ``metrics()`` a
+    wall-clock interval apart give the cores collection used in between: the
+    difference divided by the interval.
+
+    Examples:
+        >>> collection_cores_used({"time": {"env_step": 3.0, "policy": 1.0, "wait": 50.0}})
+        4.0
+    """
+    phases = metrics["time"]
+    return float(sum(phases.get(p, 0.0) for p in BUSY_PHASES))
+
+
+class LearnerThreads:
+    """Sets ``torch.set_num_threads`` for the learner: ``setting`` threads, or with ``"auto"`` the idle cores.
+
+    A fixed count is set once, here. With ``"auto"`` the learner starts on one
+    thread, and :meth:`step`, called between two updates, reads the
+    collector's phase timers at the first update and then every ``interval_s``
+    seconds: the cores collection
+    used over that interval (:func:`collection_cores_used`) leave
+    ``free = cores - used`` for the learner. The thread count moves by one,
+    up when ``free >= threads + 1 - up_slack``, down when
+    ``free < threads - down_slack``; the gap between the two thresholds
+    keeps a count that sits near one of them from flipping back and forth.
+    So at a high update-to-data ratio, where the workers wait at the cap,
+    the learner takes the idle cores, and when collection is the bottleneck
+    (a low ratio, many workers) it gives them back.
+
+    Where ``read_metrics`` returns ``None`` (the recipes' Ray collector, whose
+    node actors answer only between their batches), ``"auto"`` stays at one thread.
+
+    Measured (``benchmarks/learner_throughput.py``, 2 cores): see ``docs/performance.rst``.
+
+    Args:
+        setting: a thread count (an int >= 1) or ``"auto"``.
+        read_metrics: returns the collector's ``metrics()`` (its ``"time"`` entry is read), or ``None``
+            when there is nothing to read; no callable holds ``"auto"`` at one thread.
+
+    Keyword Args:
+        cores: the cores to share (default: :func:`machine_cores`).
+        interval_s: seconds between two readings.
+        up_slack, down_slack: the thresholds' margins, in cores.
+        clock: the time source (seconds), for tests.
+
+    Examples:
+        >>> readings = iter([{"time": {"env_step": 0.0, "wait": 0.0}}, {"time": {"env_step": 0.5, "wait": 9.5}}])
+        >>> now = iter([0.0, 10.0])
+        >>> threads = LearnerThreads("auto", lambda: next(readings), cores=2, clock=lambda: next(now))
+        >>> threads.step()  # the first reading: workers not yet measured, one thread
+        1
+        >>> threads.step()  # the workers used 0.05 of a core over 10 s: the learner takes the second one
+        2
+        >>> torch.set_num_threads(1)
+    """
+
+    def __init__(
+        self,
+        setting: int | str,
+        read_metrics: Callable[[], Mapping[str, Any] | None] | None = None,
+        *,
+        cores: int | None = None,
+        interval_s: float = 5.0,
+        up_slack: float = 0.25,
+        down_slack: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.auto = setting == AUTO
+        if not self.auto and (isinstance(setting, bool) or not isinstance(setting, int) or setting < 1):
+            raise ValueError(f"optim.num_threads must be a thread count >= 1 or {AUTO!r}, got {setting!r}")
+        self.cores = machine_cores() if cores is None else int(cores)
+        self.interval_s, self.up_slack, self.down_slack = float(interval_s), float(up_slack), float(down_slack)
+        self._read = read_metrics if self.auto else None
+        self._clock = clock
+        self.threads = 1 if self.auto else int(setting)
+        self.changes = 0
+        """how many times ``"auto"`` changed the count"""
+        self.collection_cores = float("nan")
+        """the cores collection used over the last interval (``nan`` before the first)"""
+        torch.set_num_threads(self.threads)
+        self._last: tuple[float, float] | None = None  # (time, busy seconds) of the last reading
+
+    def step(self) -> int:
+        """Between two updates: with ``"auto"``, every ``interval_s`` seconds, moves the thread count by one
+        towards the idle cores. Returns the thread count."""
+        if self._read is None:
+            return self.threads
+        now = self._clock()
+        if self._last is not None and now - self._last[0] < self.interval_s:
+            return self.threads
+        metrics = self._read()
+        if metrics is None:
+            return self.threads
+        busy = collection_cores_used(metrics)
+        if self._last is None:  # the first reading, at the first update
+            self._last = (now, busy)
+            return self.threads
+        # A replaced worker's row may restart its timers: a negative difference reads as no use.
+        used = max(busy - self._last[1], 0.0) / max(now - self._last[0], 1e-9)
+        self._last, self.collection_cores = (now, busy), used
+        free = self.cores - used
+        target = self.threads
+        if self.threads < self.cores and free >= self.threads + 1 - self.up_slack:
+            target = self.threads + 1
+        elif self.threads > 1 and free < self.threads - self.down_slack:
+            target = self.threads - 1
+        if target != self.threads:
+            self.threads, self.changes = target, self.changes + 1
+            torch.set_num_threads(target)
+        return self.threads
