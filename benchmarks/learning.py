@@ -19,7 +19,8 @@ Suites (each run is ``recipes/<algo>.py`` called in-process with Hydra overrides
   both evaluated every 10k frames by the recipe's ``EvalRunner`` (5
   deterministic episodes from the same seeds). Targets: the recipe's mean
   return >= SB3's at every 10k mark from 30k on, and at 100k within 10% of
-  SB3's mean or above (``td3_vs_sb3.md``). Hours on 2 CPU cores; needs the
+  SB3's mean or above (``td3_vs_sb3.md``; ``td3_vs_sb3.png``: each side's mean
+  and band over seeds). Hours on 2 CPU cores; needs the
   ``bench`` extra.
 
 Each run's figures are kept as ``result.json`` in its directory; ``--reuse``
@@ -120,7 +121,10 @@ def recipe_config(algo: str, overrides: list[str]):
 
 
 def run_or_reuse(task: Task, seed: int, run_dir: Path, reuse: bool) -> dict:
-    """:func:`run`, or with ``reuse`` the run's ``result.json`` when it holds a run of ``task.frames`` frames."""
+    """:func:`run`, or with ``reuse`` the run's ``result.json`` when it holds a run of ``task.frames`` frames.
+
+    A finished run is saved there; an interrupted one is not.
+    """
     saved = run_dir / "result.json"
     if reuse and saved.exists():
         result = json.loads(saved.read_text())
@@ -129,8 +133,9 @@ def run_or_reuse(task: Task, seed: int, run_dir: Path, reuse: bool) -> dict:
             result["elapsed_at"] = {float(f): t for f, t in result["elapsed_at"].items()}
             return result
     result = run(task, seed, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps({**result, "frames": task.frames, "seed": seed}))
+    if not result.get("interrupted"):  # a stopped run (Ctrl-C, SIGTERM) is not one to reuse
+        run_dir.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps({**result, "seed": seed}))
     return result
 
 
@@ -200,14 +205,30 @@ def run_sb3_td3(task: Task, seed: int) -> dict:
             "elapsed_s": elapsed, "curve": curve, "elapsed_at": elapsed_at}
 
 
-def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict]) -> list[str]:
+def on_grid(curve: list[tuple[float, float]], every: int = SB3_EVAL_EVERY) -> dict[float, float]:
+    """A curve's returns by the multiple of ``every`` each evaluation stands for.
+
+    The recipe evaluates at the first log past each multiple (e.g. 10112 frames for
+    10000: its frame count moves by whole batches), SB3's callback at the multiple itself.
+
+    Examples:
+        >>> on_grid([(10112.0, -4.0), (20032.0, 418.0), (40000.0, 1809.0)])
+        {10000.0: -4.0, 20000.0: 418.0, 40000.0: 1809.0}
+    """
+    return {float(round(f / every) * every): v for f, v in curve}
+
+
+def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], band_mark: float = 40_000.0) -> list[str]:
     """The ``td3`` suite's table: mean eval return per 10k mark of both sides, and issue 22's targets.
 
     Passed: ours >= SB3 at every mark from 30k on, and at the last mark within 10% of SB3 or above.
+    At ``band_mark`` frames, each of the recipe's seeds is placed against SB3's band, the lowest to the
+    highest of SB3's seeds there.
     """
     def means(runs: dict[int, dict]) -> dict[float, float]:
-        marks = sorted({f for r in runs.values() for f, _ in r["curve"]})
-        return {f: statistics.mean(v for r in runs.values() for f2, v in r["curve"] if f2 == f) for f in marks}
+        curves = [on_grid(r["curve"]) for r in runs.values()]
+        marks = sorted({f for c in curves for f in c})
+        return {f: statistics.mean(c[f] for c in curves if f in c) for f in marks}
 
     ours_mean, sb3_mean = means(ours), means(sb3)
     marks = sorted(set(ours_mean) & set(sb3_mean))
@@ -216,6 +237,14 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict]) -> list[str]:
     ok = ok and ours_mean[last] >= sb3_mean[last] - 0.1 * abs(sb3_mean[last])
     lines = [f"| frames | recipe mean ({len(ours)} seeds) | SB3 mean ({len(sb3)} seeds) |", "| --- | --- | --- |"]
     lines += [f"| {int(f)} | {ours_mean[f]:.0f} | {sb3_mean[f]:.0f} |" for f in marks]
+    if band_mark in marks:  # issue 22: each of the recipe's seeds against the spread of SB3's seeds there
+        at = {name: {seed: on_grid(r["curve"])[band_mark] for seed, r in side.items()
+                     if band_mark in on_grid(r["curve"])} for name, side in (("ours", ours), ("sb3", sb3))}
+        low, high = min(at["sb3"].values()), max(at["sb3"].values())
+        seeds = ", ".join(f"seed {seed} {value:.0f} ({'in or above' if value >= low else 'below'})"
+                          for seed, value in at["ours"].items())
+        lines += ["", f"SB3's band at {int(band_mark)} frames: {low:.0f} to {high:.0f} ({len(at['sb3'])} seeds); "
+                  f"recipe: {seeds}"]
     minutes = [statistics.mean(r["elapsed_s"] for r in side.values()) / 60 for side in (ours, sb3)]
     lines += ["", f"wall-clock per run: recipe {minutes[0]:.1f} min, SB3 {minutes[1]:.1f} min; "
               f"targets (>= SB3 from 30k on, within 10% at {int(last)}): {'passed' if ok else 'not passed'}"]
@@ -242,6 +271,30 @@ def plot(path: Path, title: str, runs: dict[int, dict]) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def plot_against_sb3(path: Path, title: str, sides: dict[str, dict[int, dict]]) -> None:
+    """Each side's mean eval return over seeds against frames, with the band from its lowest to its highest seed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for label, runs in sides.items():
+        curves = [on_grid(r["curve"]) for r in runs.values()]
+        marks = sorted({f for c in curves for f in c})
+        values = [[c[f] for c in curves if f in c] for f in marks]
+        ax.plot(marks, [statistics.mean(v) for v in values], marker="o", markersize=3,
+                label=f"{label} (mean of {len(runs)} seeds)")
+        ax.fill_between(marks, [min(v) for v in values], [max(v) for v in values], alpha=0.2)
+    ax.set_xlabel("frames")
+    ax.set_ylabel("deterministic eval return")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path)
 
@@ -291,6 +344,8 @@ def main() -> None:
         if {"td3", "sb3_td3"} <= set(results):
             table = compare_with_sb3(results["td3"], results["sb3_td3"])
             (args.out / "td3_vs_sb3.md").write_text("\n".join(table) + "\n")
+            plot_against_sb3(args.out / "td3_vs_sb3.png", "TD3 HalfCheetah-v5: recipe against SB3",
+                             {"recipes/td3.py": results["td3"], "SB3 TD3": results["sb3_td3"]})
             print("\n".join(table), flush=True)
     with open(args.out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -59,6 +59,14 @@ def test_a_saved_run_is_reused_only_with_the_same_frames(tmp_path, monkeypatch):
     assert trained == [(task.frames, 3), (40_000, 3), (task.frames, 3)]
 
 
+def test_an_interrupted_run_is_not_saved_for_reuse(tmp_path, monkeypatch):
+    task = learning.SUITES["td3"][0]
+    monkeypatch.setattr(learning, "run", lambda task, seed, run_dir: {
+        **_result([(10_000.0, -3.0)], frames=11_456), "interrupted": True})
+    assert learning.run_or_reuse(task, 2, tmp_path / "run", reuse=True)["interrupted"]
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
 @pytest.mark.parametrize("ours_at_40k, ours_last, passed", [
     (2000.0, 3200.0, True),    # at or above SB3's mean at every mark from 30k on
     (1000.0, 3200.0, False),   # below at one mark from 30k on
@@ -67,8 +75,18 @@ def test_a_saved_run_is_reused_only_with_the_same_frames(tmp_path, monkeypatch):
 def test_the_sb3_table_applies_issue_22s_targets(ours_at_40k, ours_last, passed):
     sb3 = {0: _result([(20_000.0, 900.0), (30_000.0, 1000.0), (40_000.0, 1500.0), (50_000.0, 3000.0)]),
            1: _result([(20_000.0, 1100.0), (30_000.0, 1200.0), (40_000.0, 1700.0), (50_000.0, 3200.0)])}
-    ours = {0: _result([(20_000.0, 0.0), (30_000.0, 1100.0), (40_000.0, ours_at_40k), (50_000.0, ours_last)])}
+    # the recipe evaluates at the first log past each mark
+    ours = {0: _result([(20_032.0, 0.0), (30_016.0, 1100.0), (40_000.0, ours_at_40k), (50_048.0, ours_last)])}
     table = learning.compare_with_sb3(ours, sb3)
     assert "| 40000 | %.0f | 1600 |" % ours_at_40k in table
     assert table[-1].endswith("passed" if passed else "not passed")
     assert ("not passed" in table[-1]) is not passed
+    band = f"SB3's band at 40000 frames: 1500 to 1700 (2 seeds); recipe: seed 0 {ours_at_40k:.0f} "
+    assert band + ("(in or above)" if ours_at_40k >= 1500 else "(below)") in table
+
+
+def test_the_sb3_plot_is_written(tmp_path):
+    sides = {"recipe": {0: _result([(10_000.0, 1.0), (20_000.0, 5.0)]), 1: _result([(10_000.0, 2.0), (20_000.0, 3.0)])},
+             "SB3": {0: _result([(10_000.0, 0.0), (20_000.0, 4.0)])}}
+    learning.plot_against_sb3(tmp_path / "plot.png", "title", sides)
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

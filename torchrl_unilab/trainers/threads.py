@@ -71,6 +71,9 @@ class LearnerThreads:
     the learner takes the idle cores, and when collection is the bottleneck
     (a low ratio, many workers) it gives them back.
 
+    It counts the learner's own workers only: other jobs on the machine are not
+    seen, so on a shared machine set a count instead.
+
     Where ``read_metrics`` returns ``None`` (the recipes' Ray collector, whose
     node actors answer only between their batches), ``"auto"`` stays at one thread.
 
