@@ -135,7 +135,9 @@ def run_or_reuse(task: Task, seed: int, run_dir: Path, reuse: bool) -> dict:
     result = run(task, seed, run_dir)
     if not result.get("interrupted"):  # a stopped run (Ctrl-C, SIGTERM) is not one to reuse
         run_dir.mkdir(parents=True, exist_ok=True)
-        saved.write_text(json.dumps({**result, "seed": seed}))
+        # the task's frames (what --reuse matches); the recipe may collect up to a batch past them
+        saved.write_text(json.dumps({**result, "frames_collected": result["frames"], "frames": task.frames,
+                                     "seed": seed}))
     return result
 
 
