@@ -18,7 +18,7 @@ import torch
 
 from torchrl_unilab.collectors.metrics import PHASES
 
-__all__ = ["AUTO", "LearnerThreads", "collection_cores_used", "machine_cores"]
+__all__ = ["AUTO", "LearnerThreads", "collection_busy_seconds", "machine_cores"]
 
 #: The setting that makes the thread count follow the workers.
 AUTO = "auto"
@@ -40,7 +40,7 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
-def collection_cores_used(metrics: Mapping[str, Any]) -> float:
+def collection_busy_seconds(metrics: Mapping[str, Any]) -> float:
     """Seconds the workers have spent outside their wait at the frame cap, summed over workers and phases.
 
     Two readings of an :class:`~torchrl_unilab.OffPolicyCollector`'s ``metrics()`` a
@@ -48,7 +48,7 @@ def collection_cores_used(metrics: Mapping[str, Any]) -> float:
     difference divided by the interval.
 
     Examples:
-        >>> collection_cores_used({"time": {"env_step": 3.0, "policy": 1.0, "wait": 50.0}})
+        >>> collection_busy_seconds({"time": {"env_step": 3.0, "policy": 1.0, "wait": 50.0}})
         4.0
     """
     phases = metrics["time"]
@@ -62,7 +62,7 @@ class LearnerThreads:
     thread, and :meth:`step`, called between two updates, reads the
     collector's phase timers at the first update and then every ``interval_s``
     seconds: the cores collection
-    used over that interval (:func:`collection_cores_used`) leave
+    used over that interval (:func:`collection_busy_seconds`) leave
     ``free = cores - used`` for the learner. The thread count moves by one,
     up when ``free >= threads + 1 - up_slack``, down when
     ``free < threads - down_slack``; the gap between the two thresholds
@@ -138,7 +138,7 @@ class LearnerThreads:
         metrics = self._read()
         if metrics is None:
             return self.threads
-        busy = collection_cores_used(metrics)
+        busy = collection_busy_seconds(metrics)
         if self._last is None:  # the first reading, at the first update
             self._last = (now, busy)
             return self.threads
