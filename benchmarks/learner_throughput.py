@@ -231,11 +231,12 @@ def update_rates(variants: dict, blocks: int, block_updates: int, *, warmup_step
             for name, r in rates.items()}
 
 
-def profile_update(rb, updates: int = 50) -> dict[str, float]:
+def profile_update(rb, updates: int = 50, top: int = 12) -> dict[str, object]:
     """Milliseconds per recipe update (one thread) in each of its parts, and in matrix products, by torch.profiler.
 
     ``matmul`` is the self time of the matrix-product ops anywhere in the
-    update (inside ``loss`` and ``backward``); ``total`` the whole update.
+    update (inside ``loss`` and ``backward``); ``total`` the whole update;
+    ``ops`` the ``top`` ops by self time, each with its calls per update.
     """
     from torch.autograd.profiler import record_function  # noqa: PLC0415
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
@@ -275,7 +276,13 @@ def profile_update(rb, updates: int = 50) -> dict[str, float]:
                                                                       "aten::baddbmm", "aten::matmul"))
     parts["matmul"] = matmul / 1e3 / updates
     parts["total"] = parts.pop("update")
-    return {key: round(value, 3) for key, value in parts.items()}
+    out: dict[str, object] = {key: round(value, 3) for key, value in parts.items()}
+    ops = sorted((e for e in events if not e.key.startswith(("update", "sample", "loss", "backward", "optimizer",
+                                                             "target_update"))),
+                 key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    out["ops"] = {e.key: {"ms": round(e.self_cpu_time_total / 1e3 / updates, 3), "calls": e.count / updates}
+                  for e in ops}
+    return out
 
 
 def update_matmuls(algo: str = "sac", hidden: tuple[int, ...] = (HIDDEN, HIDDEN), batch: int = BATCH,

@@ -22,6 +22,16 @@ Suites (each run is ``recipes/<algo>.py`` called in-process with Hydra overrides
   SB3's mean or above (``td3_vs_sb3.md``; ``td3_vs_sb3.png``: each side's mean
   and band over seeds). Hours on 2 CPU cores; needs the
   ``bench`` extra.
+* ``sb3`` (issue 19): ``recipes/sac.py`` with its defaults against
+  Stable-Baselines3's SAC at one update per frame (``train_freq=1,
+  gradient_steps=1``) with the recipe's network sizes, batch size and
+  ``learning_starts``, HalfCheetah-v5, 100k frames, 3 seeds, evaluated as in
+  ``td3``. Targets: the recipe's mean return >= SB3's at every 10k mark from
+  50k on, and SB3's mean return at 100k reached by the recipe's mean curve in
+  at most 1/1.5 of SB3's wall-clock (``sac_vs_sb3.md``, ``sac_vs_sb3.png``; both
+  suites also write ``<algo>_vs_sb3_table.rst``, the docs' per-seed table).
+  Run the sides one after the other on a quiet machine: the wall-clock is
+  the result. Hours on 2 CPU cores; needs the ``bench`` extra.
 
 Each run's figures are kept as ``result.json`` in its directory; ``--reuse``
 takes a run from there instead of training it again (when its frames match), so
@@ -40,6 +50,7 @@ JSON line per task.
     python benchmarks/learning.py --suite td3 --seeds 0      # one seed of each side
     python benchmarks/learning.py --suite td3 --algo sb3_td3 --seeds 1    # one side, one seed
     python benchmarks/learning.py --suite td3 --reuse        # the table from the runs already done
+    python benchmarks/learning.py --suite sb3 --seeds 0      # issue 19: SAC against SB3's SAC
 """
 
 from __future__ import annotations
@@ -63,8 +74,8 @@ ROOT = Path(__file__).resolve().parents[1]
 class Task:
     """One algorithm on one env, with its overrides and the return it should reach.
 
-    ``algo`` names a recipe (``recipes/<algo>.py``), or ``"sb3_td3"``: Stable-Baselines3's TD3
-    with its defaults and the TD3 recipe's ``init_random_frames`` as ``learning_starts``.
+    ``algo`` names a recipe (``recipes/<algo>.py``), or ``"sb3_td3"`` / ``"sb3_sac"``: Stable-Baselines3's
+    TD3 / SAC set up as :func:`run_sb3` says, with the recipe's ``init_random_frames`` as ``learning_starts``.
     """
 
     algo: str
@@ -109,6 +120,17 @@ SUITES: dict[str, list[Task]] = {
         Task("td3", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"]),
         Task("sb3_td3", "HalfCheetah-v5", 100_000, None),
     ],
+    "sb3": [  # issue 19: the SAC recipe's defaults against SB3's SAC at one update per frame, same sizes and batch
+        Task("sac", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"]),
+        Task("sb3_sac", "HalfCheetah-v5", 100_000, None),
+    ],
+}
+
+#: Each algorithm's targets against SB3 (the keyword arguments of :func:`compare_with_sb3`): issue 22's for
+#: TD3, issue 19's for SAC.
+SB3_TARGETS: dict[str, dict] = {
+    "td3": {"from_mark": 30_000, "last_within": 0.1, "band_mark": 40_000},
+    "sac": {"from_mark": 50_000, "speedup": 1.5, "band_mark": 100_000},
 }
 
 #: Frames between two evaluations of the ``td3`` suite, on both sides.
@@ -142,8 +164,8 @@ def run_or_reuse(task: Task, seed: int, run_dir: Path, reuse: bool) -> dict:
 
 
 def run(task: Task, seed: int, run_dir: Path) -> dict:
-    if task.algo == "sb3_td3":
-        return run_sb3_td3(task, seed)
+    if task.algo.startswith("sb3_"):
+        return run_sb3(task, seed)
     sys.path.insert(0, str(ROOT / "recipes"))
     recipe = __import__(task.algo)  # recipes/sac.py or recipes/td3.py
     cfg = recipe_config(task.algo, [
@@ -157,16 +179,21 @@ def run(task: Task, seed: int, run_dir: Path) -> dict:
     return {**summary, "curve": curve, "elapsed_at": elapsed}
 
 
-def run_sb3_td3(task: Task, seed: int) -> dict:
-    """SB3's ``TD3("MlpPolicy", env, learning_starts=<the recipe's init_random_frames>, seed=seed)``, else its defaults.
+def run_sb3(task: Task, seed: int) -> dict:
+    """Stable-Baselines3's TD3 or SAC (``task.algo``: ``"sb3_td3"``, ``"sb3_sac"``); returns what :func:`run` returns.
+
+    * ``sb3_td3``: ``TD3("MlpPolicy", env, learning_starts=<the recipe's init_random_frames>, seed=seed)``,
+      else its defaults (issue 22);
+    * ``sb3_sac``: ``SAC("MlpPolicy", env, learning_starts=..., train_freq=1, gradient_steps=1)`` with the
+      SAC recipe's network sizes (``net_arch``) and batch size, else its defaults (issue 19).
 
     Evaluated every :data:`SB3_EVAL_EVERY` frames by the recipe's ``EvalRunner`` (its episodes, seeds and
     deterministic actions), on the torch threads the recipe's learner may take (``optim.num_threads``; with
-    ``auto`` every core); returns what :func:`run` returns.
+    ``auto`` every core).
     """
     import gymnasium as gym
     import torch
-    from stable_baselines3 import TD3
+    from stable_baselines3 import SAC, TD3
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.logger import Logger
     from tensordict.nn import TensorDictModule
@@ -174,18 +201,25 @@ def run_sb3_td3(task: Task, seed: int) -> dict:
     from torchrl_unilab.trainers.recipes_utils import EvalRunner
     from torchrl_unilab.trainers.threads import AUTO, machine_cores
 
-    cfg = recipe_config("td3", [f"env.name={task.env}", f"env.seed={seed}"])
+    algo = task.algo.removeprefix("sb3_")
+    cfg = recipe_config(algo, [f"env.name={task.env}", f"env.seed={seed}"])
     threads = cfg.optim.num_threads  # the recipe's learner's: with "auto" the cores it may take
     torch.set_num_threads(machine_cores() if threads == AUTO else int(threads))
-    model = TD3("MlpPolicy", gym.make(task.env), learning_starts=int(cfg.collector.init_random_frames), seed=seed,
-                device="cpu")
+    common = {"learning_starts": int(cfg.collector.init_random_frames), "seed": seed, "device": "cpu"}
+    if algo == "td3":
+        model = TD3("MlpPolicy", gym.make(task.env), **common)
+    else:
+        model = SAC("MlpPolicy", gym.make(task.env), train_freq=1, gradient_steps=1,
+                    batch_size=int(cfg.optim.batch_size),
+                    policy_kwargs={"net_arch": [int(w) for w in cfg.network.hidden_sizes]}, **common)
     model.set_logger(Logger(folder=None, output_formats=[]))  # its default logger leaves a /tmp/SB3-<date> folder
     evaluator = EvalRunner(task.env, int(cfg.logger.num_eval_envs), seed=seed + 10_000)
 
     class Actor(torch.nn.Module):  # SB3's actor acts in [-1, 1]; the env's bounds are unscale_action's
         def forward(self, observation: torch.Tensor) -> torch.Tensor:
-            action = model.policy.unscale_action(model.actor(observation).numpy())
-            return torch.as_tensor(action, dtype=torch.float32)
+            with torch.no_grad():
+                scaled = model.policy._predict(observation, deterministic=True)  # noqa: SLF001 - SAC: its mean
+            return torch.as_tensor(model.policy.unscale_action(scaled.numpy()), dtype=torch.float32)
 
     actor = Actor()
     actor.register_module("sb3", model.actor)  # its parameters tell EvalRunner the device
@@ -220,12 +254,27 @@ def on_grid(curve: list[tuple[float, float]], every: int = SB3_EVAL_EVERY) -> di
     return {float(round(f / every) * every): v for f, v in curve}
 
 
-def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], band_mark: float = 40_000.0) -> list[str]:
-    """The ``td3`` suite's table: mean eval return per 10k mark of both sides, and issue 22's targets.
+def time_at_mark(result: dict, mark: float) -> float:
+    """Wall-clock seconds of a run at its evaluation on ``mark`` (see :func:`on_grid`): the last time logged by then.
 
-    Passed: ours >= SB3 at every mark from 30k on, and at the last mark within 10% of SB3 or above.
-    At ``band_mark`` frames, each of the recipe's seeds is placed against SB3's band, the lowest to the
-    highest of SB3's seeds there.
+    Examples:
+        >>> time_at_mark({"curve": [(10112.0, 1.0)], "elapsed_at": {9000.0: 50.0, 10112.0: 61.0}}, 10_000)
+        61.0
+    """
+    frame = next(f for f, _ in result["curve"] if round(f / SB3_EVAL_EVERY) * SB3_EVAL_EVERY == mark)
+    return max((t for f, t in result["elapsed_at"].items() if f <= frame), default=0.0)
+
+
+def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: float = 30_000,
+                     last_within: float | None = 0.1, band_mark: float | None = 40_000.0,
+                     speedup: float | None = None) -> list[str]:
+    """The table of a recipe against SB3: mean eval return per 10k mark of both sides, and the targets.
+
+    Passed: ours >= SB3 at every mark from ``from_mark`` on; with ``last_within``, at the last mark within
+    that fraction of SB3 or above (issue 22); with ``speedup``, SB3's mean return at its last mark reached
+    by our mean curve within ``1 / speedup`` of SB3's mean wall-clock to it (issue 19). At ``band_mark``
+    frames, each of the recipe's seeds is placed against SB3's band, the lowest to the highest of SB3's
+    seeds there.
     """
     def means(runs: dict[int, dict]) -> dict[float, float]:
         curves = [on_grid(r["curve"]) for r in runs.values()]
@@ -235,11 +284,14 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], band_mark: flo
     ours_mean, sb3_mean = means(ours), means(sb3)
     marks = sorted(set(ours_mean) & set(sb3_mean))
     last = marks[-1]
-    ok = all(ours_mean[f] >= sb3_mean[f] for f in marks if f >= 30_000)
-    ok = ok and ours_mean[last] >= sb3_mean[last] - 0.1 * abs(sb3_mean[last])
+    ok = all(ours_mean[f] >= sb3_mean[f] for f in marks if f >= from_mark)
+    targets = [f">= SB3 from {int(from_mark // 1000)}k on"]
+    if last_within is not None:
+        ok = ok and ours_mean[last] >= sb3_mean[last] - last_within * abs(sb3_mean[last])
+        targets.append(f"within {last_within:.0%} at {int(last)}")
     lines = [f"| frames | recipe mean ({len(ours)} seeds) | SB3 mean ({len(sb3)} seeds) |", "| --- | --- | --- |"]
     lines += [f"| {int(f)} | {ours_mean[f]:.0f} | {sb3_mean[f]:.0f} |" for f in marks]
-    if band_mark in marks:  # issue 22: each of the recipe's seeds against the spread of SB3's seeds there
+    if band_mark in marks:  # each of the recipe's seeds against the spread of SB3's seeds there
         at = {name: {seed: on_grid(r["curve"])[band_mark] for seed, r in side.items()
                      if band_mark in on_grid(r["curve"])} for name, side in (("ours", ours), ("sb3", sb3))}
         low, high = min(at["sb3"].values()), max(at["sb3"].values())
@@ -248,8 +300,54 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], band_mark: flo
         lines += ["", f"SB3's band at {int(band_mark)} frames: {low:.0f} to {high:.0f} ({len(at['sb3'])} seeds); "
                   f"recipe: {seeds}"]
     minutes = [statistics.mean(r["elapsed_s"] for r in side.values()) / 60 for side in (ours, sb3)]
+    # the wall-clock each side needs to SB3's mean return at the last mark
+    goal = sb3_mean[last]
+    sb3_minutes = statistics.mean(time_at_mark(r, last) for r in sb3.values()) / 60
+    reached = next((f for f in marks if ours_mean[f] >= goal), None)
+    if reached is None:
+        lines += ["", f"SB3's mean return at {int(last)} frames, {goal:.0f}, is reached by SB3 in {sb3_minutes:.1f} "
+                  "min; the recipe's mean curve does not reach it"]
+    else:
+        ours_minutes = statistics.mean(time_at_mark(r, reached) for r in ours.values()) / 60
+        lines += ["", f"SB3's mean return at {int(last)} frames, {goal:.0f}, is reached by SB3 in {sb3_minutes:.1f} "
+                  f"min, by the recipe's mean curve at {int(reached)} frames in {ours_minutes:.1f} min "
+                  f"({ours_minutes / sb3_minutes:.2f} of SB3's wall-clock)"]
+    if speedup is not None:
+        ok = ok and reached is not None and ours_minutes <= sb3_minutes / speedup
+        targets.append(f"SB3's return in <= 1/{speedup:g} of its wall-clock")
     lines += ["", f"wall-clock per run: recipe {minutes[0]:.1f} min, SB3 {minutes[1]:.1f} min; "
-              f"targets (>= SB3 from 30k on, within 10% at {int(last)}): {'passed' if ok else 'not passed'}"]
+              f"targets ({', '.join(targets)}): {'passed' if ok else 'not passed'}"]
+    return lines
+
+
+def rst_table(sides: dict[str, dict[int, dict]]) -> list[str]:
+    """A reStructuredText list-table for the docs: each seed's return at every 10k mark, each side's mean, minutes.
+
+    Examples:
+        >>> run = {"curve": [(10112.0, 5.4), (20032.0, 418.0)], "elapsed_s": 120.0}
+        >>> print("\\n".join(rst_table({"recipe": {0: run}})[-4:]))
+           * - recipe, seed 0
+             - 5
+             - 418
+             - 2
+    """
+    marks = sorted({f for runs in sides.values() for r in runs.values() for f in on_grid(r["curve"])})
+    lines = [".. list-table::", "   :header-rows: 1", "", "   * - run"]
+    lines += [f"     - {int(m // 1000)}k" for m in marks] + ["     - min"]
+
+    def row(label: str, values: list[float | None], seconds: float) -> list[str]:
+        cells = [f"     - {'' if v is None else round(v)}" for v in values]
+        return [f"   * - {label}", *cells, f"     - {seconds / 60:.0f}"]
+
+    for side, runs in sides.items():
+        for seed, r in sorted(runs.items()):
+            lines += row(f"{side}, seed {seed}", [on_grid(r["curve"]).get(m) for m in marks], r["elapsed_s"])
+        if len(runs) > 1:
+            curves = [on_grid(r["curve"]) for r in runs.values()]
+            means = [statistics.mean(c[m] for c in curves if m in c) if any(m in c for c in curves) else None
+                     for m in marks]
+            lines += row(f"**{side}, mean of {len(runs)} seeds**", means,
+                         statistics.mean(r["elapsed_s"] for r in runs.values()))
     return lines
 
 
@@ -343,12 +441,15 @@ def main() -> None:
                    "mean_updates": round(statistics.mean(r["updates"] for r in runs.values()))}
             rows.append(row)
             print(json.dumps({"benchmark": "learning", **row}), flush=True)
-        if {"td3", "sb3_td3"} <= set(results):
-            table = compare_with_sb3(results["td3"], results["sb3_td3"])
-            (args.out / "td3_vs_sb3.md").write_text("\n".join(table) + "\n")
-            plot_against_sb3(args.out / "td3_vs_sb3.png", "TD3 HalfCheetah-v5: recipe against SB3",
-                             {"recipes/td3.py": results["td3"], "SB3 TD3": results["sb3_td3"]})
-            print("\n".join(table), flush=True)
+        for algo, targets in SB3_TARGETS.items():
+            if {algo, f"sb3_{algo}"} <= set(results):
+                table = compare_with_sb3(results[algo], results[f"sb3_{algo}"], **targets)
+                (args.out / f"{algo}_vs_sb3.md").write_text("\n".join(table) + "\n")
+                sides = {f"``recipes/{algo}.py``": results[algo], f"SB3 {algo.upper()}": results[f"sb3_{algo}"]}
+                (args.out / f"{algo}_vs_sb3_table.rst").write_text("\n".join(rst_table(sides)) + "\n")
+                plot_against_sb3(args.out / f"{algo}_vs_sb3.png", f"{algo.upper()} HalfCheetah-v5: recipe against SB3",
+                                 {f"recipes/{algo}.py": results[algo], f"SB3 {algo.upper()}": results[f"sb3_{algo}"]})
+                print("\n".join(table), flush=True)
     with open(args.out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -85,8 +85,40 @@ def test_the_sb3_table_applies_issue_22s_targets(ours_at_40k, ours_last, passed)
     assert band + ("(in or above)" if ours_at_40k >= 1500 else "(below)") in table
 
 
+@pytest.mark.parametrize("seconds_per_frame, passed", [
+    (0.0005, True),   # SB3's final return in half its wall-clock
+    (0.0009, False),  # in 0.9 of it: not within 1/1.5
+])
+def test_the_sac_table_applies_issue_19s_targets(seconds_per_frame, passed):
+    sb3 = {seed: _result([(40_000.0, 1000.0), (50_000.0, 2000.0), (60_000.0, 3000.0 + seed)]) for seed in (0, 1)}
+    # the recipe reaches SB3's mean final return (3000.5) at 50k frames
+    ours = {0: _result([(40_064.0, 900.0), (50_048.0, 3100.0), (60_032.0, 3400.0)])}
+    ours[0]["elapsed_at"] = {f: f * seconds_per_frame for f, _ in ours[0]["curve"]}
+    table = learning.compare_with_sb3(ours, sb3, **learning.SB3_TARGETS["sac"])
+    sb3_minutes = 60.0 / 60  # its elapsed_at is one second per 1000 frames
+    ours_minutes = 50_048 * seconds_per_frame / 60
+    assert (f"SB3's mean return at 60000 frames, 3000, is reached by SB3 in {sb3_minutes:.1f} min, by the recipe's "
+            f"mean curve at 50000 frames in {ours_minutes:.1f} min ({ours_minutes / sb3_minutes:.2f} of SB3's "
+            "wall-clock)") in table
+    assert table[-1].endswith("passed" if passed else "not passed")
+    assert ("not passed" in table[-1]) is not passed
+    # below SB3 at a mark from 50k on fails whatever the wall-clock
+    ours[0]["curve"][1] = (50_048.0, 1900.0)
+    assert learning.compare_with_sb3(ours, sb3, **learning.SB3_TARGETS["sac"])[-1].endswith("not passed")
+
+
 def test_the_sb3_plot_is_written(tmp_path):
     sides = {"recipe": {0: _result([(10_000.0, 1.0), (20_000.0, 5.0)]), 1: _result([(10_000.0, 2.0), (20_000.0, 3.0)])},
              "SB3": {0: _result([(10_000.0, 0.0), (20_000.0, 4.0)])}}
     learning.plot_against_sb3(tmp_path / "plot.png", "title", sides)
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_docs_table_has_each_seed_and_the_mean_on_the_10k_grid():
+    sides = {"recipe": {0: _result([(10_112.0, 1.0), (20_032.0, 5.0)]), 1: _result([(10_112.0, 3.0)])},
+             "SB3": {0: _result([(10_000.0, 0.0), (20_000.0, 4.0)])}}
+    lines = learning.rst_table(sides)
+    assert lines[3:7] == ["   * - run", "     - 10k", "     - 20k", "     - min"]
+    rows = "\n".join(lines).split("   * - ")[2:]
+    assert rows == ["recipe, seed 0\n     - 1\n     - 5\n     - 1\n", "recipe, seed 1\n     - 3\n     - \n     - 1\n",
+                    "**recipe, mean of 2 seeds**\n     - 2\n     - 5\n     - 1\n", "SB3, seed 0\n     - 0\n     - 4\n     - 1"]
