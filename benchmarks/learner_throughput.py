@@ -19,6 +19,11 @@ In one run, on one torch thread unless said otherwise, batch 256, 256x256 networ
   (``limit_ups_*``), and the recipe's update as a fraction of it
   (``recipe_fraction_of_limit_1t``, ``td3_fraction_of_limit_1t``); ``--profile``
   adds where an update's milliseconds go (``profile_ms``);
+* ``--checkpoint DIR`` (a ``recipes/sac.py`` run's checkpoint, HalfCheetah-v5 sizes): the
+  recipe's update from that run's loss and optimizer state, with denormals flushed
+  (``optim.flush_denormal``, the recipes' default) and without, alternating
+  (``trained_ups_1t``, ``trained_flush_ups_1t``, ``trained_denormal_fraction``: the
+  optimizer state's denormal share);
 * ``e2e``: ``recipes/sac.py`` on HalfCheetah-v5 at ``utd_ratio=1``, env frames per
   second once learning has started, with ``optim.num_threads=auto`` and ``=1`` in
   alternating runs (``e2e_fps_auto``, ``e2e_fps_1t``);
@@ -61,6 +66,7 @@ update per env step), LeanRL's at 725 with torch.compile and CUDA graphs.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import statistics
@@ -139,18 +145,23 @@ def plain_loop(rb):
 
 
 def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False, cudagraphs: bool = False,
-                device: torch.device | str = "cpu", serial: bool = False, prefetch: bool = False):
+                device: torch.device | str = "cpu", serial: bool = False, prefetch: bool = False,
+                trained: dict | None = None):
     """The update of recipes/sac.py: BufferSampler, the (tensor-level) loss, one fused Adam, SoftUpdate.
 
     On ``device``, compiled as the recipe's ``compile`` section would (``compile``, ``cudagraphs``);
     ``serial`` waits for the GPU after each update, so that the next batch is sampled after it;
-    ``prefetch`` samples the next batch in a thread (into a second sampler) while the update runs.
+    ``prefetch`` samples the next batch in a thread (into a second sampler) while the update runs;
+    ``trained``: the ``modules`` of a SAC recipe checkpoint, whose loss module and optimizer state it starts from.
     """
     device = torch.device(device)
     nets = networks(device)
     cfg = config(compile, cudagraphs)
     loss, target = make_loss_module(cfg, "sac", nets)
     optimizer = make_optimizer(cfg, loss)
+    if trained is not None:  # copies: the optimizer would update the checkpoint's own tensors in place
+        loss.load_state_dict(copy.deepcopy(trained["loss"]))
+        optimizer.load_state_dict(copy.deepcopy(trained["optimizer"]))
     loss_fn = tensor_loss(loss) if fast_loss else loss
     assert loss_fn is not None
 
@@ -181,6 +192,23 @@ def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False, cudagraphs
         update(sample()[0])
         torch.cuda.synchronize(device)
     return step
+
+
+def denormal_fraction(state: dict) -> float:
+    """The fraction of an optimizer state's float entries that are denormal (non-zero, below float32's ``tiny``)."""
+    tensors = [t for entry in state["state"].values() for t in entry.values()
+               if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 1]
+    tiny = torch.finfo(torch.float32).tiny
+    denormal = sum(int(((t != 0) & (t.abs() < tiny)).sum()) for t in tensors)
+    return denormal / sum(t.numel() for t in tensors)
+
+
+def with_flush_denormal(step, flush: bool):
+    """``step`` run with denormals flushed (``flush``) or not, on the calling thread (the one-thread blocks)."""
+    def flagged():
+        torch.set_flush_denormal(flush)
+        step()
+    return flagged
 
 
 def td3_loop(rb):
@@ -499,6 +527,9 @@ def main() -> None:
     parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 baseline")
     parser.add_argument("--prefetch", action="store_true",
                         help="add recipe_prefetch (the next batch sampled by a thread during the update) and sample_ms")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="a SAC recipe run's checkpoint directory (HalfCheetah-v5, 256x256): adds trained_*, "
+                             "the update from its state with and without denormals flushed")
     parser.add_argument("--device", default="cpu",
                         help="the learner's device: cpu (default, the figures above) or cuda (see the docstring)")
     args = parser.parse_args()
@@ -539,6 +570,19 @@ def main() -> None:
         out["sample_ms"] = round(median_ms(BufferSampler(rb, BATCH)), 3)
     if args.profile:
         out["profile_ms"] = profile_update(rb)
+    if args.checkpoint is not None:
+        # weights_only: tensors and plain values only, nothing that runs code
+        trained = torch.load(args.checkpoint / "state.pt", weights_only=True, map_location="cpu")["modules"]
+        fraction = denormal_fraction(trained["optimizer"])
+        variants = {"trained": with_flush_denormal(recipe_loop(rb, trained=trained), False),
+                    "trained_flush": with_flush_denormal(recipe_loop(rb, trained=trained), True)}
+        trained_rates = update_rates(variants, args.blocks, args.block_updates)
+        torch.set_flush_denormal(False)
+        out.update({"trained_denormal_fraction": round(fraction, 4),
+                    "trained_ups_1t": round(trained_rates["trained"]["ups"], 1),
+                    "trained_flush_ups_1t": round(trained_rates["trained_flush"]["ups"], 1),
+                    "trained_flush_ratio": round(trained_rates["trained_flush"]["ups"]
+                                                 / trained_rates["trained"]["ups"], 3)})
     if args.e2e_frames:
         # optim.num_threads auto (the default) against 1, alternating (auto, 1, 1, auto, ...): frames/s each
         fps, changes = {"auto": [], "1": []}, []

@@ -43,6 +43,7 @@ from torchrl_unilab.trainers.recipes_utils import (
     make_replay_buffer,
 )
 from torchrl_unilab.trainers.run import RecipeRun
+from torchrl_unilab.trainers.threads import flush_denormals
 
 
 def make_update(loss_module: TD3Loss, optimizer: torch.optim.Optimizer, target_net_updater: TargetNetUpdater,
@@ -102,6 +103,7 @@ def make_update(loss_module: TD3Loss, optimizer: torch.optim.Optimizer, target_n
 
 @hydra.main(config_path="config", config_name="td3", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
+    flush_denormals(cfg.optim.get("flush_denormal", True))  # before any parallel op: torch's threads copy the flag at start
     torch.manual_seed(cfg.env.seed)
     device = learner_device(cfg.network.device)  # TorchRL's key; null: cuda if available, else cpu
 

@@ -94,11 +94,14 @@ def torch_state():
     """Seeds torch for each test, and fails a test that leaves the thread's autograd mode switched.
 
     Seeding keeps a test's random initialisation from depending on which
-    tests ran before it; a leaked ``no_grad`` broke every later backward.
+    tests ran before it; a leaked ``no_grad`` broke every later backward. The
+    recipes flush denormals on the main thread (``optim.flush_denormal``): each
+    test starts with torch's default again.
     """
     torch.manual_seed(0)
     before = torch.is_grad_enabled()
     yield
+    torch.set_flush_denormal(False)
     after = torch.is_grad_enabled()
     torch.set_grad_enabled(before)
     assert after == before, f"the test left torch.is_grad_enabled() == {after}"

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -262,3 +263,11 @@ def test_learner_threads_auto_are_logged_and_a_bad_count_fails_before_any_worker
     with pytest.raises(ValueError, match="optim.num_threads must be a thread count >= 1 or 'auto', got 0"):
         run_recipe("td3", tmp_path / "bad", "optim.num_threads=0")
     assert not worker_processes(os.getpid())
+
+
+def test_the_recipes_flush_denormals_unless_told_not_to(tmp_path, no_leaks):
+    denormal = torch.from_numpy(np.ones(8, np.int32).view(np.float32))  # 1.4e-45; small: the main thread alone
+    run_recipe("sac", tmp_path / "off", "optim.flush_denormal=false")
+    assert bool((denormal * 1.0).all())
+    run_recipe("td3", tmp_path / "on")
+    assert not bool((denormal * 1.0).any())  # conftest's torch_state sets torch's default back

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -94,3 +97,23 @@ def test_auto_follows_a_real_collector_waiting_at_its_cap_then_running_free(no_l
         time.sleep(1.5)
         assert threads.step() == 1, threads.collection_cores
         assert threads.collection_cores > 0.5
+
+
+_DENORMALS_IN_EVERY_THREAD = """
+import sys
+import torch
+if sys.argv[1] == "pool-first":
+    torch.set_num_threads(2)
+    (torch.randn(1_000_000) * 2).sum()  # starts the intra-op threads before the flag
+from torchrl_unilab.trainers.threads import flush_denormals
+print(flush_denormals(sys.argv[1] != "disabled"))
+"""
+
+
+@pytest.mark.parametrize("order, flushed", [("first", True), ("pool-first", False), ("disabled", False)])
+def test_flush_denormals_reaches_every_thread_only_when_called_first(order, flushed):
+    # a fresh interpreter each: the flag and the thread pool are per process
+    out = subprocess.run([sys.executable, "-c", _DENORMALS_IN_EVERY_THREAD, order], capture_output=True, text=True,
+                         timeout=120, check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert out.stdout.split()[-1] == str(flushed)
+
