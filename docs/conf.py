@@ -30,7 +30,7 @@ extensions = [
     "sphinx.ext.viewcode",
 ]
 
-exclude_patterns = ["_build", "performance_figures.rst", "td3_vs_sb3.rst"]
+exclude_patterns = ["_build", "performance_figures.rst", "td3_vs_sb3.rst", "sac_vs_sb3.rst"]
 templates_path: list[str] = []
 
 # -- HTML ---------------------------------------------------------------------
