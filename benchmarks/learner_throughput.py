@@ -292,22 +292,20 @@ def profile_update(rb, updates: int = 50, top: int = 12) -> dict[str, object]:
             with record_function("target_update"):
                 target.step()
 
+    labels = ("update", "sample", "loss", "backward", "optimizer", "target_update")  # the record_function names above
     for _ in range(10):
         update()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(updates):
             update()
     events = prof.key_averages()
-    parts = {e.key: e.cpu_time_total / 1e3 / updates for e in events
-             if e.key in ("update", "sample", "loss", "backward", "optimizer", "target_update")}
+    parts = {e.key: e.cpu_time_total / 1e3 / updates for e in events if e.key in labels}
     matmul = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm",
                                                                       "aten::baddbmm", "aten::matmul"))
     parts["matmul"] = matmul / 1e3 / updates
     parts["total"] = parts.pop("update")
     out: dict[str, object] = {key: round(value, 3) for key, value in parts.items()}
-    ops = sorted((e for e in events if not e.key.startswith(("update", "sample", "loss", "backward", "optimizer",
-                                                             "target_update"))),
-                 key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    ops = sorted((e for e in events if e.key not in labels), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
     out["ops"] = {e.key: {"ms": round(e.self_cpu_time_total / 1e3 / updates, 3), "calls": e.count / updates}
                   for e in ops}
     return out

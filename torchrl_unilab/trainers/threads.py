@@ -68,9 +68,9 @@ def flush_denormals(enabled: bool = True) -> bool:
     compute many times slower: at the end of a 100k-frame ``recipes/sac.py`` run
     on HalfCheetah-v5, 17 % of the actor's 256x256 layer's first moments were
     denormal (6 % of all Adam's moments), and one-thread updates from that state
-    ran 1.09x faster with denormals flushed (43.6 against 47.3 updates/s,
+    ran 1.09x faster with denormals flushed (47.3 against 43.6 updates/s,
     ``benchmarks/learner_throughput.py --checkpoint``, 2026-12-02, 2 cores, beside
-    another run; 1.17x in an ad-hoc run: 41 against 48, the rate of fresh networks).
+    another run; 1.17x in an ad-hoc run: 48, the rate of fresh networks, against 41).
     Values that small change no loss.
 
     The flag is per thread, and torch's intra-op threads copy it from the main
