@@ -212,12 +212,13 @@ class TextEdit:
 
         Examples:
             >>> import tempfile, pathlib
-            >>> folder = pathlib.Path(tempfile.mkdtemp())
-            >>> _ = (folder / "a.py").write_text('x = "cuda:1"\\n')
-            >>> TextEdit("a.py", '"cuda:1"', '"cpu"', "no GPU").apply(folder)
-            'a.py: \\'"cuda:1"\\' -> \\'"cpu"\\' x1 (no GPU)'
-            >>> (folder / "a.py").read_text()
-            'x = "cpu"\\n'
+            >>> with tempfile.TemporaryDirectory() as tmp:
+            ...     folder = pathlib.Path(tmp)
+            ...     _ = (folder / "a.py").write_text('x = "cuda:1"\\n')
+            ...     print(TextEdit("a.py", '"cuda:1"', '"cpu"', "no GPU").apply(folder))
+            ...     print((folder / "a.py").read_text(), end="")
+            a.py: '"cuda:1"' -> '"cpu"' x1 (no GPU)
+            x = "cpu"
         """
         path = folder / self.file
         text = path.read_text()
@@ -593,10 +594,18 @@ def prepare(script: Script, sota: Path, workdir: Path, stock: bool) -> tuple[Pat
 
 
 def command_for(script: Script, budget: Budget, trainer_collector: str, trainer_import: str | None,
-                stock: bool) -> list[str]:
-    """The command line of one run (its cwd is the script's temporary folder)."""
+                stock: bool, extra: Sequence[str] = ()) -> list[str]:
+    """The command line of one run (its cwd is the script's temporary folder).
+
+    ``extra`` (``--set``) comes after the budget's overrides, so hydra lets it win.
+
+    Examples:
+        >>> td3 = select_scripts("td3")[0]
+        >>> command_for(td3, Budget(3000, 2, 1.0), SWAP_TARGET, None, False, ["logger.eval_iter=1000"])[-2:]
+        ['logger.eval_iter=1500', 'logger.eval_iter=1000']
+    """
     file = script.path.split("/", 1)[1]
-    overrides = script.overrides(budget)
+    overrides = [*script.overrides(budget), *extra]
     if not script.trainer or stock:
         return [sys.executable, file, *overrides]
     if "." in trainer_collector:  # a class path: the override of the stock config's target
@@ -610,13 +619,13 @@ def command_for(script: Script, budget: Budget, trainer_collector: str, trainer_
 
 
 def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: float, *,
-            trainer_collector: str, trainer_import: str | None, stock: bool) -> Result:
+            trainer_collector: str, trainer_import: str | None, stock: bool, extra: Sequence[str] = ()) -> Result:
     """Runs one script in its own process group; never raises for the script's failures."""
     try:
         folder, swaps, edits = prepare(script, sota, workdir, stock)
     except (OSError, RuntimeError, SyntaxError) as err:
         return Result("failed", 0.0, error=f"{type(err).__name__}: {err}")
-    cmd = command_for(script, budget, trainer_collector, trainer_import, stock)
+    cmd = command_for(script, budget, trainer_collector, trainer_import, stock, extra)
     env = dict(os.environ, HYDRA_FULL_ERROR="1", WANDB_MODE="disabled", CUDA_VISIBLE_DEVICES="",
                PYTHONFAULTHANDLER="1")
     if script.renders:  # headless: EGL unless the user chose a GL backend
@@ -690,6 +699,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trainer-import", default=None,
                         help="with a --trainer-collector name: a module whose import registers it, imported "
                              "before the trainer runs (not needed for names registered by a hydra plugin)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
+                        help="hydra overrides applied after the budget's, e.g. for a learning run: "
+                             "collector.init_random_frames=10000 logger.eval_iter=10000 logger.backend=csv")
     parser.add_argument("--stock", action="store_true", help="control run: TorchRL's collectors, no swap")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directories (logs included)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each command line and substitution")
@@ -700,6 +712,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--envs must be >= 1, got {args.envs}")
     if not args.utd > 0:
         parser.error(f"--utd must be > 0, got {args.utd}")
+    # KEY=VALUE, +KEY=VALUE (add), ~KEY or ~KEY=VALUE (delete): hydra's override grammar.
+    malformed = [item for item in args.extra
+                 if not item.split("=", 1)[0].lstrip("+~") or ("=" not in item and not item.startswith("~"))]
+    if malformed:
+        parser.error(f"--set takes hydra overrides KEY=VALUE, got {malformed}")
     try:
         scripts = select_scripts(args.only)
     except ValueError as err:
@@ -719,7 +736,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               + ("; --stock: TorchRL's own collectors (control)" if args.stock else ""), flush=True)
         for script in scripts:
             result = run_one(script, sota, workdir, budget, args.timeout, trainer_collector=args.trainer_collector,
-                             trainer_import=args.trainer_import, stock=args.stock)
+                             trainer_import=args.trainer_import, stock=args.stock, extra=args.extra)
             results[script.path] = result
             for line in result.edits + (result.swaps if args.verbose else []):
                 print(f"  {script.path}: substituted {line}", flush=True)
@@ -729,7 +746,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = {
             "benchmark": "sota_dropin", "torchrl": torchrl_version, "commit": commit,
             "collector": "stock" if args.stock else SWAP_TARGET, "trainer_collector": args.trainer_collector,
-            "frames": args.frames,
+            "frames": args.frames, "set": args.extra,
             "results": {path: {k: v for k, v in dataclasses.asdict(r).items() if v not in ([], None, "")}
                         | {"seconds": round(r.seconds, 1)} for path, r in results.items()},
         }

@@ -1,29 +1,35 @@
 """The documentation: docstring examples run, every public name is in the API reference, the docs build.
 
 * ``test_docstring_examples``: the ``Examples:`` (``>>>``) of every module of
-  ``torchrl_unilab`` run with the stdlib :mod:`doctest`, in the module's namespace.
+  ``torchrl_unilab`` run with the stdlib :mod:`doctest`, in the module's namespace,
+  and leave nothing in the temp dir.
 * ``test_api_reference_lists_every_public_name``: each name of the package's
   ``__all__`` and of each public submodule's ``__all__`` is documented by the
   rst sources of ``docs/api*`` (an ``automodule`` with ``:members:`` of a module
   that lists it, or an explicit ``auto*`` directive).
 * ``test_docs_build``: ``sphinx-build -W --keep-going`` (warnings are errors)
   builds the HTML pages, whose inventory must hold every public name, and the
-  ``doctest`` builder runs the examples of the pages.
+  ``doctest`` builder runs the examples of the pages, which leave nothing in the temp dir.
 """
 
 from __future__ import annotations
 
 import doctest
+import gc
 import importlib
 import importlib.util
 import io
+import multiprocessing.util
 import os
 import pkgutil
 import posixpath
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -51,16 +57,40 @@ def public_names() -> dict[str, object]:
 
 
 # ----------------------------------------------------------------- docstrings
+@pytest.fixture
+def examples_tempdir(monkeypatch) -> Iterator[Path]:
+    """A temp dir of the test's own, for ``tempfile`` here and in the processes the examples start.
+
+    Users copy the examples, so an example must remove what it creates: the
+    test fails on what is left in this dir afterwards. Its path is short: the
+    workers' sockets live under it, and AF_UNIX paths stop at 107 bytes.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix="tul_examples_"))
+    # multiprocessing keeps one temp dir for the whole interpreter and removes it at exit: made now, it is
+    # not this test's to remove.
+    multiprocessing.util.get_temp_dir()
+    # Ray keeps its sessions' logs under <temp dir>/ray by design, and its sockets' paths would pass
+    # AF_UNIX's 107 bytes under tmp_path: it keeps the usual temp dir.
+    monkeypatch.setenv("RAY_TMPDIR", os.environ.get("RAY_TMPDIR", tempfile.gettempdir()))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 @pytest.mark.parametrize("module_name", ALL_MODULES)
-def test_docstring_examples(module_name):
+def test_docstring_examples(module_name, examples_tempdir):
     module = importlib.import_module(module_name)
     finder = doctest.DocTestFinder()
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     report = io.StringIO()
     for test in finder.find(module, module_name, globs=vars(module).copy()):
-        runner.run(test, out=report.write)
+        runner.run(test, out=report.write)  # clears the example's globals afterwards
     result = runner.summarize(verbose=False)
     assert result.failed == 0, f"{result.failed} failing docstring example(s) in {module_name}:\n{report.getvalue()}"
+    gc.collect()  # a replay buffer removes its own scratch dir when it is collected
+    left = sorted(os.listdir(examples_tempdir))
+    assert not left, f"the examples of {module_name} left these in the temp dir: {left}"
 
 
 # ------------------------------------------------------------ API reference
@@ -137,8 +167,10 @@ def test_public_modules_have_an_api_page():
 
 
 # ------------------------------------------------------------------- build
-def sphinx(builder: str, out: Path, doctrees: Path) -> tuple[int, str, float]:
+def sphinx(builder: str, out: Path, doctrees: Path, tempdir: Path | None = None) -> tuple[int, str, float]:
     env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "disable"), PYTHONUNBUFFERED="1")
+    if tempdir is not None:
+        env["TMPDIR"] = str(tempdir)
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", builder, "-d", str(doctrees),
@@ -149,7 +181,7 @@ def sphinx(builder: str, out: Path, doctrees: Path) -> tuple[int, str, float]:
 
 
 @pytest.mark.timeout(600)
-def test_docs_build(tmp_path):
+def test_docs_build(tmp_path, examples_tempdir):
     # Not skipped when Sphinx is missing: CI installs the docs extra, and the docs must build there.
     assert importlib.util.find_spec("sphinx") and importlib.util.find_spec("furo"), (
         "the docs build needs Sphinx and furo: pip install -e '.[test,docs]'"
@@ -158,10 +190,13 @@ def test_docs_build(tmp_path):
     # doctest one mostly waits for the examples' worker processes to start. 92 s one after the other, here.
     with ThreadPoolExecutor(2) as pool:
         html = pool.submit(sphinx, "html", tmp_path / "html", tmp_path / "doctrees-html")
-        examples = pool.submit(sphinx, "doctest", tmp_path / "doctest", tmp_path / "doctrees-doctest")
+        examples = pool.submit(sphinx, "doctest", tmp_path / "doctest", tmp_path / "doctrees-doctest",
+                               tempdir=examples_tempdir)
         (rc, log, _), (doctest_rc, doctest_log, _) = html.result(), examples.result()
     assert rc == 0, f"sphinx-build -W -b html failed:\n{log[-20000:]}"
     assert doctest_rc == 0, f"sphinx-build -b doctest failed (an example in docs/*.rst):\n{doctest_log[-20000:]}"
+    left = sorted(os.listdir(examples_tempdir))
+    assert not left, f"the examples of the pages left these in the temp dir: {left}"
 
     from sphinx.util.inventory import InventoryFile
 

@@ -155,8 +155,10 @@ def test_two_nodes_fill_the_learner_buffer_and_a_publish_reaches_them():
         assert int(data["policy_version"].max()) == 2
     finally:
         collector.shutdown()
-    # no node actor and no worker process outlives the shutdown
+    # no node actor and no worker process outlives the shutdown, nor their fork servers' directories
     assert wait_until(lambda: gone(pids), timeout=15), [p for p in pids if not gone([p])]
+    left = [e for e in os.listdir(tempfile.gettempdir()) if any(e.startswith(f"tul_mp_{pid}_") for pid in pids)]
+    assert not left, f"the node actors' fork server directories outlived a clean shutdown: {left}"
 
 
 def test_observation_statistics_travel_to_the_nodes_with_the_weights():

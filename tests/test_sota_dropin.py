@@ -137,6 +137,19 @@ def test_only_accepts_names_and_paths():
         sota_dropin.select_scripts("sac,nope")
 
 
+def test_set_overrides_come_last_and_malformed_ones_are_refused(capsys):
+    td3 = next(s for s in sota_dropin.SCRIPTS if s.name == "td3")
+    extra = ["collector.init_random_frames=10000", "+logger.extra=1", "~logger.video"]
+    command = sota_dropin.command_for(td3, sota_dropin.Budget(3000, 2, 1.0), sota_dropin.SWAP_TARGET, None, False,
+                                      extra)
+    assert command[-3:] == extra  # after the budget's collector.init_random_frames=1000: hydra keeps the last
+    assert "collector.init_random_frames=1000" in command
+    for bad in ("logger.eval_iter", "=5"):
+        with pytest.raises(SystemExit):
+            sota_dropin.main(["--rl-root", ".", "--only", "td3", "--set", bad])
+        assert f"--set takes hydra overrides KEY=VALUE, got ['{bad}']" in capsys.readouterr().err
+
+
 def test_redq_gets_a_uniform_buffer_exactly_where_torchrl_segment_trees_cannot_load():
     redq = next(s for s in sota_dropin.SCRIPTS if s.name == "redq")
     command = sota_dropin.command_for(redq, sota_dropin.Budget(3000, 2, 0.1), sota_dropin.SWAP_TARGET, None, False)

@@ -36,12 +36,12 @@ class PhaseTimer:
 
     Examples:
         >>> import json, tempfile, os
-        >>> path = os.path.join(tempfile.mkdtemp(), "trace.json")
-        >>> timer = PhaseTimer(path, thread_time=True)
-        >>> with timer("env step"):
-        ...     pass
-        >>> timer.save()
-        >>> [e["name"] for e in json.load(open(path))["traceEvents"] if e["ph"] == "X"]
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     timer = PhaseTimer(os.path.join(tmp, "trace.json"), thread_time=True)
+        ...     with timer("env step"):
+        ...         pass
+        ...     timer.save()
+        ...     [e["name"] for e in json.loads(timer.trace_path.read_text())["traceEvents"] if e["ph"] == "X"]
         ['env step']
         >>> timer.totals["env step"] >= 0
         True

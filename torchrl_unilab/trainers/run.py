@@ -88,6 +88,7 @@ class RecipeRun:
 
     Examples:
         >>> import tempfile
+        >>> log_dir = tempfile.TemporaryDirectory()
         >>> from pathlib import Path
         >>> from omegaconf import OmegaConf
         >>> import torchrl_unilab
@@ -97,7 +98,7 @@ class RecipeRun:
         >>> cfg.merge_with_dotlist(["env.name=Pendulum-v1", "network.hidden_sizes=[8]", "collector.total_frames=96",
         ...     "collector.init_random_frames=64", "collector.env_per_collector=2", "collector.frames_per_batch=32",
         ...     "optim.batch_size=32", "logger.backend=none", "logger.progress_bar=false", "logger.num_eval_envs=1",
-        ...     f"logger.log_dir={tempfile.mkdtemp()}"])
+        ...     f"logger.log_dir={log_dir.name}"])
         >>> nets = make_networks(cfg, "sac", env_info(cfg))
         >>> run = RecipeRun(cfg, "SAC", nets.policy, make_replay_buffer(cfg), modules={"actor": nets.actor})
         >>> with run:
@@ -108,6 +109,7 @@ class RecipeRun:
         SAC Pendulum-v1: final eval return ...
         >>> summary["frames"], summary["updates"], summary["interrupted"]
         (96, 32, False)
+        >>> log_dir.cleanup()
     """
 
     def __init__(
