@@ -125,16 +125,14 @@ def _prepare_fork_server() -> None:
     config["tempdir"] = path
 
 
-def remove_fork_server_dir() -> None:
+def _remove_fork_server_dir() -> None:
     """Removes the temporary directory :func:`_prepare_fork_server` made for this process, now.
 
     For a process that is killed rather than left to exit (a Ray node actor
     once its workers stopped: ``RayCollector.shutdown`` kills it), whose exit
     handlers never run. The fork server's socket is in that directory: no
-    worker can start in this process afterwards.
-
-    Examples:
-        >>> remove_fork_server_dir()  # nothing to remove where no fork server was prepared: a no-op
+    worker can start in this process afterwards, which is why it has no
+    example to run (it would break the process that runs it).
     """
     path = mp.current_process()._config.get("tempdir")  # noqa: SLF001 - see _prepare_fork_server
     if path and os.path.basename(path).startswith(f"{MP_DIR_PREFIX}{os.getpid()}_"):

@@ -36,7 +36,7 @@ from torchrl.collectors.distributed import RayCollector
 from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType
 
-from torchrl_unilab.collectors._processes import WorkerError, remove_fork_server_dir
+from torchrl_unilab.collectors._processes import WorkerError, _remove_fork_server_dir
 from torchrl_unilab.collectors._worker import TRAJ_KEY, VERSION_KEY
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.data.replay_buffer import init_storage
@@ -243,7 +243,7 @@ class RayNodeCollector(OffPolicyCollector):
         to the learner as a :class:`NodeError` (TorchRL's ``__iter__`` shuts down on the way out of an error).
         The actor is killed next, so its exit handlers never run: its fork server's directory goes now."""
         super().shutdown(timeout=timeout, close_env=close_env, raise_on_error=raise_on_error)
-        remove_fork_server_dir()
+        _remove_fork_server_dir()
 
     def __bool__(self) -> bool:
         # Ray tests the actor's truth when it stores a task error; without this
