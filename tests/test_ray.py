@@ -161,6 +161,20 @@ def test_two_nodes_fill_the_learner_buffer_and_a_publish_reaches_them():
     assert not left, f"the node actors' fork server directories outlived a clean shutdown: {left}"
 
 
+def test_a_node_built_in_the_learners_process_keeps_its_fork_server():
+    """Only a node inside its Ray actor removes the fork server's directory at shutdown: here, collectors
+    built after it still start their workers (removed, every later start failed with FileNotFoundError)."""
+    from torchrl_unilab.collectors.ray_collector import RayNodeCollector
+
+    for _ in range(2):
+        node = RayNodeCollector(["Pendulum-v1"], linear_policy(3, 1), worker_idx=0, num_nodes=1, num_workers=1,
+                                num_envs=2, frames_per_batch=32, init_random_frames=32, seed=0)
+        try:
+            assert node.next().shape == torch.Size([32])
+        finally:
+            node.shutdown()
+
+
 def test_observation_statistics_travel_to_the_nodes_with_the_weights():
     """obs_norm: the learner's normaliser statistics reach the remote workers; the buffer keeps raw observations."""
     from torchrl_unilab import ObservationNormalizer

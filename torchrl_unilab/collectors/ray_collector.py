@@ -241,9 +241,12 @@ class RayNodeCollector(OffPolicyCollector):
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = False) -> None:
         """Stops the node's workers. A worker's error is not raised again here: :meth:`next` already sent it
         to the learner as a :class:`NodeError` (TorchRL's ``__iter__`` shuts down on the way out of an error).
-        The actor is killed next, so its exit handlers never run: its fork server's directory goes now."""
+        Inside its actor, which ``RayCollector.shutdown`` kills next (no exit handler runs), the fork
+        server's directory goes now; a node built in the learner's process keeps its process's."""
         super().shutdown(timeout=timeout, close_env=close_env, raise_on_error=raise_on_error)
-        _remove_fork_server_dir()
+        ray = _ray()
+        if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+            _remove_fork_server_dir()
 
     def __bool__(self) -> bool:
         # Ray tests the actor's truth when it stores a task error; without this
