@@ -12,6 +12,11 @@ Run::
     python benchmarks/sota_dropin.py --rl-root ~/src/rl                      # a work tree of pytorch/rl
     python benchmarks/sota_dropin.py --rl-root /path/to/rl.git               # a bare git dir: HEAD is used
     python benchmarks/sota_dropin.py --rl-root ~/src/rl --only sac,td3,sac_trainer --frames 3000 -v
+    python benchmarks/sota_dropin.py --rl-root ~/src/rl --only td3 --frames 40000 --envs 8 --utd 1 \
+        --timeout 3000 --keep --set collector.init_random_frames=10000 logger.eval_iter=10000 logger.backend=csv
+
+``--set`` takes hydra overrides applied after the budget's (a learning run of
+the script rather than a smoke test); ``--keep`` keeps its logs.
 
 ``--rl-root`` is either a work tree (a directory holding ``sota-implementations/``)
 or a bare git repository, whose ``HEAD:sota-implementations`` is extracted with
