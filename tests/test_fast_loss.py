@@ -7,10 +7,12 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 from torch import nn
-from torchrl.modules import ValueOperator
-from torchrl.objectives import SACLoss, ValueEstimators
+from torchrl.modules import TanhNormal, ValueOperator
+from torchrl.objectives import SACLoss, SoftUpdate, ValueEstimators
 
 from torchrl_unilab.modules.models import make_actor, make_critic
+from torchrl_unilab.modules._tanh_normal import TanhNormalSampler
+from torchrl_unilab.objectives import ForeachSoftUpdate
 from torchrl_unilab.objectives._fast_loss import tensor_loss
 from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
 
@@ -271,3 +273,61 @@ def test_prioritized_batches_are_refused_by_the_tensor_loss():
     data["priority_weight"] = torch.ones(B)
     with pytest.raises(ValueError, match="priority weights"):
         tensor_loss(loss)(data)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_foreach_soft_update_moves_every_target_as_soft_update(algo):
+    """The fused target update gives SoftUpdate's targets, also after load_state_dict refills the parameters."""
+
+    def targets_after(updater_class, state=None):
+        torch.manual_seed(0)
+        nets = make_networks(config(True), algo, EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT)))
+        loss, _ = make_loss_module(config(True), algo, nets)
+        updater = updater_class(loss, eps=0.9)
+        if state is not None:
+            loss.load_state_dict(state)
+        torch.manual_seed(1)
+        for _ in range(5):  # as after optimizer steps: the sources move in place
+            with torch.no_grad():
+                for p in loss.parameters():
+                    p.add_(0.1 * torch.randn_like(p))
+            updater.step()
+        return {k: v.clone() for k, v in loss.state_dict().items() if "target_" in k}
+
+    reference, fused = targets_after(SoftUpdate), targets_after(ForeachSoftUpdate)
+    assert len(reference) >= (2 if algo == "sac" else 4)  # TD3: the target actor's tensors too
+    for key in reference:
+        torch.testing.assert_close(fused[key], reference[key], rtol=1e-6, atol=1e-6, msg=key)
+    start = {k: torch.full_like(v, 0.5) if "target_" in k else v for k, v in make_loss_module(
+        config(True), algo, make_networks(config(True), algo, EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT))),
+    )[0].state_dict().items()}
+    reference, fused = targets_after(SoftUpdate, start), targets_after(ForeachSoftUpdate, start)
+    for key in reference:
+        torch.testing.assert_close(fused[key], reference[key], rtol=1e-6, atol=1e-6, msg=key)
+
+
+@pytest.mark.parametrize("box", [(-1.0, 1.0), (-2.0, 3.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tanh_normal_sampler_gives_tanh_normals_samples_log_probs_and_gradients(box, dtype):
+    """Against TorchRL's TanhNormal on the same random numbers, saturated preimages (|loc| = 30) included."""
+    low, high = (torch.tensor([box[0], -1.0], dtype=dtype), torch.tensor([box[1], 1.0], dtype=dtype))
+    loc = torch.cat([torch.randn(63, 2, dtype=dtype), torch.tensor([[30.0, -30.0]], dtype=dtype)])
+    scale = torch.rand(64, 2, dtype=dtype) + 0.05
+
+    def draw(fn):
+        loc_, scale_ = loc.clone().requires_grad_(), scale.clone().requires_grad_()
+        torch.manual_seed(3)
+        action, log_prob = fn(loc_, scale_)
+        grads = torch.autograd.grad((action * torch.arange(1.0, 3.0, dtype=dtype)).sum() + log_prob.sum(),
+                                    [loc_, scale_])
+        return action.detach(), log_prob.detach(), grads
+
+    reference = draw(lambda l, s: TanhNormal(l, s, low=low, high=high).rsample_and_log_prob())
+    sampler = TanhNormalSampler(low, high)
+    for ours, ref in zip(draw(sampler.rsample_and_log_prob), reference):
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    torch.manual_seed(3)
+    torch.testing.assert_close(sampler.sample(loc, scale), reference[0])
+    assert (reference[0] < high).all() and (reference[0] > low).all()
+    with pytest.raises(ValueError, match="high > low"):
+        TanhNormalSampler(1.0, -1.0)

@@ -30,6 +30,7 @@ from tensordict.nn import (
 from torchrl.modules import TanhNormal
 
 from torchrl_unilab.modules._mlp import MLPExecutor, concatenates_inputs, mlp_steps
+from torchrl_unilab.modules._tanh_normal import TanhNormalSampler
 from torchrl_unilab.modules.exploration import ActionProjection, PerEnvMixedNoise
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 
@@ -68,18 +69,12 @@ def _tanh_normal_step(module: ProbabilisticTensorDictModule) -> Callable[[_Tenso
         return None
     if getattr(module, "safe", False):
         return None
-    low = torch.as_tensor(kwargs.get("low", -1.0), dtype=torch.float32)
-    high = torch.as_tensor(kwargs.get("high", 1.0), dtype=torch.float32)
-    half, mid = (high - low) / 2, (high + low) / 2
-    unit_box = bool((half == 1).all() and (mid == 0).all())
+    sampler = TanhNormalSampler(kwargs.get("low", -1.0), kwargs.get("high", 1.0))
     loc_key, scale_key = module.in_keys if isinstance(module.in_keys, list) else list(module.in_keys)
     (out_key,) = module.out_keys[:1]
 
     def step(values: _TensorMap) -> None:
-        # TanhNormal with tanh_loc=False: tanh of a Normal sample, mapped affinely onto [low, high].
-        loc, scale = values[loc_key], values[scale_key]
-        action = torch.tanh(loc + scale * torch.randn_like(loc))
-        values[out_key] = action if unit_box else action * half + mid
+        values[out_key] = sampler.sample(values[loc_key], values[scale_key])
 
     return step
 

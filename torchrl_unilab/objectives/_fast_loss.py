@@ -7,7 +7,8 @@ For the networks :mod:`torchrl_unilab.modules.models` builds (MLPs of ``Linear``
 ``LayerNorm`` and parameter-free layers), :func:`tensor_loss` computes the same
 losses from the loss module's own parameters with plain tensor operations:
 the two Q-networks run as one batched matmul over their stacked weights, the
-SAC actor's ``TanhNormal`` is TorchRL's own class, random numbers are drawn in
+SAC actor's ``TanhNormal`` is sampled as plain tensor operations
+(:mod:`~torchrl_unilab.modules._tanh_normal`), random numbers are drawn in
 the loss module's order. Values and gradients equal the loss module's
 (``tests/test_fast_loss.py``). Anything else -- another loss class or
 configuration, a value estimator other than TD(0), a network with other
@@ -34,6 +35,7 @@ from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import TD0Estimator
 
 from torchrl_unilab.modules._mlp import MLPExecutor, concatenates_inputs, mlp_steps
+from torchrl_unilab.modules._tanh_normal import TanhNormalSampler
 from torchrl_unilab.modules.models import PassThroughActor
 
 __all__ = ["tensor_loss"]
@@ -112,12 +114,15 @@ class _SACTensorLoss(_TensorLoss):
 
     def __init__(self, loss: SACLoss, actor: _Network, critic: _Network, dist_kwargs: dict) -> None:
         super().__init__(loss, actor, critic)
-        self.dist_kwargs = dist_kwargs
+        if dist_kwargs.get("tanh_loc", False):
+            self._draw = lambda loc, scale: TanhNormal(loc, scale, **dist_kwargs).rsample_and_log_prob()
+        else:
+            sampler = TanhNormalSampler(dist_kwargs.get("low", -1.0), dist_kwargs.get("high", 1.0))
+            self._draw = sampler.rsample_and_log_prob
         self.q_detached = critic.bind(loss.qvalue_network_params.detach())
 
     def _sample(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        loc, scale = self.policy(observation)
-        return TanhNormal(loc, scale, **self.dist_kwargs).rsample_and_log_prob()
+        return self._draw(*self.policy(observation))
 
     def __call__(self, batch: TensorDictBase, update_actor: bool = True) -> dict[str, torch.Tensor]:
         loss, act = self.loss, self.action_key

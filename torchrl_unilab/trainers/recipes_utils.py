@@ -26,7 +26,7 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType, set_exploration_type
-from torchrl.objectives import LossModule, SACLoss, SoftUpdate, TD3Loss
+from torchrl.objectives import LossModule, SACLoss, TD3Loss
 from torchrl.objectives.utils import TargetNetUpdater
 
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
@@ -37,6 +37,7 @@ from torchrl_unilab.envs.envpool_env import make_gym_id_env
 from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.models import ALGOS, PassThroughActor, make_actor, make_critic
 from torchrl_unilab.modules.normalization import ObservationNormalizer, normalize_batch
+from torchrl_unilab.objectives.target_update import ForeachSoftUpdate
 from torchrl_unilab.trainers.device import module_device
 from torchrl_unilab.trainers.training import trainable_parameters
 
@@ -299,7 +300,7 @@ def _hidden_sizes(sizes: Any) -> list[int]:
 
 
 def make_loss_module(cfg: DictConfig, algo: str, nets: Networks) -> tuple[LossModule, TargetNetUpdater]:
-    """TorchRL's ``SACLoss`` or ``TD3Loss`` from the ``optim`` section, with its ``SoftUpdate``.
+    """TorchRL's ``SACLoss`` or ``TD3Loss`` from the ``optim`` section, with its ``SoftUpdate`` (fused).
 
     As in TorchRL's SOTA recipes: two Q-networks, target critics (and a target
     actor for TD3), ``gamma``, ``loss_function``; SAC learns ``alpha`` from
@@ -315,7 +316,7 @@ def make_loss_module(cfg: DictConfig, algo: str, nets: Networks) -> tuple[LossMo
         >>> nets = make_networks(cfg, "sac", env_info(OmegaConf.create({"env": {"name": "Pendulum-v1"}})))
         >>> loss, updater = make_loss_module(cfg, "sac", nets)
         >>> type(loss).__name__, type(updater).__name__
-        ('SACLoss', 'SoftUpdate')
+        ('SACLoss', 'ForeachSoftUpdate')
     """
     optim = cfg.optim
     if algo == "sac":
@@ -339,7 +340,7 @@ def make_loss_module(cfg: DictConfig, algo: str, nets: Networks) -> tuple[LossMo
     if device.type != "cpu":
         # The networks are there already; the estimator's gamma (and any buffer made on the CPU) join them.
         loss.to(device)
-    return loss, SoftUpdate(loss, eps=float(optim.target_update_polyak))
+    return loss, ForeachSoftUpdate(loss, eps=float(optim.target_update_polyak))
 
 
 def make_optimizer(cfg: DictConfig, loss_module: LossModule) -> torch.optim.Adam:
