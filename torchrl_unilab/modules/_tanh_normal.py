@@ -6,7 +6,9 @@ tanh as an ``autograd.Function``, an affine map onto ``[low, high]``) on every
 call. :class:`TanhNormalSampler` computes the same sample and log-probability
 from ``loc`` and ``scale`` directly: the same random numbers (one
 ``randn_like`` on ``loc``'s shape), the same clamp of the tanh to
-``1 - resolution``, the same stable ``log(1 - tanh(u)^2)``.
+``1 - resolution``, the same stable ``log(1 - tanh(u)^2)``. One difference:
+where that clamp binds (``|u|`` above about 7.2 in float32), the action's
+gradient here is 0, TorchRL's ``1 - limit^2`` (about 2e-6).
 
 Measured (2026-12-02, batch 256 x 6 with backward, one thread, beside a
 training run): 1.7 ms for ``TanhNormal`` against 0.55 ms; the SAC recipe's

@@ -22,7 +22,10 @@ __all__ = ["ForeachSoftUpdate"]
 class ForeachSoftUpdate(SoftUpdate):
     """``SoftUpdate`` (``target = eps * target + (1 - eps) * source``) with one fused in-place lerp per step.
 
-    Same arguments and semantics as :class:`torchrl.objectives.SoftUpdate`; it is one.
+    Same arguments and semantics as :class:`torchrl.objectives.SoftUpdate`; it is one. As the tensor-level
+    loss's ``MLPExecutor``, it sees in-place writes to the parameters, not
+    tensors replaced after it was built (``loss.to(device)`` afterwards): build it once the loss sits on its device,
+    as :func:`~torchrl_unilab.trainers.recipes_utils.make_loss_module` does.
 
     Examples:
         >>> import torch
