@@ -41,12 +41,16 @@ that the two sides of a suite, or its seeds, can run as separate commands
 Writes ``results.md`` and ``results.csv`` (final and best eval return per
 run, their means over seeds -- a task passes on the mean final return --,
 frames and wall-clock time) and ``<suite>_<algo>.png`` (eval return
-against frames and against wall-clock minutes, one line per seed) to
-``--out``, keeps each run's directory under ``--out/runs``, and prints one
+against frames and against wall-clock minutes, one line per seed),
+``<suite>_<algo>_<env>_table.rst`` (the docs' table: each seed and the mean at
+every 10k mark, a task's variants, such as the robot suite's two Go1 critics,
+side by side) and, for a task with variants, ``<suite>_<algo>_<env>_sides.png``
+(each variant's mean and band) to ``--out``, keeps each run's directory under ``--out/runs``, and prints one
 JSON line per task.
 
     python benchmarks/learning.py --suite pendulum [--seeds 0 1 2] [--out benchmarks/results/learning]
     python benchmarks/learning.py --suite robot    # seeds 0 1 (the suite's own) unless --seeds is given
+    python benchmarks/learning.py --suite robot --seeds 1 --set optim.num_threads=1   # beside --seeds 0, same --set
     python benchmarks/learning.py --suite td3 --seeds 0      # one seed of each side
     python benchmarks/learning.py --suite td3 --algo sb3_td3 --seeds 1    # one side, one seed
     python benchmarks/learning.py --suite td3 --reuse        # the table from the runs already done
@@ -380,8 +384,12 @@ def plot(path: Path, title: str, runs: dict[int, dict]) -> None:
     fig.savefig(path)
 
 
-def plot_against_sb3(path: Path, title: str, sides: dict[str, dict[int, dict]]) -> None:
-    """Each side's mean eval return over seeds against frames, with the band from its lowest to its highest seed."""
+def plot_sides(path: Path, title: str, sides: dict[str, dict[int, dict]]) -> None:
+    """Each side's mean eval return over seeds against frames, with the band from its lowest to its highest seed.
+
+    A side is a recipe or SB3 (``--suite td3``, ``sb3``), or one variant of a task (the ``robot`` suite's
+    privileged and symmetric critics).
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -404,7 +412,7 @@ def plot_against_sb3(path: Path, title: str, sides: dict[str, dict[int, dict]]) 
     fig.savefig(path)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=[*SUITES, "all"], default="pendulum")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the suite's, else 0 1 2")
@@ -414,21 +422,29 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=None, help="frames per run instead of the suite's")
     parser.add_argument("--reuse", action="store_true",
                         help="take a run from its directory's result.json when it has the same frames")
-    args = parser.parse_args()
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
+                        help="hydra overrides for every recipe run, after the suite's; e.g. optim.num_threads=1 "
+                             "for two suites side by side on 2 cores (each learner's auto threads see only its "
+                             "own workers)")
+    args = parser.parse_args(argv)
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for suite in suites:
         results = {}
+        by_env: dict[tuple[str, str], dict[str, dict[int, dict]]] = {}  # (algo, env) -> variant -> seed -> run
         for task in SUITES[suite]:
             if args.algo and task.algo not in args.algo:
                 continue
             if args.frames:
                 task = dataclasses.replace(task, frames=args.frames)
+            if args.extra:
+                task = dataclasses.replace(task, overrides=[*task.overrides, *args.extra])
             seeds = args.seeds or task.seeds or (0, 1, 2)
             runs = {seed: run_or_reuse(task, seed, args.out / "runs" / f"{task.name}_seed{seed}", args.reuse)
                     for seed in seeds}
             results[task.algo] = runs
+            by_env.setdefault((task.algo, task.env), {})[task.label or task.algo] = runs
             seeds = seed_count(runs)
             label = f" {task.label}" if task.label else ""
             png = f"{suite}_{task.algo}.png" if suite in ("pendulum", "halfcheetah") else f"{suite}_{task.name}.png"
@@ -446,13 +462,18 @@ def main() -> None:
                    "mean_updates": round(statistics.mean(r["updates"] for r in runs.values()))}
             rows.append(row)
             print(json.dumps({"benchmark": "learning", **row}), flush=True)
+        for (algo, env), sides in by_env.items():  # each task's seeds, and its variants side by side
+            stem = f"{suite}_{algo}_{env}"
+            (args.out / f"{stem}_table.rst").write_text("\n".join(rst_table(sides)) + "\n")
+            if len(sides) > 1:
+                plot_sides(args.out / f"{stem}_sides.png", f"{algo.upper()} {env}: {' against '.join(sides)}", sides)
         for algo, targets in SB3_TARGETS.items():
             if {algo, f"sb3_{algo}"} <= set(results):
                 table = compare_with_sb3(results[algo], results[f"sb3_{algo}"], **targets)
                 (args.out / f"{algo}_vs_sb3.md").write_text("\n".join(table) + "\n")
                 sides = {f"``recipes/{algo}.py``": results[algo], f"SB3 {algo.upper()}": results[f"sb3_{algo}"]}
                 (args.out / f"{algo}_vs_sb3_table.rst").write_text("\n".join(rst_table(sides)) + "\n")
-                plot_against_sb3(args.out / f"{algo}_vs_sb3.png", f"{algo.upper()} HalfCheetah-v5: recipe against SB3",
+                plot_sides(args.out / f"{algo}_vs_sb3.png", f"{algo.upper()} HalfCheetah-v5: recipe against SB3",
                                  {f"recipes/{algo}.py": results[algo], f"SB3 {algo.upper()}": results[f"sb3_{algo}"]})
                 print("\n".join(table), flush=True)
     with open(args.out / "results.csv", "w", newline="") as f:

@@ -29,7 +29,7 @@ def test_every_benchmark_script_parses(script):
 def test_learning_help_lists_its_options():
     out = subprocess.run([sys.executable, str(BENCHMARKS / "learning.py"), "--help"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
-    for option in ("--suite", "--seeds", "--algo", "--frames", "--reuse"):
+    for option in ("--suite", "--seeds", "--algo", "--frames", "--reuse", "--set"):
         assert option in out
 
 
@@ -57,6 +57,28 @@ def test_a_saved_run_is_reused_only_with_the_same_frames(tmp_path, monkeypatch):
     learning.run_or_reuse(shorter, 3, tmp_path / "run", reuse=True)
     learning.run_or_reuse(task, 3, tmp_path / "run", reuse=False)
     assert trained == [(task.frames, 3), (40_000, 3), (task.frames, 3)]
+
+
+def test_set_reaches_every_recipe_run_and_a_tasks_variants_are_compared(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_run(task, seed, run_dir):
+        seen.append(task)
+        return _result([(10_000.0, float(seed)), (float(task.frames), 10.0 + seed)], task.frames)
+
+    monkeypatch.setattr(learning, "run", fake_run)
+    learning.main(["--suite", "robot", "--seeds", "0", "1", "--frames", "20000", "--out", str(tmp_path),
+                   "--set", "optim.num_threads=1", "logger.eval_iter=5000"])
+    assert len(seen) == 2 * len(learning.SUITES["robot"])
+    for task in seen:  # after the suite's own overrides, so that hydra lets them win
+        assert task.overrides[-2:] == ["optim.num_threads=1", "logger.eval_iter=5000"] and task.frames == 20_000
+    go1 = "robot_td3_Go1JoystickFlatTerrain-v1"
+    assert (tmp_path / f"{go1}_sides.png").stat().st_size > 0
+    table = (tmp_path / f"{go1}_table.rst").read_text()
+    for row in ("privileged, seed 0", "privileged, seed 1", "symmetric, seed 1", "**symmetric, mean of 2 seeds**"):
+        assert f"* - {row}" in table
+    assert "* - sac, seed 0" in (tmp_path / "robot_sac_CheetahRun-v1_table.rst").read_text()
+    assert not (tmp_path / "robot_sac_CheetahRun-v1_sides.png").exists()  # one variant: nothing to compare
 
 
 def test_an_interrupted_run_is_not_saved_for_reuse(tmp_path, monkeypatch):
@@ -110,7 +132,7 @@ def test_the_sac_table_applies_issue_19s_targets(seconds_per_frame, passed):
 def test_the_sb3_plot_is_written(tmp_path):
     sides = {"recipe": {0: _result([(10_000.0, 1.0), (20_000.0, 5.0)]), 1: _result([(10_000.0, 2.0), (20_000.0, 3.0)])},
              "SB3": {0: _result([(10_000.0, 0.0), (20_000.0, 4.0)])}}
-    learning.plot_against_sb3(tmp_path / "plot.png", "title", sides)
+    learning.plot_sides(tmp_path / "plot.png", "title", sides)
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
