@@ -51,7 +51,7 @@ def test_a_fixed_count_is_set_once_and_kept():
 
 def test_auto_moves_one_thread_at_a_time_with_hysteresis():
     r = Readings()
-    threads = LearnerThreads("auto", r.metrics, cores=4, interval_s=5.0, clock=lambda: r.now)
+    threads = LearnerThreads("auto", r.metrics, cores=4, interval_s=5.0, clock=lambda: r.now, read_cpu=None)
     assert threads.step() == 1  # first reading
     r.advance(2.0, 0.0)
     assert threads.step() == 1  # within the interval: nothing read
@@ -73,6 +73,32 @@ def test_auto_moves_one_thread_at_a_time_with_hysteresis():
     assert threads.step() == 1 and threads.changes == 6 and torch.get_num_threads() == 1
 
 
+def test_auto_leaves_the_cores_other_processes_take():
+    r, cpu = Readings(), {"machine": 0.0, "own": 0.0}
+
+    def advance(seconds: float, collection: float, learner: float, others: float) -> None:
+        r.advance(seconds, collection)
+        cpu["own"] += seconds * learner
+        cpu["machine"] += seconds * (collection + learner + others)
+
+    threads = LearnerThreads("auto", r.metrics, cores=2, interval_s=5.0, clock=lambda: r.now,
+                             read_cpu=lambda: (cpu["machine"], cpu["own"]))
+    threads.step()
+    advance(5.0, 0.05, 1.0, 0.0)  # alone, workers at the cap: the second core
+    assert threads.step() == 2 and threads.other_cores == pytest.approx(0.05)
+    advance(5.0, 0.05, 1.0, 0.95)  # a second training takes a core: it is given back
+    assert threads.step() == 1 and threads.other_cores == pytest.approx(1.0)
+    advance(5.0, 0.05, 1.0, 0.95)  # free 1.0 < 1.75: not taken again while the other job runs
+    assert threads.step() == 1 and threads.collection_cores == pytest.approx(0.05)
+    advance(5.0, 0.05, 1.0, 0.0)
+    assert threads.step() == 2 and threads.changes == 3
+    # A process that cannot read /proc/stat counts collection only.
+    fallback = LearnerThreads("auto", r.metrics, cores=2, interval_s=5.0, clock=lambda: r.now, read_cpu=lambda: None)
+    fallback.step()
+    advance(5.0, 0.05, 1.0, 0.95)
+    assert fallback.step() == 2 and fallback.other_cores != fallback.other_cores  # nan
+
+
 def test_auto_without_readings_stays_at_one_thread():
     threads = LearnerThreads("auto", lambda: None, cores=4, interval_s=0.0)
     assert [threads.step() for _ in range(3)] == [1, 1, 1] and torch.get_num_threads() == 1
@@ -85,7 +111,8 @@ def test_auto_follows_a_real_collector_waiting_at_its_cap_then_running_free(no_l
                             total_frames=-1, replay_buffer=rb) as collector:
         collector.allow_frames(256)
         assert collector.wait_for_frames(256, timeout=120)
-        threads = LearnerThreads("auto", collector.metrics, cores=2, interval_s=1.0)
+        # the collector's signal alone: the machine's would depend on what else runs beside the test
+        threads = LearnerThreads("auto", collector.metrics, cores=2, interval_s=1.0, read_cpu=None)
         threads.step()
         time.sleep(1.2)  # the worker waits at the cap: collection uses no core
         assert threads.step() == 2, threads.collection_cores
@@ -97,6 +124,29 @@ def test_auto_follows_a_real_collector_waiting_at_its_cap_then_running_free(no_l
         time.sleep(1.5)
         assert threads.step() == 1, threads.collection_cores
         assert threads.collection_cores > 0.5
+
+
+def test_auto_leaves_a_core_that_another_process_takes_beside_a_real_collector(no_leaks):
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # another job, a core of its own
+    try:
+        rb = make_replay_buffer(100_000)
+        with OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_workers=1, num_envs=4, frames_per_batch=64,
+                                total_frames=-1, replay_buffer=rb) as collector:
+            collector.allow_frames(256)
+            assert collector.wait_for_frames(256, timeout=120)  # then the worker waits at the cap
+            machine = LearnerThreads("auto", collector.metrics, cores=2, interval_s=1.0)
+            only_collection = LearnerThreads("auto", collector.metrics, cores=2, interval_s=1.0, read_cpu=None)
+            seen = []
+            for _ in range(3):
+                machine.step(), only_collection.step()
+                time.sleep(1.2)
+                seen.append((machine.step(), only_collection.step(), machine.other_cores))
+            # Without the machine's signal the idle worker leaves a core free; the burner takes it.
+            assert [c for _, c, _ in seen] == [2, 2, 2], seen
+            assert [m for m, _, _ in seen] == [1, 1, 1] and all(other > 0.7 for *_, other in seen), seen
+    finally:
+        burner.kill()
+        burner.wait()
 
 
 _DENORMALS_IN_EVERY_THREAD = """

@@ -56,7 +56,7 @@ class RecipeRun:
     and starts the collector (:attr:`collector`) paced by a
     :class:`~torchrl_unilab.trainers.training.UTDController` (:attr:`utd`).
     The learner's torch threads are ``optim.num_threads``, a count or ``auto``:
-    the cores the workers leave idle, followed between updates
+    the cores the workers and other processes leave idle, followed between updates
     (:attr:`threads`, a :class:`~torchrl_unilab.trainers.threads.LearnerThreads`).
 
     Use it as a context around the training loop: inside, the first Ctrl-C or
@@ -235,6 +235,7 @@ class RecipeRun:
                 "learner/longest_stall_s": self.longest_stall_s,
                 "learner/threads": self.threads.threads,  # optim.num_threads=auto: what the workers leave idle
                 "learner/collection_cores": self.threads.collection_cores,
+                "learner/other_cores": self.threads.other_cores,  # other processes, the workers included
                 **restart_counts(episodes),
             })
         now = time.perf_counter()

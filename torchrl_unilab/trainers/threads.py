@@ -23,7 +23,7 @@ import torch
 
 from torchrl_unilab.collectors.metrics import PHASES
 
-__all__ = ["AUTO", "LearnerThreads", "collection_busy_seconds", "flush_denormals", "machine_cores"]
+__all__ = ["AUTO", "LearnerThreads", "collection_busy_seconds", "cpu_seconds", "flush_denormals", "machine_cores"]
 
 #: The setting that makes the thread count follow the workers.
 AUTO = "auto"
@@ -43,6 +43,32 @@ def machine_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """CPU seconds so far: of this process's cores, busy with anything, and of this process alone.
+
+    Two readings a wall-clock interval apart give the cores that everything
+    else on the machine took meanwhile (other jobs, other trainings, this
+    learner's own workers): the first difference less the second, divided by
+    the interval. The machine's figure sums ``/proc/stat``'s busy times (user,
+    nice, system, irq, softirq, and steal, which a VM's host took) over the
+    CPUs of this process's affinity; ``None`` where ``/proc/stat`` cannot be read.
+
+    Examples:
+        >>> machine, own = cpu_seconds()
+        >>> machine >= own > 0
+        True
+    """
+    try:
+        allowed = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+        with open("/proc/stat") as stat:
+            lines = [line.split() for line in stat if line.startswith("cpu")]
+    except (AttributeError, OSError):
+        return None
+    # user nice system idle iowait irq softirq steal: everything but idle and iowait is busy
+    ticks = sum(sum(int(v) for i, v in enumerate(f[1:9]) if i not in (3, 4)) for f in lines if f[0] in allowed)
+    return ticks / os.sysconf("SC_CLK_TCK"), time.process_time()
 
 
 def collection_busy_seconds(metrics: Mapping[str, Any]) -> float:
@@ -102,8 +128,10 @@ class LearnerThreads:
     thread, and :meth:`step`, called between two updates, reads the
     collector's phase timers at the first update and then every ``interval_s``
     seconds: the cores collection
-    used over that interval (:func:`collection_busy_seconds`) leave
-    ``free = cores - used`` for the learner. The thread count moves by one,
+    used over that interval (:func:`collection_busy_seconds`), or, where more,
+    the cores that every process but the learner's took (:func:`cpu_seconds`:
+    other jobs, a second training), leave ``free = cores - used`` for the
+    learner. The thread count moves by one,
     up when ``free >= threads + 1 - up_slack``, down when
     ``free < threads - down_slack``; the gap between the two thresholds
     keeps a count that sits near one of them from flipping back and forth.
@@ -111,8 +139,10 @@ class LearnerThreads:
     the learner takes the idle cores, and when collection is the bottleneck
     (a low ratio, many workers) it gives them back.
 
-    It counts the learner's own workers only: other jobs on the machine are not
-    seen, so on a shared machine set a count instead.
+    Why the whole machine: two ``auto`` learners that saw only their own
+    workers each took both cores of a 2-core machine, and their oversubscribed
+    threads ran at 6 updates/s each, against 45 each on one thread (two SAC
+    trainings side by side, 2026-12-02).
 
     Where ``read_metrics`` returns ``None`` (the recipes' Ray collector, whose
     node actors answer only between their batches), ``"auto"`` stays at one thread.
@@ -129,11 +159,13 @@ class LearnerThreads:
         interval_s: seconds between two readings.
         up_slack, down_slack: the thresholds' margins, in cores.
         clock: the time source (seconds), for tests.
+        read_cpu: returns the CPU seconds of the machine and of this process (:func:`cpu_seconds`);
+            ``None`` counts collection only (with a scripted ``clock``, for tests).
 
     Examples:
         >>> readings = iter([{"time": {"env_step": 0.0, "wait": 0.0}}, {"time": {"env_step": 0.5, "wait": 9.5}}])
         >>> now = iter([0.0, 10.0])
-        >>> threads = LearnerThreads("auto", lambda: next(readings), cores=2, clock=lambda: next(now))
+        >>> threads = LearnerThreads("auto", lambda: next(readings), cores=2, clock=lambda: next(now), read_cpu=None)
         >>> threads.step()  # the first reading: workers not yet measured, one thread
         1
         >>> threads.step()  # the workers used 0.05 of a core over 10 s: the learner takes the second one
@@ -151,6 +183,7 @@ class LearnerThreads:
         up_slack: float = 0.25,
         down_slack: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
+        read_cpu: Callable[[], tuple[float, float] | None] | None = cpu_seconds,
     ) -> None:
         self.auto = setting == AUTO
         if not self.auto and (isinstance(setting, bool) or not isinstance(setting, int) or setting < 1):
@@ -164,8 +197,13 @@ class LearnerThreads:
         """how many times ``"auto"`` changed the count"""
         self.collection_cores = float("nan")
         """the cores collection used over the last interval (``nan`` before the first)"""
+        self.other_cores = float("nan")
+        """the cores every process but the learner's took over the last interval, its workers included
+        (``nan`` before the first, or without ``read_cpu``)"""
         torch.set_num_threads(self.threads)
-        self._last: tuple[float, float] | None = None  # (time, busy seconds) of the last reading
+        self._read_cpu = read_cpu if self.auto else None
+        # time, collection's busy seconds, and the CPU seconds of the machine and of the learner, at the last reading
+        self._last: tuple[float, float, tuple[float, float] | None] | None = None
 
     def step(self) -> int:
         """Between two updates: with ``"auto"``, every ``interval_s`` seconds, moves the thread count by one
@@ -179,12 +217,16 @@ class LearnerThreads:
         if metrics is None:
             return self.threads
         busy = collection_busy_seconds(metrics)
-        if self._last is None:  # the first reading, at the first update
-            self._last = (now, busy)
+        cpu = self._read_cpu() if self._read_cpu is not None else None
+        last, self._last = self._last, (now, busy, cpu)
+        if last is None:  # the first reading, at the first update
             return self.threads
+        interval = max(now - last[0], 1e-9)
         # A replaced worker's row may restart its timers: a negative difference reads as no use.
-        used = max(busy - self._last[1], 0.0) / max(now - self._last[0], 1e-9)
-        self._last, self.collection_cores = (now, busy), used
+        self.collection_cores = used = max(busy - last[1], 0.0) / interval
+        if cpu is not None and last[2] is not None:
+            self.other_cores = max((cpu[0] - last[2][0]) - (cpu[1] - last[2][1]), 0.0) / interval
+            used = max(used, self.other_cores)
         free = self.cores - used
         target = self.threads
         if self.threads < self.cores and free >= self.threads + 1 - self.up_slack:
