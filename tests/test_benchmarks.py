@@ -29,7 +29,7 @@ def test_every_benchmark_script_parses(script):
 def test_learning_help_lists_its_options():
     out = subprocess.run([sys.executable, str(BENCHMARKS / "learning.py"), "--help"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
-    for option in ("--suite", "--seeds", "--algo", "--frames", "--reuse", "--set"):
+    for option in ("--suite", "--seeds", "--algo", "--env", "--frames", "--reuse", "--set"):
         assert option in out
 
 
@@ -77,8 +77,11 @@ def test_set_reaches_every_recipe_run_and_a_tasks_variants_are_compared(tmp_path
     table = (tmp_path / f"{go1}_table.rst").read_text()
     for row in ("privileged, seed 0", "privileged, seed 1", "symmetric, seed 1", "**symmetric, mean of 2 seeds**"):
         assert f"* - {row}" in table
-    assert "* - sac, seed 0" in (tmp_path / "robot_sac_CheetahRun-v1_table.rst").read_text()
+    assert "* - recipes/sac.py, seed 0" in (tmp_path / "robot_sac_CheetahRun-v1_table.rst").read_text()
     assert not (tmp_path / "robot_sac_CheetahRun-v1_sides.png").exists()  # one variant: nothing to compare
+    seen.clear()
+    learning.main(["--suite", "robot", "--seeds", "0", "--env", "WalkerWalk-v1", "--out", str(tmp_path / "one")])
+    assert [(task.env, task.overrides[-1]) for task in seen] == [("WalkerWalk-v1", "replay_buffer.size=100000")]
 
 
 def test_an_interrupted_run_is_not_saved_for_reuse(tmp_path, monkeypatch):
