@@ -51,7 +51,7 @@ JSON line per task.
     python benchmarks/learning.py --suite pendulum [--seeds 0 1 2] [--out benchmarks/results/learning]
     python benchmarks/learning.py --suite robot    # seeds 0 1 (the suite's own) unless --seeds is given
     python benchmarks/learning.py --suite robot --seeds 1 --set optim.num_threads=1   # beside --seeds 0, same --set
-    python benchmarks/learning.py --suite robot --env CheetahRun-v1 --reuse   # one task's table from its saved runs
+    python benchmarks/learning.py --suite robot --task CheetahRun --reuse   # one task's table from its saved runs
     python benchmarks/learning.py --suite td3 --seeds 0      # one seed of each side
     python benchmarks/learning.py --suite td3 --algo sb3_td3 --seeds 1    # one side, one seed
     python benchmarks/learning.py --suite td3 --reuse        # the table from the runs already done
@@ -420,8 +420,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
     parser.add_argument("--algo", nargs="+", default=None,
                         help="only the suite's tasks of these algos (e.g. td3 or sb3_td3); default: all of them")
-    parser.add_argument("--env", nargs="+", default=None,
-                        help="only the suite's tasks on these envs (e.g. CheetahRun-v1); default: all of them")
+    parser.add_argument("--task", nargs="+", default=None,
+                        help="only the suite's tasks whose name (algo_env_label, e.g. "
+                             "td3_Go1JoystickFlatTerrain-v1_symmetric) contains one of these; default: all of them")
     parser.add_argument("--frames", type=int, default=None, help="frames per run instead of the suite's")
     parser.add_argument("--reuse", action="store_true",
                         help="take a run from its directory's result.json when it has the same frames")
@@ -437,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
         results = {}
         by_env: dict[tuple[str, str], dict[str, dict[int, dict]]] = {}  # (algo, env) -> variant -> seed -> run
         for task in SUITES[suite]:
-            if (args.algo and task.algo not in args.algo) or (args.env and task.env not in args.env):
+            if (args.algo and task.algo not in args.algo) or (args.task and not any(part in task.name for part in args.task)):
                 continue
             if args.frames:
                 task = dataclasses.replace(task, frames=args.frames)

@@ -29,7 +29,7 @@ def test_every_benchmark_script_parses(script):
 def test_learning_help_lists_its_options():
     out = subprocess.run([sys.executable, str(BENCHMARKS / "learning.py"), "--help"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
-    for option in ("--suite", "--seeds", "--algo", "--env", "--frames", "--reuse", "--set"):
+    for option in ("--suite", "--seeds", "--algo", "--task", "--frames", "--reuse", "--set"):
         assert option in out
 
 
@@ -80,7 +80,7 @@ def test_set_reaches_every_recipe_run_and_a_tasks_variants_are_compared(tmp_path
     assert "* - recipes/sac.py, seed 0" in (tmp_path / "robot_sac_CheetahRun-v1_table.rst").read_text()
     assert not (tmp_path / "robot_sac_CheetahRun-v1_sides.png").exists()  # one variant: nothing to compare
     seen.clear()
-    learning.main(["--suite", "robot", "--seeds", "0", "--env", "WalkerWalk-v1", "--out", str(tmp_path / "one")])
+    learning.main(["--suite", "robot", "--seeds", "0", "--task", "WalkerWalk", "--out", str(tmp_path / "one")])
     assert [(task.env, task.overrides[-1]) for task in seen] == [("WalkerWalk-v1", "replay_buffer.size=100000")]
 
 
