@@ -429,8 +429,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="take a run from its directory's result.json when it has the same frames")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
                         help="hydra overrides for every recipe run, after the suite's; e.g. optim.num_threads=1 "
-                             "for two suites side by side on 2 cores (each learner's auto threads see only its "
-                             "own workers)")
+                             "for two suites side by side on 2 cores (one thread each from the start)")
     args = parser.parse_args(argv)
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -439,7 +438,9 @@ def main(argv: list[str] | None = None) -> None:
         results = {}
         by_env: dict[tuple[str, str], dict[str, dict[int, dict]]] = {}  # (algo, env) -> variant -> seed -> run
         for task in SUITES[suite]:
-            if (args.algo and task.algo not in args.algo) or (args.task and not any(part in task.name for part in args.task)):
+            if args.algo and task.algo not in args.algo:
+                continue
+            if args.task and not any(part in task.name for part in args.task):
                 continue
             if args.frames:
                 task = dataclasses.replace(task, frames=args.frames)
@@ -479,7 +480,7 @@ def main(argv: list[str] | None = None) -> None:
                 sides = {f"``recipes/{algo}.py``": results[algo], f"SB3 {algo.upper()}": results[f"sb3_{algo}"]}
                 (args.out / f"{algo}_vs_sb3_table.rst").write_text("\n".join(rst_table(sides)) + "\n")
                 plot_sides(args.out / f"{algo}_vs_sb3.png", f"{algo.upper()} HalfCheetah-v5: recipe against SB3",
-                                 {f"recipes/{algo}.py": results[algo], f"SB3 {algo.upper()}": results[f"sb3_{algo}"]})
+                           {f"recipes/{algo}.py": results[algo], f"SB3 {algo.upper()}": results[f"sb3_{algo}"]})
                 print("\n".join(table), flush=True)
     with open(args.out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
