@@ -97,6 +97,23 @@ def test_integrity_and_ring_wraparound(engine, no_leaks):
         check_integrity(rb[:], time_limit=60)
 
 
+def slow_post_collect_hook(batch: TensorDictBase) -> None:
+    time.sleep(0.2)
+
+
+def test_frames_count_every_batch_handed_over(no_leaks):
+    # A worker counts its batch after handing it over and after the post-collect hook; the consumer may read
+    # the counters in between (the metrics docs example once printed 1792 of 2048 frames after the last
+    # batch). The slow hook widens that window to be sure to land in it.
+    with OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_workers=2, num_envs=8, frames_per_batch=128,
+                            total_frames=2048, seed=0, post_collect_hook=slow_post_collect_hook) as collector:
+        yielded = 0
+        for batch in collector:
+            yielded += batch.numel()
+            assert collector.frames_written >= yielded and collector.metrics()["frames"] >= yielded
+        assert yielded == collector.frames_written == collector.metrics()["frames"] == 2048
+
+
 @ENGINES
 def test_episode_end_keeps_final_observation(engine):
     env = ENV_CLASSES[engine]("Hopper-v5", num_envs=2, seed=3, env_kwargs={"max_episode_steps": 5}, stagger_resets=False)

@@ -403,6 +403,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._profile_config = None
         self._iterator = None
         self._frames = 0
+        self._handed_over = 0  # frames of the batches taken from the workers (without a replay buffer)
         self._iter = -1
         self._running_free = False
         self._started = False
@@ -566,6 +567,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         out = None
         while out is None:
             out = self._slots.take(timeout=None, on_poll=self._raise_if_failed)
+        self._handed_over += self.frames_per_batch
         if self.split_trajs:
             # A batch is step-major over the worker's envs; a stable sort by trajectory id makes each
             # trajectory one run of consecutive steps, which is what split_trajectories expects.
@@ -656,6 +658,10 @@ class OffPolicyCollector(MultiAsyncCollector):
     @property
     def frames_written(self) -> int:
         """Frames collected by all workers so far (written into the buffer or handed over)."""
+        if self.replay_buffer is None:
+            # A worker counts a batch just after handing it over, so the consumer can hold one the counter
+            # does not show yet; what was yielded is collected.
+            return max(self._control.written, self._handed_over)
         return self._control.written
 
     # ------------------------------------------------------------ weights etc.
@@ -736,7 +742,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         """
         self._raise_if_failed()
         out = self._metrics.summary()
-        out["frames"] = self._control.written
+        out["frames"] = self.frames_written
         out["buffer_size"] = len(self.replay_buffer) if self.replay_buffer is not None else None
         out["published_version"] = self.policy_version
         out["engine"] = self._engines[0] if len(set(self._engines)) == 1 else "mixed"
