@@ -101,17 +101,26 @@ def slow_post_collect_hook(batch: TensorDictBase) -> None:
     time.sleep(0.2)
 
 
-def test_frames_count_every_batch_handed_over(no_leaks):
-    # A worker counts its batch after handing it over and after the post-collect hook; the consumer may read
-    # the counters in between (the metrics docs example once printed 1792 of 2048 frames after the last
-    # batch). The slow hook widens that window to be sure to land in it.
+@pytest.mark.parametrize("with_buffer", [False, True], ids=["yielded", "buffer"])
+def test_frames_count_every_batch_handed_over(with_buffer, no_leaks):
+    # A worker hands a batch over (or writes it), runs the post-collect hook, adds its metrics, then counts it;
+    # the consumer may read the counters in between (the metrics docs example once printed 1792 of 2048 frames
+    # after the last batch). The slow hook widens that window to be sure to land in it.
+    rb = make_replay_buffer(4096) if with_buffer else None
     with OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_workers=2, num_envs=8, frames_per_batch=128,
-                            total_frames=2048, seed=0, post_collect_hook=slow_post_collect_hook) as collector:
-        yielded = 0
+                            total_frames=2048, seed=0, post_collect_hook=slow_post_collect_hook,
+                            replay_buffer=rb) as collector:
+        seen = 0
         for batch in collector:
-            yielded += batch.numel()
-            assert collector.frames_written >= yielded and collector.metrics()["frames"] >= yielded
-        assert yielded == collector.frames_written == collector.metrics()["frames"] == 2048
+            seen += 128 if with_buffer else batch.numel()
+            metrics = collector.metrics()
+            assert collector.frames_written >= seen and metrics["frames"] >= seen
+            if with_buffer:  # what the consumer waited for is in the per-worker metrics too
+                assert sum(worker["frames"] for worker in metrics["workers"]) >= seen
+        metrics = collector.metrics()
+        assert seen == collector.frames_written == metrics["frames"] == 2048
+        if with_buffer:
+            assert len(rb) == sum(worker["frames"] for worker in metrics["workers"]) == 2048
 
 
 @ENGINES

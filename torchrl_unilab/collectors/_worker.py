@@ -400,8 +400,6 @@ class WorkerLoop:
                     self.rb.extend(batch)
             if hooks.after_batch is not None:
                 hooks.after_batch(batch)
-            if self.control is not None:
-                self.control.written_(cfg.frames_per_batch, self.idx, random_frames)
             totals = phase.take_totals()
             self.metrics.add(
                 self.idx,
@@ -409,6 +407,9 @@ class WorkerLoop:
                 random_frames=random_frames,
                 **{f"time_{name}": totals.get(label, 0.0) for name, label in _METRIC_PHASES.items()},
             )
+            # Counted last: a consumer that waits for the count then reads metrics that include this batch.
+            if self.control is not None:
+                self.control.written_(cfg.frames_per_batch, self.idx, random_frames)
             if self.hooks.after_write is not None and not self.hooks.after_write():
                 return
 
