@@ -13,7 +13,7 @@ Suites (each run is ``recipes/<algo>.py`` called in-process with Hydra overrides
   400) are what published SAC curves reach around 100k frames, a reference for this
   suite rather than a figure measured here; Go1 has none (the comparison is the result).
   Hours on 2 CPU cores; run on 2026-12-02 with --set optim.num_threads=1, two or three runs side by side
-  (CheetahRun seeds 0 and 1, WalkerWalk seed 0, both Go1 critics seed 1; docs: Robot tasks and privileged critics).
+  (every task on seeds 0 and 1; docs: Robot tasks and privileged critics).
 * ``td3``: ``recipes/td3.py`` with its defaults against Stable-Baselines3's
   TD3 with its defaults (``learning_starts`` set to the recipe's
   ``collector.init_random_frames``), HalfCheetah-v5, 100k frames, 3 seeds,

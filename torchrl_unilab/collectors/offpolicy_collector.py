@@ -659,8 +659,8 @@ class OffPolicyCollector(MultiAsyncCollector):
     def frames_written(self) -> int:
         """Frames collected by all workers so far (written into the buffer or handed over)."""
         if self.replay_buffer is None:
-            # A worker counts a batch just after handing it over, so the consumer can hold one the counter
-            # does not show yet; what was yielded is collected.
+            # A worker counts a batch after handing it over (and after its post-collect hook), so the consumer
+            # can hold one the counter does not show yet; what was yielded is collected.
             return max(self._control.written, self._handed_over)
         return self._control.written
 
