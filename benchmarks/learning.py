@@ -100,7 +100,7 @@ class Task:
 
 
 #: The Go1 runs in docs/guide/robot_tasks.rst collected with 4 envs per worker, the TD3 recipe's default before
-#: issue 22 made it one env (HalfCheetah-v5).
+#: issue 22 made it one env (measured on HalfCheetah-v5).
 GO1_COLLECTION = ["collector.env_per_collector=4", "collector.frames_per_batch=64"]
 
 SUITES: dict[str, list[Task]] = {
