@@ -65,6 +65,7 @@ import argparse
 import csv
 import dataclasses
 import json
+import random
 import statistics
 import sys
 import time
@@ -269,6 +270,28 @@ def on_grid(curve: list[tuple[float, float]], every: int = SB3_EVAL_EVERY) -> di
     return {float(round(f / every) * every): v for f, v in curve}
 
 
+def difference_interval(ours: list[float], sb3: list[float], *, level: float = 0.9,
+                        draws: int = 10_000) -> tuple[float, float] | None:
+    """A percentile bootstrap interval of ``mean(ours) - mean(sb3)`` over seeds; ``None`` below 3 seeds a side.
+
+    Each draw resamples both sides' seeds with replacement (a fixed RNG: the same runs give the same
+    interval). An interval that holds 0 says the seeds do not tell the two means apart at that mark.
+
+    Examples:
+        >>> difference_interval([10.0, 12.0, 11.0], [1.0, 2.0, 3.0])
+        (8.0, 10.0)
+        >>> difference_interval([10.0, 12.0], [1.0, 2.0, 3.0]) is None
+        True
+    """
+    if min(len(ours), len(sb3)) < 3:
+        return None
+    rng = random.Random(0)
+    diffs = sorted(statistics.fmean(rng.choices(ours, k=len(ours))) - statistics.fmean(rng.choices(sb3, k=len(sb3)))
+                   for _ in range(draws))
+    tail = (1 - level) / 2
+    return diffs[int(tail * draws)], diffs[min(draws - 1, int((1 - tail) * draws))]
+
+
 def time_at_mark(result: dict, mark: float) -> float:
     """Wall-clock seconds of a run at its evaluation on ``mark`` (see :func:`on_grid`): the last time logged by then.
 
@@ -289,7 +312,9 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: 
     that fraction of SB3 or above (issue 22); with ``speedup``, SB3's mean return at its last mark reached
     by our mean curve within ``1 / speedup`` of SB3's mean wall-clock to it (issue 19). At ``band_mark``
     frames, each of the recipe's seeds is placed against SB3's band, the lowest to the highest of SB3's
-    seeds there.
+    seeds there. Each mark's row also gives the difference of the means and, with 3 seeds a side or more,
+    its interval over seeds (:func:`difference_interval`): the targets compare means, the interval says
+    whether the seeds tell them apart.
     """
     def means(runs: dict[int, dict]) -> dict[float, float]:
         curves = [on_grid(r["curve"]) for r in runs.values()]
@@ -304,8 +329,15 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: 
     if last_within is not None:
         ok = ok and ours_mean[last] >= sb3_mean[last] - last_within * abs(sb3_mean[last])
         targets.append(f"within {last_within:.0%} at {int(last)}")
-    lines = [f"| frames | recipe mean ({seed_count(ours)}) | SB3 mean ({seed_count(sb3)}) |", "| --- | --- | --- |"]
-    lines += [f"| {int(f)} | {ours_mean[f]:.0f} | {sb3_mean[f]:.0f} |" for f in marks]
+    def interval(mark: float) -> str:
+        at = [[on_grid(r["curve"])[mark] for r in side.values() if mark in on_grid(r["curve"])] for side in (ours, sb3)]
+        bounds = difference_interval(*at)
+        return "" if bounds is None else f"{bounds[0]:+.0f} to {bounds[1]:+.0f}"
+
+    lines = [f"| frames | recipe mean ({seed_count(ours)}) | SB3 mean ({seed_count(sb3)}) | recipe - SB3 | "
+             "90% interval over seeds |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {int(f)} | {ours_mean[f]:.0f} | {sb3_mean[f]:.0f} | {ours_mean[f] - sb3_mean[f]:+.0f} | "
+              f"{interval(f)} |" for f in marks]
     if band_mark in marks:  # each of the recipe's seeds against the spread of SB3's seeds there
         at = {name: {seed: on_grid(r["curve"])[band_mark] for seed, r in side.items()
                      if band_mark in on_grid(r["curve"])} for name, side in (("ours", ours), ("sb3", sb3))}

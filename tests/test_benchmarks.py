@@ -103,12 +103,25 @@ def test_the_sb3_table_applies_issue_22s_targets(ours_at_40k, ours_last, passed)
     # the recipe evaluates at the first log past each mark
     ours = {0: _result([(20_032.0, 0.0), (30_016.0, 1100.0), (40_000.0, ours_at_40k), (50_048.0, ours_last)])}
     table = learning.compare_with_sb3(ours, sb3)
-    assert "| 40000 | %.0f | 1600 |" % ours_at_40k in table
+    assert "| 40000 | %.0f | 1600 | %+.0f |  |" % (ours_at_40k, ours_at_40k - 1600) in table  # 1 seed: no interval
     assert table[-1].endswith("passed" if passed else "not passed")
     assert ("not passed" in table[-1]) is not passed
     band = f"SB3's band at 40000 frames: 1500 to 1700 (2 seeds); recipe: seed 0 {ours_at_40k:.0f} "
     assert band + ("(in or above)" if ours_at_40k >= 1500 else "(below)") in table
 
+
+
+@pytest.mark.parametrize("ours_offset, holds_zero", [(1000.0, False), (0.0, True)])
+def test_the_sb3_table_gives_each_difference_an_interval_over_seeds(ours_offset, holds_zero):
+    sb3 = {seed: _result([(40_000.0, 1500.0 + 100 * seed)]) for seed in range(3)}
+    ours = {seed: _result([(40_016.0, 1500.0 + ours_offset + 100 * seed)]) for seed in range(3)}
+    row = next(line for line in learning.compare_with_sb3(ours, sb3) if line.startswith("| 40000 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3] == f"{ours_offset:+.0f}"
+    low, high = (float(v) for v in cells[4].split(" to "))
+    # resampling 3 seeds moves each mean by at most 100 (the seeds' range is 200)
+    assert ours_offset - 200 <= low <= ours_offset <= high <= ours_offset + 200
+    assert (low <= 0 <= high) is holds_zero
 
 @pytest.mark.parametrize("seconds_per_frame, passed", [
     (0.0005, True),   # SB3's final return in half its wall-clock
