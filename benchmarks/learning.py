@@ -316,12 +316,17 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: 
     its interval over seeds (:func:`difference_interval`): the targets compare means, the interval says
     whether the seeds tell them apart.
     """
-    def means(runs: dict[int, dict]) -> dict[float, float]:
-        curves = [on_grid(r["curve"]) for r in runs.values()]
-        marks = sorted({f for c in curves for f in c})
-        return {f: statistics.mean(c[f] for c in curves if f in c) for f in marks}
+    # each side's returns by seed and mark, put on the 10k grid once
+    grids = {name: {seed: on_grid(r["curve"]) for seed, r in side.items()} for name, side in (("ours", ours), ("sb3", sb3))}
 
-    ours_mean, sb3_mean = means(ours), means(sb3)
+    def at_mark(name: str, mark: float) -> dict[int, float]:
+        return {seed: grid[mark] for seed, grid in grids[name].items() if mark in grid}
+
+    def means(name: str) -> dict[float, float]:
+        marks = sorted({f for grid in grids[name].values() for f in grid})
+        return {f: statistics.mean(at_mark(name, f).values()) for f in marks}
+
+    ours_mean, sb3_mean = means("ours"), means("sb3")
     marks = sorted(set(ours_mean) & set(sb3_mean))
     last = marks[-1]
     ok = all(ours_mean[f] >= sb3_mean[f] for f in marks if f >= from_mark)
@@ -329,9 +334,9 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: 
     if last_within is not None:
         ok = ok and ours_mean[last] >= sb3_mean[last] - last_within * abs(sb3_mean[last])
         targets.append(f"within {last_within:.0%} at {int(last)}")
+
     def interval(mark: float) -> str:
-        at = [[on_grid(r["curve"])[mark] for r in side.values() if mark in on_grid(r["curve"])] for side in (ours, sb3)]
-        bounds = difference_interval(*at)
+        bounds = difference_interval(list(at_mark("ours", mark).values()), list(at_mark("sb3", mark).values()))
         return "" if bounds is None else f"{bounds[0]:+.0f} to {bounds[1]:+.0f}"
 
     lines = [f"| frames | recipe mean ({seed_count(ours)}) | SB3 mean ({seed_count(sb3)}) | recipe - SB3 | "
@@ -339,8 +344,7 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: 
     lines += [f"| {int(f)} | {ours_mean[f]:.0f} | {sb3_mean[f]:.0f} | {ours_mean[f] - sb3_mean[f]:+.0f} | "
               f"{interval(f)} |" for f in marks]
     if band_mark in marks:  # each of the recipe's seeds against the spread of SB3's seeds there
-        at = {name: {seed: on_grid(r["curve"])[band_mark] for seed, r in side.items()
-                     if band_mark in on_grid(r["curve"])} for name, side in (("ours", ours), ("sb3", sb3))}
+        at = {name: at_mark(name, band_mark) for name in ("ours", "sb3")}
         low, high = min(at["sb3"].values()), max(at["sb3"].values())
         seeds = ", ".join(f"seed {seed} {value:.0f} ({'in or above' if value >= low else 'below'})"
                           for seed, value in at["ours"].items())

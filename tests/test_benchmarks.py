@@ -110,7 +110,6 @@ def test_the_sb3_table_applies_issue_22s_targets(ours_at_40k, ours_last, passed)
     assert band + ("(in or above)" if ours_at_40k >= 1500 else "(below)") in table
 
 
-
 @pytest.mark.parametrize("ours_offset, holds_zero", [(1000.0, False), (0.0, True)])
 def test_the_sb3_table_gives_each_difference_an_interval_over_seeds(ours_offset, holds_zero):
     sb3 = {seed: _result([(40_000.0, 1500.0 + 100 * seed)]) for seed in range(3)}
@@ -122,6 +121,7 @@ def test_the_sb3_table_gives_each_difference_an_interval_over_seeds(ours_offset,
     # resampling 3 seeds moves each mean by at most 100 (the seeds' range is 200)
     assert ours_offset - 200 <= low <= ours_offset <= high <= ours_offset + 200
     assert (low <= 0 <= high) is holds_zero
+
 
 @pytest.mark.parametrize("seconds_per_frame, passed", [
     (0.0005, True),   # SB3's final return in half its wall-clock
