@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
+import shutil
 import tempfile
 import time
 
@@ -87,6 +88,26 @@ class RaiseAfter(Transform):
                 open(self.marker, "w").close()
             raise RuntimeError(self.message)
         return next_tensordict
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ray_temp_dir():
+    """Ray's session logs go to a temp dir of this run's own, removed at its end.
+
+    Ray keeps every session's logs under ``$RAY_TMPDIR/ray`` by design (0.2-0.7
+    MB a session; the Ray tests and the Ray docs example start two). The path
+    stays short: Ray's AF_UNIX sockets live under it, and their paths stop at
+    107 bytes.
+    """
+    path = tempfile.mkdtemp(prefix="tul_ray_", dir="/tmp")
+    previous = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = path
+    yield path
+    if previous is None:
+        os.environ.pop("RAY_TMPDIR", None)
+    else:
+        os.environ["RAY_TMPDIR"] = previous
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
