@@ -7,16 +7,19 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import threading
 import time
 
 import pytest
 import torch
+from conftest import wait_until
 from torch import nn
 
 from torchrl_unilab import BatchedGymEnv, SharedWeights, WorkerError, layout_of, make_replay_buffer
 from torchrl_unilab.collectors.trace import TRACE_PHASES
 from torchrl_unilab.worker import (
     CollectorProcess,
+    _get_waiting_out_a_drop,
     init_offpolicy_storage,
     make_collector_actor,
     make_pack_slots,
@@ -274,6 +277,28 @@ def test_metrics_queue_drops_oldest_when_full(no_leaks):
         assert messages[-1]["total_steps"] > 100
     finally:
         weights.close()
+
+
+def test_reading_metrics_waits_out_the_worker_dropping_the_oldest():
+    """While the worker holds the queue's read lock (to drop the oldest message), a reader still gets the messages."""
+    q = CTX.Queue(maxsize=2)
+    try:
+        q.put({"type": "metrics", "n": 1})
+        assert wait_until(lambda: not q.empty())
+        q._rlock.acquire()  # noqa: SLF001 - the lock _put_dropping_oldest's get_nowait takes in the worker
+        releaser = threading.Timer(0.1, q._rlock.release)  # noqa: SLF001
+        releaser.start()
+        with pytest.raises(queue.Empty):
+            q.get_nowait()  # what the reader did: the queue looked empty
+        assert _get_waiting_out_a_drop(q) == {"type": "metrics", "n": 1}
+        releaser.join()
+        started = time.monotonic()
+        with pytest.raises(queue.Empty):
+            _get_waiting_out_a_drop(q)  # a queue that is empty is not waited on
+        assert time.monotonic() - started < 0.4
+    finally:
+        q.close()
+        q.join_thread()
 
 
 @pytest.mark.parametrize("algo", ["td3_priv", "sac_priv"])

@@ -220,6 +220,25 @@ def _put_dropping_oldest(message_queue, message: dict, *, attempts: int) -> bool
     return False
 
 
+def _get_waiting_out_a_drop(message_queue, *, patience: float = 0.5) -> dict:
+    """``get_nowait`` that does not take the worker's drop (:func:`_put_dropping_oldest`) for an empty queue.
+
+    ``multiprocessing.Queue.get_nowait`` raises ``Empty`` while another process
+    holds the queue's read lock, which the worker takes to drop the oldest
+    message: a reader then saw no message although the queue held two (a
+    failed CI run of ``test_metrics_queue_drops_oldest_when_full``). While the
+    pipe holds data, this retries for up to ``patience`` seconds.
+    """
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return message_queue.get_nowait()
+        except queue.Empty:
+            if message_queue.empty() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.001)
+
+
 def _post_error(message_queue, err: BaseException) -> None:
     # The last message must get through whatever the queue holds: metrics messages give way to it.
     message = {"type": "error", "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
@@ -612,7 +631,7 @@ class CollectorProcess:
         out, failed = [], False
         with contextlib.suppress(queue.Empty, EOFError, OSError):
             while True:
-                message = self.metrics_queue.get_nowait()
+                message = _get_waiting_out_a_drop(self.metrics_queue)
                 if message.get("type") == "error":
                     failed = True  # the same report comes through the pool, which also names a kill
                     continue
