@@ -100,13 +100,9 @@ def ray_temp_dir():
     107 bytes.
     """
     path = tempfile.mkdtemp(prefix="tul_ray_", dir="/tmp")
-    previous = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = path
-    yield path
-    if previous is None:
-        os.environ.pop("RAY_TMPDIR", None)
-    else:
-        os.environ["RAY_TMPDIR"] = previous
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", path)
+        yield path
     shutil.rmtree(path, ignore_errors=True)
 
 

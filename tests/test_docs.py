@@ -69,9 +69,7 @@ def examples_tempdir(monkeypatch) -> Iterator[Path]:
     # multiprocessing keeps one temp dir for the whole interpreter and removes it at exit: made now, it is
     # not this test's to remove.
     multiprocessing.util.get_temp_dir()
-    # Ray keeps its sessions' logs under $RAY_TMPDIR/ray by design: it keeps the run's own dir
-    # (conftest.ray_temp_dir), whose short path its sockets need.
-    monkeypatch.setenv("RAY_TMPDIR", os.environ.get("RAY_TMPDIR", tempfile.gettempdir()))
+    # Ray does not follow TMPDIR here: $RAY_TMPDIR (conftest.ray_temp_dir) keeps its logs and sockets.
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     monkeypatch.setenv("TMPDIR", str(tmp))
     yield tmp
