@@ -24,7 +24,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from torchrl_unilab import make_replay_buffer
 from torchrl_unilab._residue import worker_processes
+from torchrl_unilab.collectors._worker import RANDOM_VERSION
+from torchrl_unilab.trainers.checkpoint import load_buffer
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -147,6 +150,20 @@ def test_lockstep_runs_are_reproducible(tmp_path, no_leaks):
     for key in ("eval/return", "train/episode_return", "train/loss_qvalue", "train/alpha"):
         a, b = scalars(tmp_path / "a", key), scalars(tmp_path / "b", key)
         assert len(a) >= 3 and a == b, f"{key} differs between two lock-step runs with the same seed"
+
+
+def test_lockstep_collects_each_chunk_with_the_weights_of_the_last_update(tmp_path, no_leaks):
+    """Lock-step publishes before each chunk, whatever ``collector.sync_every``: every chunk a new policy version."""
+    run_dir = tmp_path / "run"
+    run_recipe("td3", run_dir, "collector.lockstep=true", "collector.env_per_collector=1", "collector.frames_per_batch=16",
+               "collector.sync_every=1000", "collector.total_frames=384")
+    rb = make_replay_buffer(20_000, scratch_dir=tmp_path / "loaded")  # the size of TINY's buffer
+    load_buffer(rb, run_dir / "checkpoint" / "replay_buffer")
+    versions = rb.storage[: len(rb)]["policy_version"].reshape(-1)
+    assert len(versions) == 384 and bool((versions[:256] == RANDOM_VERSION).all())
+    chunks = versions[256:].reshape(-1, 16)  # 8 chunks of 16 frames, each collected after 16 more updates
+    assert bool((chunks == chunks[:, :1]).all()), "a chunk mixes policy versions"
+    assert chunks[:, 0].tolist() == list(range(int(chunks[0, 0]), int(chunks[0, 0]) + 8)), chunks[:, 0].tolist()
 
 
 def test_lockstep_needs_one_worker(tmp_path):

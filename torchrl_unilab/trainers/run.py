@@ -210,13 +210,18 @@ class RecipeRun:
         self.checkpointer.save(self.replay_buffer, counters=counters)
 
     def after_update(self, batch: TensorDictBase, losses: Mapping[str, Any]) -> None:
-        """After one gradient update: publish the weights every ``collector.sync_every`` updates; log, evaluate
-        and checkpoint when ``logger.log_every``, ``logger.eval_iter`` and ``logger.checkpoint_every`` frames have passed.
+        """After one gradient update: publish the weights every ``collector.sync_every`` updates (in lock-step
+        also before each chunk is collected); log, evaluate and checkpoint when ``logger.log_every``,
+        ``logger.eval_iter`` and ``logger.checkpoint_every`` frames have passed.
         """
         utd, collector = self.utd, self.collector
         self.logger.add_losses(losses)
         self.threads.step()
-        if utd.updates % self._sync_every == 0:
+        # Lock-step is collect, train, repeat: each chunk is collected with the weights of the last update, as
+        # SB3 and a TorchRL script calling update_policy_weights_() every iteration do. Without it the workers
+        # acted with weights up to sync_every updates old (issue 22, docs/td3_vs_sb3.rst).
+        chunk_next = utd.lockstep and utd.updates_available() == 0 and not utd.done
+        if utd.updates % self._sync_every == 0 or chunk_next:
             for normalizer in (self.normalizer, self.critic_normalizer):
                 if normalizer is not None:
                     update_normalizer(normalizer, self.replay_buffer)
