@@ -172,6 +172,28 @@ def test_init_random_frames_exact_and_seeded(engine, no_leaks):
         assert not torch.equal(random_c[key(random_c)]["action"], a["action"])
 
 
+def test_random_actions_do_not_replay_the_draws_of_the_callers_seed(no_leaks):
+    """A script seeds torch with the collector's seed and builds its networks: the workers' random actions
+    must not be those draws again (issue 22: they were the actor's first-layer weights, scaled)."""
+    seed, frames = 5, 256
+    torch.manual_seed(seed)  # as the recipes and TorchRL's sota scripts do, then build the actor
+    layer = torch.nn.Linear(HOPPER_OBS, 128)
+    rb = make_replay_buffer(frames)
+    with hopper_collector(rb, num_workers=1, num_envs=1, frames_per_batch=64, total_frames=frames,
+                          init_random_frames=frames, seed=seed) as collector:
+        for _ in collector:
+            pass
+    actions = rb[:]["action"].reshape(-1)  # one env: rows in step order, 3 action dims each
+    assert len(actions) == frames * HOPPER_ACT and bool(actions.abs().le(1).all())
+    bound = HOPPER_OBS ** -0.5  # nn.Linear draws its weight uniformly in [-bound, bound]
+    weights = layer.weight.detach().reshape(-1)[: len(actions)] / bound
+    torch.manual_seed(seed)
+    stream = torch.rand(len(actions)) * 2 - 1  # what an action spec's rand() gives on that stream
+    for draws in (weights, stream):
+        correlation = torch.corrcoef(torch.stack([actions, draws]))[0, 1]
+        assert correlation.abs() < 0.2, f"the workers' random actions follow the caller's seeded draws ({correlation:.3f})"
+
+
 def test_weight_sync_changes_worker_actions(no_leaks):
     rb = make_replay_buffer(65_536)
     policy = linear_policy(HOPPER_OBS, HOPPER_ACT)

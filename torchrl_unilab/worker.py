@@ -444,8 +444,9 @@ def off_policy_collector_fn(
             with an :class:`~torchrl_unilab.ObservationNormalizer` whose statistics the
             learner publishes through ``shared_obs_normalizer_stats`` (a ``SharedWeights``
             created from the normaliser). The buffer keeps raw observations.
-        seed: seeds envs (``seed + collector_index * num_envs + j``) and torch
-            (``seed + 7919 * collector_index``): lock-step runs are bit-identical.
+        seed: seeds envs (``seed + collector_index * num_envs + j``) and torch (a hash of ``seed`` and
+            ``collector_index``, never ``seed`` itself: the caller's own ``torch.manual_seed(seed)`` draws its
+            networks' weights): lock-step runs are bit-identical.
         collector_index, num_collectors: several collectors writing into one buffer
             must differ in their trajectory ids and seeds. Collector ``i`` of ``n``
             gives its trajectories the ids ``i, i + n, i + 2n, ...``. Without

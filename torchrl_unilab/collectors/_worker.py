@@ -92,10 +92,18 @@ class WorkerConfig:
         return self.seed + (self.stream(worker_idx) * self.num_workers + worker_idx) * self.num_envs
 
     def torch_seed(self, worker_idx: int) -> int | None:
-        """The worker's torch seed (exploration noise), distinct per worker and stream."""
+        """The worker's torch seed (random actions, exploration noise): a hash of ``seed``, its stream and the worker.
+
+        Never ``seed`` or an offset of it: a training script seeds its own torch RNG with the seed it gives the
+        collector (the recipes, TorchRL's sota scripts) and draws its networks' initial weights from it. A
+        worker seeded alike replays those draws: its uniformly random warm-up actions were the actor's
+        first-layer weights divided by their bound, row for row (issue 22). ``numpy.random.SeedSequence``
+        hashes ``(seed, stream, worker)`` into an unrelated 64-bit seed, distinct per worker and stream.
+        """
         if self.seed is None:
             return None
-        return self.seed + 7919 * (self.stream(worker_idx) * self.num_workers + worker_idx)
+        key = (self.stream(worker_idx), worker_idx)
+        return int(np.random.SeedSequence(self.seed % 2**64, spawn_key=key).generate_state(1, np.uint64)[0])
 
 
 @dataclass
