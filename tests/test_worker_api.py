@@ -342,8 +342,10 @@ def test_privileged_actor_reads_the_privileged_context_in_real_workers(algo, no_
         velocity = rows["privileged"][:, 0]
         moving = velocity.abs() > 0.05
         assert moving.sum() > 50
-        # the action's sign follows the privileged cart velocity (TD3's noise is a few percent of the range)
-        assert torch.equal(torch.sign(rows["action"][moving, 0]), torch.sign(velocity[moving]))
+        # the action's sign follows the privileged cart velocity. TD3's exploration noise (a std per env up to 0.4
+        # of the half-range) flips it only 2.5 stds out, where the action is 0.9999 of the bound: under 1 % of rows
+        agree = (torch.sign(rows["action"][moving, 0]) == torch.sign(velocity[moving])).double().mean()
+        assert agree >= (0.95 if algo == "td3_priv" else 1.0), f"{agree:.3f} of the moving rows act on the velocity"
     finally:
         weights.close()
     # the learner-side sampler takes the same context
