@@ -190,6 +190,19 @@ def run(task: Task, seed: int, run_dir: Path) -> dict:
     return {**summary, "curve": curve, "elapsed_at": elapsed}
 
 
+def sb3_config(task: Task, seed: int):
+    """The recipe's config an SB3 run takes its settings from: the recipe's defaults with the task's overrides.
+
+    ``--set`` reaches SB3 through it too (e.g. ``optim.num_threads=1``: SB3's torch threads).
+
+    Examples:
+        >>> sb3_config(Task("sb3_td3", "Hopper-v5", 1000, None, ["optim.num_threads=1"]), 0).optim.num_threads
+        1
+    """
+    return recipe_config(task.algo.removeprefix("sb3_"), [f"env.name={task.env}", f"env.seed={seed}",
+                                                          *task.overrides])
+
+
 def run_sb3(task: Task, seed: int) -> dict:
     """Stable-Baselines3's TD3 or SAC (``task.algo``: ``"sb3_td3"``, ``"sb3_sac"``); returns what :func:`run` returns.
 
@@ -213,7 +226,7 @@ def run_sb3(task: Task, seed: int) -> dict:
     from torchrl_unilab.trainers.threads import AUTO, machine_cores
 
     algo = task.algo.removeprefix("sb3_")
-    cfg = recipe_config(algo, [f"env.name={task.env}", f"env.seed={seed}"])
+    cfg = sb3_config(task, seed)
     threads = cfg.optim.num_threads  # the recipe's learner's: with "auto" the cores it may take
     torch.set_num_threads(machine_cores() if threads == AUTO else int(threads))
     common = {"learning_starts": int(cfg.collector.init_random_frames), "seed": seed, "device": "cpu"}
@@ -468,8 +481,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="take a run from its directory's result.json when it has the same frames")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
-                        help="hydra overrides for every recipe run, after the suite's; e.g. optim.num_threads=1 "
-                             "for two suites side by side on 2 cores (one thread each from the start)")
+                        help="hydra overrides for every recipe run, after the suite's, and for the recipe config an "
+                             "SB3 run reads (sb3_config); e.g. optim.num_threads=1 for two suites side by side "
+                             "on 2 cores (one torch thread each from the start, SB3's too)")
     args = parser.parse_args(argv)
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -84,6 +84,21 @@ def test_set_reaches_every_recipe_run_and_a_tasks_variants_are_compared(tmp_path
     assert [(task.env, task.overrides[-1]) for task in seen] == [("WalkerWalk-v1", "replay_buffer.size=100000")]
 
 
+def test_set_reaches_the_config_an_sb3_run_reads(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_run(task, seed, run_dir):
+        seen.append(learning.sb3_config(task, seed))
+        return _result([(10_000.0, float(seed)), (float(task.frames), 10.0)], task.frames)
+
+    monkeypatch.setattr(learning, "run", fake_run)
+    learning.main(["--suite", "td3", "--algo", "sb3_td3", "--seeds", "4", "--out", str(tmp_path),
+                   "--set", "optim.num_threads=1", "collector.init_random_frames=2000"])
+    (cfg,) = seen  # SB3's torch threads and learning_starts; before, --set reached the recipe's runs only
+    assert (cfg.optim.num_threads, cfg.collector.init_random_frames, cfg.env.seed) == (1, 2000, 4)
+    assert learning.sb3_config(learning.SUITES["td3"][1], 0).optim.num_threads == "auto"
+
+
 def test_an_interrupted_run_is_not_saved_for_reuse(tmp_path, monkeypatch):
     task = learning.SUITES["td3"][0]
     monkeypatch.setattr(learning, "run", lambda task, seed, run_dir: {
