@@ -653,7 +653,12 @@ class OffPolicyCollector(MultiAsyncCollector):
                 f"wait_for_frames({frames}) can never return: workers may collect {allowed} frames so far; "
                 "call start() or allow_frames() first (or iterate over the collector)"
             )
-        return self._wait(lambda: self._control.written >= frames, timeout)
+        reached = self._wait(lambda: self._control.written >= frames, timeout)
+        if self._pool is not None:
+            # The other workers can write the last frames before the watcher has named one that died on the
+            # way (CI saw it: worker 0 alone wrote the rest of 2048 Pendulum frames first); ask it once more.
+            self._pool.raise_if_failed(wait_for_report=1.0)
+        return reached
 
     @property
     def frames_written(self) -> int:
