@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -272,4 +273,24 @@ def test_restarts_are_off_by_default(no_leaks):
         assert time.monotonic() - started < 10
         with pytest.raises(WorkerError, match="collector worker 1 failed"):  # frames already in: raises all the same
             collector.wait_for_frames(collector.frames_written, timeout=60)
+        collector.shutdown(raise_on_error=False)
+
+
+def test_iteration_raises_a_worker_that_died_even_when_its_batch_was_already_written(no_leaks):
+    """The batch waited for can be in before the watcher has named a worker that died (the other wrote it);
+    the wait then gives the watcher a moment to handle the exit, and raises its error."""
+    rb = make_replay_buffer(4096)
+    with pendulum_collector(rb, max_worker_restarts=0) as collector:
+        batches = iter(collector)
+        next(batches)  # workers may now write up to two batches beyond it (one each)
+        assert wait_until(lambda: collector.frames_written >= 3 * 64, timeout=180)
+        pool = collector._pool  # noqa: SLF001
+        pool._lifecycle.acquire()  # noqa: SLF001  # a slow watcher: it cannot record the failure yet
+        try:
+            os.kill(collector.procs[1].pid, signal.SIGKILL)
+            assert wait_until(lambda: collector.procs[1].exitcode is not None, timeout=10)
+        finally:
+            threading.Timer(0.3, pool._lifecycle.release).start()  # noqa: SLF001  # shutdown needs it too
+        with pytest.raises(WorkerError, match="collector worker 1 failed: process killed by SIGKILL"):
+            next(batches)  # its frames are in already
         collector.shutdown(raise_on_error=False)

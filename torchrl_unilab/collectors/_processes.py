@@ -347,6 +347,9 @@ class WorkerPool:
         self.error: WorkerError | None = None
         self._stopping = False
         self._watcher: threading.Thread | None = None
+        # Notified after each pass of the watcher: raise_if_failed(wait_for_report=...) waits on it for an exit
+        # to be handled (named or replaced), not for the watcher to end, which with restarts on it never does.
+        self._watched = threading.Condition()
 
     def start(self) -> None:
         """Starts every worker and the watcher thread."""
@@ -380,6 +383,13 @@ class WorkerPool:
             proc.start()
 
     def _watch(self) -> None:
+        try:
+            self._watch_until_failed_or_stopped()
+        finally:
+            with self._watched:
+                self._watched.notify_all()
+
+    def _watch_until_failed_or_stopped(self) -> None:
         while not self._stopping:
             readers = {self._error_readers[idx]: idx for idx in self._open}
             for reader in mp.connection.wait(list(readers), timeout=self.poll_interval):
@@ -397,6 +407,8 @@ class WorkerPool:
                     error = WorkerError(*report) if report is not None else self._unexplained_exit(idx, proc.exitcode)
                     if not self._failed(idx, error):
                         return
+            with self._watched:
+                self._watched.notify_all()
 
     def _failed(self, idx: int, error: WorkerError) -> bool:
         """Records a failure; replaces the worker if the policy allows it. Returns whether the pool goes on."""
@@ -503,12 +515,15 @@ class WorkerPool:
         """Re-raises the first worker error, if any.
 
         With ``wait_for_report`` > 0, a worker that has already exited with an
-        error gives the watcher up to that many seconds to read its report (or
-        to name its exit) before this looks.
+        error gives the watcher up to that many seconds to handle its exit (read
+        its report or name it, then fail the pool or replace the worker) before
+        this looks; it returns as soon as the watcher has.
         """
-        exited = any(p.exitcode not in (None, 0) for p in self.procs)
-        if wait_for_report > 0 and exited and self.error is None and self._watcher is not None:
-            self._watcher.join(wait_for_report)
+        watcher = self._watcher
+        if wait_for_report > 0 and watcher is not None:
+            with self._watched:
+                self._watched.wait_for(lambda: self.error is not None or not watcher.is_alive() or not any(
+                    p.exitcode not in (None, 0) for p in self.procs), timeout=wait_for_report)
         if self.error is not None:
             raise self.error
 

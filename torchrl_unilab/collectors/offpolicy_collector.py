@@ -581,7 +581,12 @@ class OffPolicyCollector(MultiAsyncCollector):
             self._control.allow(_cap(min(self.total_frames, self._frames + self.num_workers * self.frames_per_batch)))
 
     def _wait(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
-        return self._control.wait(predicate, timeout=timeout, on_poll=self._raise_if_failed)
+        reached = self._control.wait(predicate, timeout=timeout, on_poll=self._raise_if_failed)
+        if self._pool is not None:
+            # The other workers can write the last frames before the watcher has named one that died on the
+            # way (CI saw it: worker 0 alone wrote the rest of 2048 Pendulum frames first); give it a moment.
+            self._pool.raise_if_failed(wait_for_report=1.0)
+        return reached
 
     def _raise_if_failed(self) -> None:
         if self._pool is not None:
@@ -653,12 +658,7 @@ class OffPolicyCollector(MultiAsyncCollector):
                 f"wait_for_frames({frames}) can never return: workers may collect {allowed} frames so far; "
                 "call start() or allow_frames() first (or iterate over the collector)"
             )
-        reached = self._wait(lambda: self._control.written >= frames, timeout)
-        if self._pool is not None:
-            # The other workers can write the last frames before the watcher has named one that died on the
-            # way (CI saw it: worker 0 alone wrote the rest of 2048 Pendulum frames first); ask it once more.
-            self._pool.raise_if_failed(wait_for_report=1.0)
-        return reached
+        return self._wait(lambda: self._control.written >= frames, timeout)
 
     @property
     def frames_written(self) -> int:
