@@ -210,22 +210,28 @@ def test_sac_trains_with_prioritized_replay_and_resumes_its_priorities(tmp_path,
     check_run(run_dir, second, frames=1216, updates=1216 - 256)
 
 
-def _kill_a_worker_when_it_runs(stop: threading.Event, killed: list) -> None:
-    """SIGKILLs the first worker process of this test's recipe once it has run for 3 s."""
+def _kill_a_worker_once_the_run_logs(run_dir: Path, frames: int, stop: threading.Event, killed: list) -> None:
+    """SIGKILLs the first worker process of this test's recipe once the run has logged ``frames`` frames.
+
+    Not by the clock: a worker killed 3 s after its start was killed after the run's last log line, or not
+    at all, when the whole run took about 3 s (CI saw both).
+    """
     while not stop.is_set() and not killed:
-        for pid in worker_processes(os.getpid()):
-            with contextlib.suppress(OSError):
-                if time.time() - os.stat(f"/proc/{pid}").st_mtime > 3.0:
+        with contextlib.suppress(Exception):  # no log yet, or a line half written
+            if scalars(run_dir, "collector/worker_restarts")[-1][0] >= frames:
+                for pid in worker_processes(os.getpid()):
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
                     return
-        time.sleep(0.2)
+        time.sleep(0.02)
 
 
 def test_sac_survives_a_killed_worker_logs_the_restart_and_resumes(tmp_path, no_leaks):
     run_dir = tmp_path / "run"
     stop, killed = threading.Event(), []
-    killer = threading.Thread(target=_kill_a_worker_when_it_runs, args=(stop, killed), daemon=True)
+    # A quarter into the run: learning has started, and the worker may be at most max_lead_frames ahead, so
+    # the learner has to wait for its replacement.
+    killer = threading.Thread(target=_kill_a_worker_once_the_run_logs, args=(run_dir, 512, stop, killed), daemon=True)
     killer.start()
     try:
         summary = run_recipe("sac", run_dir, "collector.total_frames=2048", "collector.max_worker_restarts=2",
