@@ -444,6 +444,66 @@ def test_collector_index_is_validated():
         weights.close()
 
 
+def _claim_write_and_count_until_killed_at(control, committed, kill_at: int) -> None:
+    """A worker's batch (claim, pending record, buffer write, count) that SIGKILLs itself at the ``kill_at``-th
+    line it runs in the frame accounting or its lock."""
+    from torchrl_unilab import _sync
+    from torchrl_unilab.collectors import _control
+
+    files, lines = {_control.__file__, _sync.__file__}, [0]
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename not in files:
+            return None
+        if event == "line":
+            lines[0] += 1
+            if lines[0] == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return tracer
+
+    sys.settrace(tracer)
+    assert control.claim(64, worker_idx=0)
+    control.writing_(0, (7, 0), random_frames=64)
+    committed[0] = 1  # the buffer's extend() has returned: the rows are in
+    control.written_(64, worker_idx=0, random_frames=64)
+    sys.settrace(None)
+
+
+def test_a_worker_killed_at_any_line_of_its_frame_accounting_leaves_the_counts_exact(no_leaks):
+    """SIGKILL before each line a worker runs to claim, record and count a batch: the parent settles exactly.
+
+    Counters changed in place lost to such kills: a batch counted twice (CI: 2112 frames counted for 2048
+    rows) or a claim never handed back (``total_frames`` never reached).
+    """
+    from torchrl_unilab.collectors._control import FrameControl
+
+    failures, kill_at = [], 0
+    while True:
+        kill_at += 1
+        control = FrameControl([64, 0], frames_per_batch=64, total_frames=192)
+        control.allow(192)
+        committed = torch.zeros(1, dtype=torch.int64).share_memory_()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _claim_write_and_count_until_killed_at(control, committed, kill_at)
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        if not os.WIFSIGNALED(status):
+            break  # the batch ran to its end: every line has been a kill point
+        rows = 64 * int(committed[0])
+        lost, owed = control.settle(0, random_share=64, in_buffer=lambda traj, step: bool(committed[0]))
+        # Worker 1 then claims all that is left but the batch reserved for worker 0's replacement.
+        while control.claim(64, worker_idx=1):
+            control.written_(64, worker_idx=1)
+        got = (control.written - control.worker_written(1), control.random_written(0), owed, control.claimed)
+        if got != (rows, rows, 64 - rows, control.written) or control.written != 192 - (64 - rows):
+            failures.append((kill_at, got, rows, lost))
+    assert kill_at > 20, f"only {kill_at - 1} kill points: the tracer did not reach the frame accounting"
+    assert failures == []
+
+
 def _hold_frame_lock_then_sleep(control, stop, holding) -> None:
     control._lock.acquire()  # noqa: SLF001 - the worker side of claim(), frozen inside it
     holding.set()

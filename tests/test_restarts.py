@@ -276,6 +276,34 @@ def test_restarts_are_off_by_default(no_leaks):
         collector.shutdown(raise_on_error=False)
 
 
+def test_a_wait_for_a_dead_workers_report_ends_when_the_pool_stops_instead(no_leaks):
+    """A worker dies as the pool stops: the watcher ends without handling the exit, and a wait for it returns
+    then, not at its timeout (the watcher's last notification came while it was still alive)."""
+    rb = make_replay_buffer(4096)
+    with pendulum_collector(rb) as collector:
+        collector.start()
+        assert wait_until(lambda: collector.frames_written >= 64, timeout=180)
+        pool, waited = collector._pool, []  # noqa: SLF001
+
+        def wait_for_the_report() -> None:
+            start = time.monotonic()
+            pool.raise_if_failed(wait_for_report=60.0)
+            waited.append(time.monotonic() - start)
+
+        waiter = threading.Thread(target=wait_for_the_report, daemon=True)
+        pool._lifecycle.acquire()  # noqa: SLF001  # the watcher cannot replace the worker yet
+        try:
+            os.kill(collector.procs[1].pid, signal.SIGKILL)
+            assert wait_until(lambda: collector.procs[1].exitcode is not None, timeout=10)
+            waiter.start()
+            time.sleep(0.2)  # it waits on the watcher
+            pool._stopping = True  # noqa: SLF001  # what stop() sets first, under this lock
+        finally:
+            pool._lifecycle.release()  # noqa: SLF001
+        waiter.join(60)
+        assert waited and waited[0] < 30, waited
+
+
 def test_iteration_raises_a_worker_that_died_even_when_its_batch_was_already_written(no_leaks):
     """The batch waited for can be in before the watcher has named a worker that died (the other wrote it);
     the wait then gives the watcher a moment to handle the exit, and raises its error."""

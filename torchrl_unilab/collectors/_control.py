@@ -13,15 +13,16 @@ and the slow worker's random frames would never be collected.
 
 Each worker's claim in flight and what it wrote (frames, random frames) are
 kept per worker too, so that a dead worker's lost batch can be handed back
-(:meth:`FrameControl.release`): the frames it claimed and never wrote are
+(:meth:`FrameControl.settle`): the frames it claimed and never wrote are
 claimed again by whoever collects next, and its replacement is owed exactly the
 random frames it had not written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -29,8 +30,11 @@ from torchrl_unilab._sync import ProcessLock
 
 __all__ = ["FrameControl"]
 
-_ALLOWED, _CLAIMED, _WRITTEN, _TOTAL = range(4)
-_IN_FLIGHT, _W_WRITTEN, _W_RANDOM, _P_SET, _P_TRAJ, _P_STEP, _P_RANDOM = range(7)
+_ALLOWED, _TOTAL = range(2)
+# A worker's record: frames claimed and not yet written, frames written, random frames written, frames reserved for
+# its random share; then the batch it is writing into the buffer and has not counted yet (a flag, its first row's
+# trajectory id and step count, its random frames).
+_IN_FLIGHT, _WRITTEN, _RANDOM, _RESERVED, _PENDING, _P_TRAJ, _P_STEP, _P_RANDOM = range(8)
 _UNLIMITED = 2**62
 
 
@@ -57,7 +61,13 @@ class FrameControl:
     """Shared counters: frames allowed, claimed by workers, and written.
 
     The counters sit under a :class:`~torchrl_unilab._sync.ProcessLock`,
-    which the kernel releases if a worker is killed while it holds it.
+    which the kernel releases if a worker is killed while it holds it. The
+    counts themselves survive such a kill whole: each worker's record is
+    changed in a spare copy that one store makes current (:meth:`_changing`),
+    and the totals are sums of the records. With counters changed in place, a
+    worker SIGKILLed between two of them left a batch counted twice (CI:
+    2112 frames counted for 2048 rows) or a claim never handed back, so
+    ``total_frames`` was never reached.
 
     Args:
         random_frames: each worker's share of the random frames (see
@@ -73,123 +83,159 @@ class FrameControl:
         >>> control.written_(64); control.written
         64
 
-        A worker dies holding a claim: :meth:`release` hands it back.
+        A worker dies holding a claim: :meth:`settle` hands it back.
 
         >>> control = FrameControl([64, 0], frames_per_batch=64)
         >>> control.allow(128)
         >>> control.claim(64, worker_idx=0), control.claim(64, worker_idx=1)
         (True, True)
         >>> control.written_(64, worker_idx=1)
-        >>> control.release(0, random_frames=64), control.claimed, control.random_written(0)
-        (64, 64, 0)
+        >>> control.settle(0, random_share=64, in_buffer=lambda traj, step: False)
+        (64, 64)
+        >>> control.claimed, control.written
+        (64, 64)
     """
 
     def __init__(self, random_frames: list[int] | None = None, frames_per_batch: int = 1,
                  total_frames: int | None = None) -> None:
         self._lock = ProcessLock()
-        self._state = torch.zeros(4, dtype=torch.int64).share_memory_()
-        self._state[_TOTAL] = _UNLIMITED if total_frames is None else int(total_frames)
+        self._limits = torch.tensor([0, _UNLIMITED if total_frames is None else int(total_frames)]).share_memory_()
         reserved = [-(-share // frames_per_batch) * frames_per_batch for share in random_frames or [0]]
-        self._reserved = torch.tensor(reserved, dtype=torch.int64).share_memory_()
         self.frames_per_batch = frames_per_batch
-        # Per worker: frames claimed and not yet written, frames written, random frames written; then the
-        # batch it is writing into the buffer and has not counted yet (a flag, its first row's ids, random frames).
-        self._workers = torch.zeros(len(reserved), 7, dtype=torch.int64).share_memory_()
+        # Two copies of each worker's record, and which one is current.
+        self._records = torch.zeros(len(reserved), 2, 8, dtype=torch.int64)
+        self._records[:, 0, _RESERVED] = torch.tensor(reserved, dtype=torch.int64)
+        self._records.share_memory_()
+        self._current = torch.zeros(len(reserved), dtype=torch.int64).share_memory_()
 
+    # ------------------------------------------------------------- records
+    def _current_records(self) -> torch.Tensor:
+        """Every worker's current record, a copy (one row per worker); read under the lock."""
+        return self._records[torch.arange(len(self._current)), self._current]
+
+    @contextlib.contextmanager
+    def _changing(self, worker_idx: int) -> Iterator[torch.Tensor]:
+        """Yields a copy of worker ``worker_idx``'s record to change; one store makes it current at the end.
+
+        A process killed inside the block leaves the record as it was, so
+        the changes of one call (a claim and its reservation; a count, its
+        random frames and the end of its pending record) land together or
+        not at all. Called under the lock: one change at a time.
+        """
+        current = int(self._current[worker_idx])
+        draft = self._records[worker_idx, 1 - current]
+        draft.copy_(self._records[worker_idx, current])
+        yield draft
+        self._current[worker_idx] = 1 - current
+
+    def _record(self, worker_idx: int) -> torch.Tensor:
+        return self._records[worker_idx, int(self._current[worker_idx])]
+
+    # -------------------------------------------------------------- totals
     @property
     def allowed(self) -> int:
         """Total frames workers may claim; ``2**62`` stands for no limit."""
-        return int(self._state[_ALLOWED])
+        return int(self._limits[_ALLOWED])
+
+    def _claimed(self) -> int:
+        records = self._current_records()
+        return int(records[:, _IN_FLIGHT].sum() + records[:, _WRITTEN].sum())
 
     @property
     def claimed(self) -> int:
         """Frames claimed so far (written or being collected)."""
-        return int(self._state[_CLAIMED])
+        with self._lock:
+            return self._claimed()
 
     @property
     def written(self) -> int:
         """Frames written into the replay buffer so far."""
-        return int(self._state[_WRITTEN])
+        with self._lock:
+            return int(self._current_records()[:, _WRITTEN].sum())
 
     def allow(self, frames: int | None) -> None:
         """Sets the allowance (``None`` for no limit). It may go down, never below ``claimed``."""
         with self._lock:
             value = _UNLIMITED if frames is None else int(frames)
-            self._state[_ALLOWED] = max(value, int(self._state[_CLAIMED]))
+            self._limits[_ALLOWED] = max(value, self._claimed())
 
     def freeze(self) -> int:
         """Stops new claims and returns the previous allowance."""
         with self._lock:
-            previous = int(self._state[_ALLOWED])
-            self._state[_ALLOWED] = self._state[_CLAIMED]
+            previous = int(self._limits[_ALLOWED])
+            self._limits[_ALLOWED] = self._claimed()
             return previous
 
+    # ---------------------------------------------------------- worker side
     def claim(self, frames: int, worker_idx: int = 0) -> bool:
         """Worker side: claims ``frames`` if the allowance has room and no other worker's reservation is taken."""
         with self._lock:
-            claimed = int(self._state[_CLAIMED])
-            if claimed + frames > self._state[_ALLOWED]:
+            records = self._current_records()
+            claimed = int(records[:, _IN_FLIGHT].sum() + records[:, _WRITTEN].sum())
+            if claimed + frames > self._limits[_ALLOWED]:
                 return False
-            others = int(self._reserved.sum()) - int(self._reserved[worker_idx])
-            if claimed + frames + others > self._state[_TOTAL]:
+            others = int(records[:, _RESERVED].sum() - records[worker_idx, _RESERVED])
+            if claimed + frames + others > self._limits[_TOTAL]:
                 return False
-            self._state[_CLAIMED] += frames
-            self._reserved[worker_idx] = max(0, int(self._reserved[worker_idx]) - frames)
-            self._workers[worker_idx, _IN_FLIGHT] += frames
+            with self._changing(worker_idx) as record:
+                record[_IN_FLIGHT] += frames
+                record[_RESERVED] = max(0, int(record[_RESERVED]) - frames)
             return True
 
     def written_(self, frames: int, worker_idx: int = 0, random_frames: int = 0) -> None:
         """Worker side: records ``frames`` written into the buffer, ``random_frames`` of them with random actions."""
-        with self._lock:
-            self._state[_WRITTEN] += frames
-            row = self._workers[worker_idx]
-            row[_IN_FLIGHT] = max(0, int(row[_IN_FLIGHT]) - frames)
-            row[_W_WRITTEN] += frames
-            row[_W_RANDOM] += random_frames
-            row[_P_SET] = 0
+        with self._lock, self._changing(worker_idx) as record:
+            record[_IN_FLIGHT] = max(0, int(record[_IN_FLIGHT]) - frames)
+            record[_WRITTEN] += frames
+            record[_RANDOM] += random_frames
+            record[_PENDING] = 0
 
     def writing_(self, worker_idx: int, first_row: tuple[int, int], random_frames: int) -> None:
         """Worker side, just before a buffer write: the batch's first row (trajectory id, step count).
 
         A worker killed after its rows were committed and before :meth:`written_`
-        counted them leaves this record: the parent looks the row up in the
-        buffer (:meth:`pending_write`) and counts the batch if it is there.
+        counted them leaves this record: :meth:`settle` looks the row up in the
+        buffer and counts the batch if it is there.
         """
-        row = self._workers[worker_idx]
-        row[_P_TRAJ], row[_P_STEP], row[_P_RANDOM] = first_row[0], first_row[1], random_frames
-        row[_P_SET] = 1  # last: a record is whole once flagged
-
-    def pending_write(self, worker_idx: int) -> tuple[int, int, int] | None:
-        """Parent side, once worker ``worker_idx`` is dead: ``(trajectory id, step count, random frames)`` of the
-        batch it had started writing into the buffer and not counted, or None."""
-        row = self._workers[worker_idx]
-        if not int(row[_P_SET]):
-            return None
-        return int(row[_P_TRAJ]), int(row[_P_STEP]), int(row[_P_RANDOM])
+        with self._lock, self._changing(worker_idx) as record:
+            record[_P_TRAJ], record[_P_STEP], record[_P_RANDOM] = first_row[0], first_row[1], random_frames
+            record[_PENDING] = 1
 
     def worker_written(self, worker_idx: int) -> int:
         """Frames worker ``worker_idx`` wrote so far (over all its restarts)."""
-        return int(self._workers[worker_idx, _W_WRITTEN])
+        return int(self._record(worker_idx)[_WRITTEN])
 
     def random_written(self, worker_idx: int) -> int:
         """Random frames worker ``worker_idx`` wrote so far (over all its restarts)."""
-        return int(self._workers[worker_idx, _W_RANDOM])
+        return int(self._record(worker_idx)[_RANDOM])
 
-    def release(self, worker_idx: int, random_frames: int) -> int:
-        """Parent side, once worker ``worker_idx`` is dead: hands its unwritten claim back; returns those frames.
+    # ---------------------------------------------------------- parent side
+    def settle(self, worker_idx: int, random_share: int, in_buffer: Callable[[int, int], bool]) -> tuple[int, int]:
+        """Parent side, once worker ``worker_idx`` is dead: settles its frames; returns ``(lost, owed)``.
 
-        The frames it claimed and never wrote are no longer claimed, so the
-        frame count stays exact and ``total_frames`` is still reached with frames
-        really written; the batches its replacement needs for the
-        ``random_frames`` it is owed are reserved for it again.
+        The batch it had started writing is counted if ``in_buffer(trajectory
+        id, step count)`` finds the batch's first row (the rows were committed,
+        the count not made). What it claimed and never wrote is no longer
+        claimed (``lost``), so the frame count stays exact and ``total_frames``
+        is still reached with frames really written. Its replacement is owed
+        the random frames of its ``random_share`` not written yet (``owed``),
+        and the batches they need are reserved for it again.
         """
         with self._lock:
-            lost = int(self._workers[worker_idx, _IN_FLIGHT])
-            self._workers[worker_idx, _IN_FLIGHT] = 0
-            self._workers[worker_idx, _P_SET] = 0
-            self._state[_CLAIMED] -= lost
-            self._reserved[worker_idx] = -(-random_frames // self.frames_per_batch) * self.frames_per_batch
-            return lost
+            record = self._record(worker_idx)
+            pending = (int(record[_P_TRAJ]), int(record[_P_STEP])) if int(record[_PENDING]) else None
+        # Looked up outside the lock: the buffer's own lock is taken there, and workers go on claiming meanwhile.
+        counted = pending is not None and in_buffer(*pending)
+        with self._lock, self._changing(worker_idx) as record:
+            if counted:
+                record[_WRITTEN] += self.frames_per_batch
+                record[_RANDOM] += record[_P_RANDOM]
+                record[_IN_FLIGHT] = max(0, int(record[_IN_FLIGHT]) - self.frames_per_batch)
+            owed = max(0, random_share - int(record[_RANDOM]))
+            lost = int(record[_IN_FLIGHT])
+            record[_IN_FLIGHT] = record[_PENDING] = 0
+            record[_RESERVED] = -(-owed // self.frames_per_batch) * self.frames_per_batch
+        return lost, owed
 
     def wait(self, predicate: Callable[[], bool], *, timeout: float | None, on_poll: Callable[[], None]) -> bool:
         """Polls ``predicate`` until it holds; ``on_poll`` may raise to abort. Returns False on timeout."""

@@ -347,6 +347,7 @@ class WorkerPool:
         self.error: WorkerError | None = None
         self._stopping = False
         self._watcher: threading.Thread | None = None
+        self._watching = False  # until the watcher's last notification: its thread is still alive then
         # Notified after each pass of the watcher: raise_if_failed(wait_for_report=...) waits on it for an exit
         # to be handled (named or replaced), not for the watcher to end, which with restarts on it never does.
         self._watched = threading.Condition()
@@ -365,6 +366,7 @@ class WorkerPool:
                     raise WorkerError(i, f"{_DIED_STARTING} ({err})", "(no traceback)") from err
                 self._error_writers[i].close()  # the child has its own copy: EOF here once it exits
         self._watcher = threading.Thread(target=self._watch, name="collector-watcher", daemon=True)
+        self._watching = True
         self._watcher.start()
 
     def _process(self, idx: int, args: Sequence) -> mp.process.BaseProcess:
@@ -387,6 +389,7 @@ class WorkerPool:
             self._watch_until_failed_or_stopped()
         finally:
             with self._watched:
+                self._watching = False
                 self._watched.notify_all()
 
     def _watch_until_failed_or_stopped(self) -> None:
@@ -519,10 +522,9 @@ class WorkerPool:
         its report or name it, then fail the pool or replace the worker) before
         this looks; it returns as soon as the watcher has.
         """
-        watcher = self._watcher
-        if wait_for_report > 0 and watcher is not None:
+        if wait_for_report > 0:
             with self._watched:
-                self._watched.wait_for(lambda: self.error is not None or not watcher.is_alive() or not any(
+                self._watched.wait_for(lambda: self.error is not None or not self._watching or not any(
                     p.exitcode not in (None, 0) for p in self.procs), timeout=wait_for_report)
         if self.error is not None:
             raise self.error

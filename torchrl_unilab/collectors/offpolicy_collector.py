@@ -521,12 +521,10 @@ class OffPolicyCollector(MultiAsyncCollector):
         next seed stream and the random frames the worker has not written yet.
         A batch it had written into the buffer and not yet counted is counted.
         """
-        pending = self._control.pending_write(worker_idx)
-        if pending is not None and holds_row(self.replay_buffer, {TRAJ_KEY: pending[0], STEP_KEY: pending[1]}):
-            self._control.written_(self.frames_per_batch, worker_idx, pending[2])
-            self._metrics.add(worker_idx, frames=self.frames_per_batch, random_frames=pending[2])
-        owed = max(0, self._random_shares[worker_idx] - self._control.random_written(worker_idx))
-        self.frames_lost += self._control.release(worker_idx, owed)
+        lost, owed = self._control.settle(
+            worker_idx, self._random_shares[worker_idx],
+            lambda traj, step: holds_row(self.replay_buffer, {TRAJ_KEY: traj, STEP_KEY: step}))
+        self.frames_lost += lost
         config = args[0]
         random_frames, streams = list(config.random_frames), list(config.streams or [0] * self.num_workers)
         random_frames[worker_idx], streams[worker_idx] = owed, restarts
@@ -755,10 +753,15 @@ class OffPolicyCollector(MultiAsyncCollector):
         out["worker_restarts"] = sum(pool.restarts) if pool is not None else 0
         out["frames_lost"] = self.frames_lost
         for idx, (worker, engine) in enumerate(zip(out["workers"], self._engines)):
+            # From the frame accounting, exact across restarts: a worker killed after its rows were in the buffer
+            # and before its metrics was counted by the parent (FrameControl.settle), not by its metrics.
+            worker["frames"] = self._control.worker_written(idx)
+            worker["random_frames"] = self._control.random_written(idx)
             worker["engine"] = engine
             worker["restarts"] = pool.restarts[idx] if pool is not None else 0
             last = pool.last_failure(idx) if pool is not None else None
             worker["last_error"] = None if last is None else f"{last}"
+        out["random_frames"] = sum(worker["random_frames"] for worker in out["workers"])
         return out
 
     def stats(self, workers: str = "aggregate") -> dict[str, int | float | bool]:
@@ -809,7 +812,8 @@ class OffPolicyCollector(MultiAsyncCollector):
         """
         state = OrderedDict()
         for idx, worker in enumerate(self._metrics.summary()["workers"]):
-            state[f"worker{idx}"] = {"frames": worker["frames"], "policy_version": worker["policy_version"]}
+            state[f"worker{idx}"] = {"frames": self._control.worker_written(idx),
+                                     "policy_version": worker["policy_version"]}
         state.update(frames=self._frames, iter=self._iter, frames_written=self._control.written,
                      policy_version=self.policy_version)
         return state
