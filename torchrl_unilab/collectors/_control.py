@@ -24,6 +24,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 
 from torchrl_unilab._sync import ProcessLock
@@ -99,22 +100,35 @@ class FrameControl:
     def __init__(self, random_frames: list[int] | None = None, frames_per_batch: int = 1,
                  total_frames: int | None = None) -> None:
         self._lock = ProcessLock()
-        self._limits = torch.tensor([0, _UNLIMITED if total_frames is None else int(total_frames)]).share_memory_()
         reserved = [-(-share // frames_per_batch) * frames_per_batch for share in random_frames or [0]]
         self.frames_per_batch = frames_per_batch
+        limits = torch.tensor([0, _UNLIMITED if total_frames is None else int(total_frames)])
         # Two copies of each worker's record, and which one is current.
-        self._records = torch.zeros(len(reserved), 2, 8, dtype=torch.int64)
-        self._records[:, 0, _RESERVED] = torch.tensor(reserved, dtype=torch.int64)
-        self._records.share_memory_()
-        self._current = torch.zeros(len(reserved), dtype=torch.int64).share_memory_()
+        records = torch.zeros(len(reserved), 2, 8, dtype=torch.int64)
+        records[:, 0, _RESERVED] = torch.tensor(reserved, dtype=torch.int64)
+        current = torch.zeros(len(reserved), dtype=torch.int64)
+        self._shared = tuple(t.share_memory_() for t in (limits, records, current))
+        self._view_shared()
+
+    def _view_shared(self) -> None:
+        # NumPy views of the shared tensors: a batch's claim, pending record and count cost 15 us with them, 66-79 us
+        # with torch indexing (a loop of 20k batches, one process).
+        self._limits, self._records, self._current = (t.numpy() for t in self._shared)
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_limits", "_records", "_current")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._view_shared()
 
     # ------------------------------------------------------------- records
-    def _current_records(self) -> torch.Tensor:
+    def _current_records(self) -> np.ndarray:
         """Every worker's current record, a copy (one row per worker); read under the lock."""
-        return self._records[torch.arange(len(self._current)), self._current]
+        return self._records[np.arange(len(self._current)), self._current]
 
     @contextlib.contextmanager
-    def _changing(self, worker_idx: int) -> Iterator[torch.Tensor]:
+    def _changing(self, worker_idx: int) -> Iterator[np.ndarray]:
         """Yields a copy of worker ``worker_idx``'s record to change; one store makes it current at the end.
 
         A process killed inside the block leaves the record as it was, so
@@ -124,11 +138,11 @@ class FrameControl:
         """
         current = int(self._current[worker_idx])
         draft = self._records[worker_idx, 1 - current]
-        draft.copy_(self._records[worker_idx, current])
+        draft[:] = self._records[worker_idx, current]
         yield draft
         self._current[worker_idx] = 1 - current
 
-    def _record(self, worker_idx: int) -> torch.Tensor:
+    def _record(self, worker_idx: int) -> np.ndarray:
         return self._records[worker_idx, int(self._current[worker_idx])]
 
     # -------------------------------------------------------------- totals
