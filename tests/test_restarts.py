@@ -145,6 +145,23 @@ def test_a_worker_killed_after_its_write_and_before_its_count_loses_no_frame(tmp
         collector.shutdown()
 
 
+def test_a_worker_killed_after_handing_a_batch_over_and_before_its_count_loses_no_frame(tmp_path, no_leaks):
+    """Iteration without a buffer: the batch is in the worker's slot (or already yielded) and not counted; the
+    parent finds it there and counts it, so no frame is lost and the replacement does not collect it again."""
+    collector = pendulum_collector(None, post_collect_hook=die_after_its_first_write(str(tmp_path / "died")))
+    try:
+        batches = [batch.clone() for batch in collector]
+        metrics = collector.metrics()
+        assert metrics["worker_restarts"] == 1 and metrics["frames_lost"] == 0
+        assert sum(w["frames"] for w in metrics["workers"]) == collector.frames_written == 2048
+        data = torch.cat([batch.reshape(-1) for batch in batches])
+        assert data.numel() == 2048
+        rows = torch.stack([data["collector", "traj_ids"].reshape(-1), data["step_count"].reshape(-1)], 1)
+        assert rows.unique(dim=0).shape[0] == 2048, "a row was yielded twice"
+    finally:
+        collector.shutdown()
+
+
 def env_raising_once(marker: str):
     return TransformedEnv(BatchedGymEnv("Pendulum-v1", 4), RaiseAfter(40, "boom from the env", marker))
 

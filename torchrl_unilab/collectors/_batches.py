@@ -5,7 +5,10 @@ env's first row. A worker fills a free slot with a whole batch and stamps it
 with the time; the parent takes the oldest filled slot, copies it out and frees
 it. Two slots per worker let a worker collect its next batch while the parent
 reads the last one; a worker whose slots are both full waits, which is the
-backpressure ``MultiAsyncCollector``'s queue gives. Plain shared tensors and
+backpressure ``MultiAsyncCollector``'s queue gives. The parent remembers the
+first row of the last batch it took from each worker, so that a dead worker's
+batch can be found either in its slots or among those handed over
+(:meth:`BatchSlots.holds`). Plain shared tensors and
 polling keep this free of semaphores and queues that a killed process could
 leave locked.
 """
@@ -13,10 +16,11 @@ leave locked.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
 
 __all__ = ["BatchSlots", "SlotWriter"]
 
@@ -38,12 +42,16 @@ class BatchSlots:
         >>> SlotWriter(slots, 0, lambda: False).extend(TensorDict({"x": torch.ones(3, 2)}, [3]))
         >>> slots.take(timeout=1.0, on_poll=lambda: None)["x"].sum().item()
         6.0
+        >>> slots.holds(0, {"x": 1}), slots.holds(0, {"x": 2})
+        (True, False)
     """
 
     def __init__(self, row: TensorDictBase, num_workers: int, frames_per_batch: int, slots_per_worker: int = 2) -> None:
         self.data = row.expand(num_workers, slots_per_worker, frames_per_batch).clone().share_memory_()
         # state, number of rows, fill time (ns), per slot
         self.meta = torch.zeros(num_workers, slots_per_worker, 3, dtype=torch.int64).share_memory_()
+        # Parent side: the first row of the last batch taken from each worker.
+        self.last_taken: list[TensorDictBase | None] = [None] * num_workers
 
     def take(self, timeout: float | None, on_poll: Callable[[], None]) -> TensorDictBase | None:
         """Returns a copy of the oldest filled batch and frees its slot; ``None`` on timeout."""
@@ -56,6 +64,7 @@ class BatchSlots:
                 worker, slot = divmod(int(stamps.argmin()), stamps.shape[1])
                 rows = int(self.meta[worker, slot, 1])
                 out = self.data[worker, slot, :rows].clone()
+                self.last_taken[worker] = out[0]  # before the slot is free: holds() looks at the slots first
                 self.meta[worker, slot, 0] = _FREE
                 return out
             on_poll()
@@ -63,6 +72,26 @@ class BatchSlots:
                 return None
             time.sleep(delay)
             delay = min(delay * 2, 0.005)
+
+
+    def holds(self, worker_idx: int, values: Mapping[NestedKey, int]) -> bool:
+        """Parent side: whether worker ``worker_idx``'s batch whose first row has these values was handed over
+        whole (a filled slot, or the last batch taken from it).
+
+        For a dead worker's last batch, like
+        :func:`~torchrl_unilab.data.replay_buffer.holds_row` for a buffer: a
+        slot is filled only once its rows are all in, so one it died
+        copying into is not found.
+        """
+        def first_row_is(row: TensorDictBase) -> bool:
+            return all(int(row.get(key).reshape(-1)[0]) == value for key, value in values.items())
+
+        meta = self.meta[worker_idx]
+        for slot in range(meta.shape[0]):
+            if int(meta[slot, 0]) == _FILLED and first_row_is(self.data[worker_idx, slot, 0]):
+                return True
+        last = self.last_taken[worker_idx]
+        return last is not None and first_row_is(last)
 
 
 class SlotWriter:

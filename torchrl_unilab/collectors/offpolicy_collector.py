@@ -519,11 +519,16 @@ class OffPolicyCollector(MultiAsyncCollector):
         Called by the pool once the dead process is gone: its claimed, unwritten
         batch is handed back (lost, not counted), and the replacement gets the
         next seed stream and the random frames the worker has not written yet.
-        A batch it had written into the buffer and not yet counted is counted.
+        A batch it had written into the buffer, or into its slots for iteration,
+        and not yet counted is counted.
         """
-        lost, owed = self._control.settle(
-            worker_idx, self._random_shares[worker_idx],
-            lambda traj, step: holds_row(self.replay_buffer, {TRAJ_KEY: traj, STEP_KEY: step}))
+        def handed_over(traj: int, step: int) -> bool:
+            first_row = {TRAJ_KEY: traj, STEP_KEY: step}
+            if self.replay_buffer is not None:
+                return holds_row(self.replay_buffer, first_row)
+            return self._slots.holds(worker_idx, first_row)
+
+        lost, owed = self._control.settle(worker_idx, self._random_shares[worker_idx], handed_over)
         self.frames_lost += lost
         config = args[0]
         random_frames, streams = list(config.random_frames), list(config.streams or [0] * self.num_workers)
