@@ -50,8 +50,13 @@ class BatchSlots:
         self.data = row.expand(num_workers, slots_per_worker, frames_per_batch).clone().share_memory_()
         # state, number of rows, fill time (ns), per slot
         self.meta = torch.zeros(num_workers, slots_per_worker, 3, dtype=torch.int64).share_memory_()
-        # Parent side: the first row of the last batch taken from each worker.
+        # Parent side: the first row of the last batch taken from each worker. Not sent to workers: pickled with a
+        # replacement's arguments, the caller's batch went to shared memory, and one replaced by take() meanwhile
+        # was freed with its descriptor still to be sent (the fork server: "Bad file descriptor", 7 of 13 runs).
         self.last_taken: list[TensorDictBase | None] = [None] * num_workers
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "last_taken": [None] * len(self.last_taken)}
 
     def take(self, timeout: float | None, on_poll: Callable[[], None]) -> TensorDictBase | None:
         """Returns a copy of the oldest filled batch and frees its slot; ``None`` on timeout."""

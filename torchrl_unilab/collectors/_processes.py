@@ -427,10 +427,11 @@ class WorkerPool:
                 if refusal is not None:
                     self._fail(self._final_error(idx, error, refusal))
                     return False
-                if self._replace(idx, error):
+                not_started = self._replace(idx, error)
+                if not_started is None:
                     return True
                 # The replacement died before it read its arguments: one more failure of this worker
-                error = WorkerError(idx, _DIED_STARTING, "(no traceback)")
+                error = WorkerError(idx, f"{_DIED_STARTING} ({not_started})", "(no traceback)")
                 self.failures.append(_Failure(idx, error))
 
     def _refusal(self, idx: int) -> str | None:
@@ -455,8 +456,9 @@ class WorkerPool:
         return WorkerError(idx, f"{error._message} (not restarted: {refusal}; {sum(self.restarts)} "  # noqa: SLF001
                                 f"restart(s) in all)", tracebacks, failures=seen)
 
-    def _replace(self, idx: int, error: WorkerError) -> bool:
-        """Starts a new process in worker ``idx``'s place, once the old one has exited; whether it started."""
+    def _replace(self, idx: int, error: WorkerError) -> OSError | None:
+        """Starts a new process in worker ``idx``'s place, once the old one has exited; None once it started,
+        else the error that stopped it."""
         old = self.procs[idx]
         old.join(_EXIT_WAIT_SECONDS)  # one that reported its error exits by itself at once
         if old.is_alive():
@@ -477,13 +479,13 @@ class WorkerPool:
                      f"(restart {self.restarts[idx]} of at most {self.restart.max_restarts} for this worker)")
         try:
             self._start_process(idx, proc)
-        except OSError:  # it died before it read its arguments (_SpawnPopen)
+        except OSError as err:  # it died before it read its arguments (_SpawnPopen)
             writer.close()
-            return False
+            return err
         writer.close()
         self.procs[idx] = proc
         self._open.add(idx)
-        return True
+        return None
 
     def last_failure(self, idx: int) -> WorkerError | None:
         """The latest failure of worker ``idx``, restarted or not."""
