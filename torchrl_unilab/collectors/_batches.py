@@ -78,7 +78,6 @@ class BatchSlots:
             time.sleep(delay)
             delay = min(delay * 2, 0.005)
 
-
     def holds(self, worker_idx: int, values: Mapping[NestedKey, int]) -> bool:
         """Parent side: whether worker ``worker_idx``'s batch whose first row has these values was handed over
         whole (a filled slot, or the last batch taken from it).

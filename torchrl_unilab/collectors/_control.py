@@ -151,8 +151,8 @@ class FrameControl:
         """Total frames workers may claim; ``2**62`` stands for no limit."""
         return int(self._limits[_ALLOWED])
 
-    def _claimed(self) -> int:
-        records = self._current_records()
+    def _claimed(self, records: np.ndarray | None = None) -> int:
+        records = self._current_records() if records is None else records
         return int(records[:, _IN_FLIGHT].sum() + records[:, _WRITTEN].sum())
 
     @property
@@ -185,7 +185,7 @@ class FrameControl:
         """Worker side: claims ``frames`` if the allowance has room and no other worker's reservation is taken."""
         with self._lock:
             records = self._current_records()
-            claimed = int(records[:, _IN_FLIGHT].sum() + records[:, _WRITTEN].sum())
+            claimed = self._claimed(records)
             if claimed + frames > self._limits[_ALLOWED]:
                 return False
             others = int(records[:, _RESERVED].sum() - records[worker_idx, _RESERVED])

@@ -758,8 +758,8 @@ class OffPolicyCollector(MultiAsyncCollector):
         out["worker_restarts"] = sum(pool.restarts) if pool is not None else 0
         out["frames_lost"] = self.frames_lost
         for idx, (worker, engine) in enumerate(zip(out["workers"], self._engines)):
-            # From the frame accounting, exact across restarts: a worker killed after its rows were in the buffer
-            # and before its metrics was counted by the parent (FrameControl.settle), not by its metrics.
+            # From the frame accounting, exact across restarts: a batch of a worker killed after its rows were in
+            # and before it added them to its metrics row is counted by the parent (FrameControl.settle) only.
             worker["frames"] = self._control.worker_written(idx)
             worker["random_frames"] = self._control.random_written(idx)
             worker["engine"] = engine
