@@ -37,7 +37,11 @@ Suites (each run is ``recipes/<algo>.py`` called in-process with Hydra overrides
 Each run's figures are kept as ``result.json`` in its directory; ``--reuse``
 takes a run from there instead of training it again (when its frames match), so
 that the two sides of a suite, or its seeds, can run as separate commands
-(``--algo``) and one last call with ``--reuse`` writes the tables.
+(``--algo``) and one last call with ``--reuse`` writes the tables. With
+``--reruns``, other ``--out`` directories holding runs of the same seeds, the
+``td3`` and ``sb3`` suites also write ``<algo>_reruns.md``: the return targets
+applied to each run against SB3 and against each other run, i.e. how often the
+recipe meets them against itself.
 
 Writes ``results.md`` and ``results.csv`` (final and best eval return per
 run, their means over seeds -- a task passes on the mean final return --,
@@ -56,6 +60,7 @@ JSON line per task.
     python benchmarks/learning.py --suite td3 --seeds 0      # one seed of each side
     python benchmarks/learning.py --suite td3 --algo sb3_td3 --seeds 1    # one side, one seed
     python benchmarks/learning.py --suite td3 --reuse        # the table from the runs already done
+    python benchmarks/learning.py --suite td3 --reuse --reruns DIR2 DIR3   # and against other runs of the seeds
     python benchmarks/learning.py --suite sb3 --seeds 0      # issue 19: SAC against SB3's SAC
 """
 
@@ -153,24 +158,33 @@ def recipe_config(algo: str, overrides: list[str]):
         return compose(config_name=algo, overrides=overrides)
 
 
+def load_result(run_dir: Path, frames: int) -> dict | None:
+    """The finished run saved in ``run_dir/result.json`` if it ran ``frames`` frames, else ``None``."""
+    saved = run_dir / "result.json"
+    if not saved.exists():
+        return None
+    result = json.loads(saved.read_text())
+    if result["frames"] != frames:
+        return None
+    result["curve"] = [tuple(point) for point in result["curve"]]
+    result["elapsed_at"] = {float(f): t for f, t in result["elapsed_at"].items()}
+    return result
+
+
 def run_or_reuse(task: Task, seed: int, run_dir: Path, reuse: bool) -> dict:
     """:func:`run`, or with ``reuse`` the run's ``result.json`` when it holds a run of ``task.frames`` frames.
 
     A finished run is saved there; an interrupted one is not.
     """
-    saved = run_dir / "result.json"
-    if reuse and saved.exists():
-        result = json.loads(saved.read_text())
-        if result["frames"] == task.frames:
-            result["curve"] = [tuple(point) for point in result["curve"]]
-            result["elapsed_at"] = {float(f): t for f, t in result["elapsed_at"].items()}
-            return result
+    saved = load_result(run_dir, task.frames) if reuse else None
+    if saved is not None:
+        return saved
     result = run(task, seed, run_dir)
     if not result.get("interrupted"):  # a stopped run (Ctrl-C, SIGTERM) is not one to reuse
         run_dir.mkdir(parents=True, exist_ok=True)
         # the task's frames (what --reuse matches); the recipe may collect up to a batch past them
-        saved.write_text(json.dumps({**result, "frames_collected": result["frames"], "frames": task.frames,
-                                     "seed": seed}))
+        (run_dir / "result.json").write_text(json.dumps({**result, "frames_collected": result["frames"],
+                                                         "frames": task.frames, "seed": seed}))
     return result
 
 
@@ -316,6 +330,67 @@ def time_at_mark(result: dict, mark: float) -> float:
     return max((t for f, t in result["elapsed_at"].items() if f <= frame), default=0.0)
 
 
+def mean_curve(runs: dict[int, dict]) -> dict[float, float]:
+    """The mean return over ``runs``' seeds at each 10k mark (:func:`on_grid`), over the seeds evaluated there.
+
+    Examples:
+        >>> mean_curve({0: {"curve": [(10112.0, 2.0)]}, 1: {"curve": [(10000.0, 4.0), (20032.0, 9.0)]}})
+        {10000.0: 3.0, 20000.0: 9.0}
+    """
+    grids = [on_grid(r["curve"]) for r in runs.values()]
+    return {f: statistics.mean(g[f] for g in grids if f in g) for f in sorted({f for g in grids for f in g})}
+
+
+def return_targets(ours: dict[float, float], reference: dict[float, float], *, from_mark: float,
+                   last_within: float | None) -> tuple[list[float], bool]:
+    """The return targets of a comparison of two mean curves (issues 22 and 19): the marks from ``from_mark``
+    on where ``ours`` is below ``reference``, and whether ``ours`` is at the last common mark within
+    ``last_within`` of it or above (``True`` with no ``last_within``).
+
+    Examples:
+        >>> return_targets({30000.0: 9.0, 40000.0: 95.0}, {30000.0: 10.0, 40000.0: 100.0},
+        ...                from_mark=30_000, last_within=0.1)
+        ([30000.0, 40000.0], True)
+    """
+    marks = sorted(set(ours) & set(reference))
+    below = [f for f in marks if f >= from_mark and ours[f] < reference[f]]
+    last = marks[-1]
+    within = last_within is None or ours[last] >= reference[last] - last_within * abs(reference[last])
+    return below, within
+
+
+def compare_reruns(runs: dict[str, dict[int, dict]], sb3: dict[int, dict] | None, *, from_mark: float = 30_000,
+                   last_within: float | None = 0.1) -> list[str]:
+    """How the return targets come out for each run of a recipe's seeds against SB3 and against each other run.
+
+    ``runs`` maps a name (its output directory) to one run of the same seeds, same code and settings. A
+    target that an identical algorithm misses against itself measures the run-to-run spread, not a gap:
+    the recipe's own reruns are the baseline a 3-seed comparison with SB3 is read against. Only the return
+    targets are applied (a wall-clock target compares with SB3's speed, not with another run).
+
+    Examples:
+        >>> a = {0: {"curve": [(30000.0, 10.0), (40000.0, 30.0)]}}
+        >>> b = {0: {"curve": [(30000.0, 12.0), (40000.0, 28.0)]}}
+        >>> print("\\n".join(compare_reruns({"a": a, "b": b}, None)[2:]))
+        | a | b | 30k | yes | not passed |
+        | b | a | 40k | yes | not passed |
+    """
+    sides = {**({} if sb3 is None else {"SB3": sb3}), **runs}
+    curves = {name: mean_curve(side) for name, side in sides.items()}
+    lines = ["| run | against | below at (from {}k on) | last mark within {} | targets |".format(
+        int(from_mark // 1000), "-" if last_within is None else f"{last_within:.0%}"),
+        "| --- | --- | --- | --- | --- |"]
+    for name in runs:
+        for other in sides:
+            if other == name:
+                continue
+            below, within = return_targets(curves[name], curves[other], from_mark=from_mark, last_within=last_within)
+            marks = ", ".join(f"{int(f // 1000)}k" for f in below) or "none"
+            lines.append(f"| {name} | {other} | {marks} | {'yes' if within else 'no'} | "
+                         f"{'passed' if not below and within else 'not passed'} |")
+    return lines
+
+
 def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: float = 30_000,
                      last_within: float | None = 0.1, band_mark: float | None = 40_000.0,
                      speedup: float | None = None) -> list[str]:
@@ -335,17 +410,13 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: 
     def at_mark(name: str, mark: float) -> dict[int, float]:
         return {seed: grid[mark] for seed, grid in grids[name].items() if mark in grid}
 
-    def means(name: str) -> dict[float, float]:
-        marks = sorted({f for grid in grids[name].values() for f in grid})
-        return {f: statistics.mean(at_mark(name, f).values()) for f in marks}
-
-    ours_mean, sb3_mean = means("ours"), means("sb3")
+    ours_mean, sb3_mean = mean_curve(ours), mean_curve(sb3)
     marks = sorted(set(ours_mean) & set(sb3_mean))
     last = marks[-1]
-    ok = all(ours_mean[f] >= sb3_mean[f] for f in marks if f >= from_mark)
+    below, last_ok = return_targets(ours_mean, sb3_mean, from_mark=from_mark, last_within=last_within)
+    ok = not below and last_ok
     targets = [f">= SB3 from {int(from_mark // 1000)}k on"]
     if last_within is not None:
-        ok = ok and ours_mean[last] >= sb3_mean[last] - last_within * abs(sb3_mean[last])
         targets.append(f"within {last_within:.0%} at {int(last)}")
 
     def interval(mark: float) -> str:
@@ -467,6 +538,21 @@ def plot_sides(path: Path, title: str, sides: dict[str, dict[int, dict]]) -> Non
     fig.savefig(path)
 
 
+def saved_runs(directory: Path, task: Task, seeds: list[int]) -> dict[int, dict]:
+    """The finished runs of ``task`` for ``seeds`` saved under another ``--out`` ``directory`` (``--reruns``).
+
+    Raises ``FileNotFoundError`` naming the first seed with no finished run of the task's frames there.
+    """
+    runs = {}
+    for seed in seeds:
+        run_dir = directory / "runs" / f"{task.name}_seed{seed}"
+        runs[seed] = load_result(run_dir, task.frames)
+        if runs[seed] is None:
+            raise FileNotFoundError(f"--reruns {directory}: no finished {task.frames}-frame run of {task.name} "
+                                    f"seed {seed} in {run_dir}")
+    return runs
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=[*SUITES, "all"], default="pendulum")
@@ -484,12 +570,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="hydra overrides for every recipe run, after the suite's, and for the recipe config an "
                              "SB3 run reads (sb3_config); e.g. optim.num_threads=1 for two suites side by side "
                              "on 2 cores (one torch thread each from the start, SB3's too)")
+    parser.add_argument("--reruns", type=Path, nargs="+", default=[], metavar="DIR",
+                        help="td3 and sb3 suites: --out directories of other runs of the same seeds; writes "
+                             "<algo>_reruns.md, the return targets for each run against SB3 and against each other "
+                             "run (the recipe against itself: the run-to-run spread)")
     args = parser.parse_args(argv)
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for suite in suites:
-        results = {}
+        results, tasks = {}, {}
         by_env: dict[tuple[str, str], dict[str, dict[int, dict]]] = {}  # (algo, env) -> variant -> seed -> run
         for task in SUITES[suite]:
             if args.algo and task.algo not in args.algo:
@@ -503,7 +593,7 @@ def main(argv: list[str] | None = None) -> None:
             seeds = args.seeds or task.seeds or (0, 1, 2)
             runs = {seed: run_or_reuse(task, seed, args.out / "runs" / f"{task.name}_seed{seed}", args.reuse)
                     for seed in seeds}
-            results[task.algo] = runs
+            results[task.algo], tasks[task.algo] = runs, task
             by_env.setdefault((task.algo, task.env), {})[task.label or f"recipes/{task.algo}.py"] = runs
             seeds = seed_count(runs)
             label = f" {task.label}" if task.label else ""
@@ -535,6 +625,14 @@ def main(argv: list[str] | None = None) -> None:
                 (args.out / f"{algo}_vs_sb3_table.rst").write_text("\n".join(rst_table(sides)) + "\n")
                 plot_sides(args.out / f"{algo}_vs_sb3.png", f"{algo.upper()} HalfCheetah-v5: recipe against SB3",
                            {f"recipes/{algo}.py": results[algo], f"SB3 {algo.upper()}": results[f"sb3_{algo}"]})
+                print("\n".join(table), flush=True)
+            if args.reruns and algo in results and f"sb3_{algo}" in {t.algo for t in SUITES[suite]}:
+                runs = {str(args.out): results[algo]}
+                for directory in args.reruns:
+                    runs[str(directory)] = saved_runs(directory, tasks[algo], list(results[algo]))
+                table = compare_reruns(runs, results.get(f"sb3_{algo}"), from_mark=targets["from_mark"],
+                                       last_within=targets["last_within"])
+                (args.out / f"{algo}_reruns.md").write_text("\n".join(table) + "\n")
                 print("\n".join(table), flush=True)
     with open(args.out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -29,7 +29,7 @@ def test_every_benchmark_script_parses(script):
 def test_learning_help_lists_its_options():
     out = subprocess.run([sys.executable, str(BENCHMARKS / "learning.py"), "--help"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
-    for option in ("--suite", "--seeds", "--algo", "--task", "--frames", "--reuse", "--set"):
+    for option in ("--suite", "--seeds", "--algo", "--task", "--frames", "--reuse", "--set", "--reruns"):
         assert option in out
 
 
@@ -175,3 +175,49 @@ def test_the_docs_table_has_each_seed_and_the_mean_on_the_10k_grid():
     rows = "\n".join(lines).split("   * - ")[2:]
     assert rows == ["recipe, seed 0\n     - 1\n     - 5\n     - 1\n", "recipe, seed 1\n     - 3\n     - \n     - 1\n",
                     "**recipe, mean of 2 seeds**\n     - 2\n     - 5\n     - 1\n", "SB3, seed 0\n     - 0\n     - 4\n     - 1"]
+
+
+
+def _two_seeds(at_30k: float, at_40k: float) -> dict[int, dict]:
+    """Two seeds whose mean return is ``at_30k`` at 30k frames and ``at_40k`` at 40k."""
+    return {seed: _result([(30_016.0, at_30k + d), (40_000.0, at_40k - d)], 40_000)
+            for seed, d in ((0, 5.0), (1, -5.0))}
+
+
+def _rows(lines: list[str]) -> dict[tuple[str, str], tuple[str, ...]]:
+    cells = [tuple(c.strip() for c in line.strip("|").split("|")) for line in lines[2:]]
+    return {row[:2]: row[2:] for row in cells}
+
+
+def test_the_reruns_table_applies_the_targets_to_each_run_against_sb3_and_against_each_other():
+    runs = {"first": _two_seeds(1000.0, 2000.0), "second": _two_seeds(900.0, 2100.0),
+            "third": _two_seeds(1100.0, 1700.0)}
+    lines = learning.compare_reruns(runs, _two_seeds(950.0, 1950.0), from_mark=30_000, last_within=0.1)
+    assert lines[0] == "| run | against | below at (from 30k on) | last mark within 10% | targets |"
+    assert _rows(lines) == {
+        ("first", "SB3"): ("none", "yes", "passed"),
+        ("first", "second"): ("40k", "yes", "not passed"),  # 2000 is within 10 % of 2100
+        ("first", "third"): ("30k", "yes", "not passed"),
+        ("second", "SB3"): ("30k", "yes", "not passed"),
+        ("second", "first"): ("30k", "yes", "not passed"),
+        ("second", "third"): ("30k", "yes", "not passed"),
+        ("third", "SB3"): ("40k", "no", "not passed"),  # 1700 is 12.8 % below 1950
+        ("third", "first"): ("40k", "no", "not passed"),
+        ("third", "second"): ("40k", "no", "not passed"),
+    }
+
+
+def test_reruns_compares_this_run_with_the_runs_saved_under_other_outs(tmp_path, monkeypatch):
+    sb3, ours, earlier = _two_seeds(950.0, 1950.0), _two_seeds(1000.0, 2000.0), _two_seeds(1100.0, 1700.0)
+    monkeypatch.setattr(learning, "run", lambda task, seed, run_dir: (sb3 if task.algo == "sb3_td3" else ours)[seed])
+    common = ["--suite", "td3", "--frames", "40000", "--seeds", "0", "1"]
+    learning.main([*common, "--out", str(tmp_path / "now")])
+    monkeypatch.setattr(learning, "run", lambda task, seed, run_dir: earlier[seed % 2])
+    learning.main([*common, "--algo", "td3", "--out", str(tmp_path / "before")])
+    learning.main([*common, "--out", str(tmp_path / "now"), "--reuse", "--reruns", str(tmp_path / "before")])
+    now, before = str(tmp_path / "now"), str(tmp_path / "before")
+    assert _rows((tmp_path / "now" / "td3_reruns.md").read_text().splitlines()) == {
+        (now, "SB3"): ("none", "yes", "passed"), (now, before): ("30k", "yes", "not passed"),
+        (before, "SB3"): ("40k", "no", "not passed"), (before, now): ("40k", "no", "not passed")}
+    with pytest.raises(FileNotFoundError, match="no finished 40000-frame run of td3_HalfCheetah-v5 seed 2 in"):
+        learning.main([*common, "2", "--out", str(tmp_path / "more"), "--reruns", str(tmp_path / "before")])
