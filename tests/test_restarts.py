@@ -162,6 +162,23 @@ def test_a_worker_killed_after_handing_a_batch_over_and_before_its_count_loses_n
         collector.shutdown()
 
 
+def test_a_batch_handed_over_is_still_found_after_the_caller_changes_it_in_place():
+    """``holds`` reads the first row the parent took, not the caller's batch: a loop that rewrites its batch in
+    place (here its step counts) before a dead worker is settled must not make that batch count as lost."""
+    from tensordict import TensorDict
+
+    from torchrl_unilab.collectors._batches import BatchSlots, SlotWriter
+
+    row = TensorDict({"step_count": torch.zeros(1, dtype=torch.int64), "x": torch.zeros(2)}, [])
+    slots = BatchSlots(row, num_workers=2, frames_per_batch=4)
+    SlotWriter(slots, 1, lambda: False).extend(
+        TensorDict({"step_count": torch.arange(7, 11).unsqueeze(-1), "x": torch.ones(4, 2)}, [4]))
+    batch = slots.take(timeout=5.0, on_poll=lambda: None)
+    assert not slots.holds(1, {"step_count": 8}) and not slots.holds(0, {"step_count": 7})
+    batch["step_count"] += 1000
+    assert slots.holds(1, {"step_count": 7})
+
+
 def env_raising_once(marker: str):
     return TransformedEnv(BatchedGymEnv("Pendulum-v1", 4), RaiseAfter(40, "boom from the env", marker))
 

@@ -69,7 +69,9 @@ class BatchSlots:
                 worker, slot = divmod(int(stamps.argmin()), stamps.shape[1])
                 rows = int(self.meta[worker, slot, 1])
                 out = self.data[worker, slot, :rows].clone()
-                self.last_taken[worker] = out[0]  # before the slot is free: holds() looks at the slots first
+                # before the slot is free (holds() looks at the slots first); a copy, since the caller may change
+                # its batch in place (a 12-key row: 40 us per batch, 17 for a view)
+                self.last_taken[worker] = out[0].clone()
                 self.meta[worker, slot, 0] = _FREE
                 return out
             on_poll()
