@@ -116,6 +116,27 @@ def test_sync_pattern_yields_torchrl_batches(parallel, no_leaks):
     assert train_env.is_closed
 
 
+@pytest.mark.parametrize("update_at_each_batch", [False, True])
+def test_workers_start_from_the_policy_as_it_is_when_collection_starts(update_at_each_batch, no_leaks):
+    """Weights changed in place after construction (a checkpoint loaded into the policy, say) are what the workers
+    act with from the first batch, as with TorchRL's collectors. They were the weights at construction until the
+    first update_policy_weights_(). update_at_each_batch publishes before the first batch too, as TorchRL's
+    iterator does."""
+    policy = linear_policy(3, 1)
+    collector = OffPolicyCollector("Pendulum-v1", policy, num_envs=2, frames_per_batch=64, total_frames=256,
+                                   update_at_each_batch=update_at_each_batch)
+    with torch.no_grad():
+        for weight in policy.parameters():
+            weight.zero_()
+    try:
+        batches = [batch.clone() for batch in collector]
+    finally:
+        collector.shutdown()
+    actions = torch.cat([batch["action"] for batch in batches])
+    assert actions.numel() == 256 and bool((actions == 0).all()), "a worker acted with the weights at construction"
+    assert int(batches[0]["policy_version"].max()) == 1 + update_at_each_batch
+
+
 @pytest.mark.parametrize("storage_cls", [LazyTensorStorage, LazyMemmapStorage])
 def test_async_pattern_fills_a_torchrl_buffer(storage_cls, tmp_path, no_leaks):
     """TorchRL's sota sac-async.py: a shared TorchRL buffer laid out by upstream's own pre-initialisation."""
@@ -239,6 +260,29 @@ def test_inherited_api_works_or_says_why(no_leaks):
     assert collector.get_policy_version() == 2, "the version stays readable after shutdown"
     with pytest.raises(RuntimeError, match="shut down"):
         collector.update_policy_weights_()
+
+
+def test_load_state_dict_continues_a_run_from_its_restored_frames(no_leaks):
+    """TorchRL's Trainer resumes a collector with load_state_dict: iteration goes on from the restored frames to
+    total_frames, and the restored frames count against init_random_frames. Before, the first iteration waited
+    for the restored count again and the resumed run collected all of total_frames and its random frames."""
+    def collector_into(rb):
+        return OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_envs=2, frames_per_batch=64,
+                                  total_frames=640, init_random_frames=256, replay_buffer=rb)
+
+    with collector_into(make_replay_buffer(2048)) as collector:
+        for _ in zip(range(3), collector):
+            pass
+        state = collector.state_dict()
+    assert state["frames"] == 192
+    rb = make_replay_buffer(2048)
+    with collector_into(rb) as collector:
+        collector.load_state_dict(state)
+        written_at_yield = [collector.frames_written for _ in collector]
+        assert collector.state_dict()["frames"] == 640
+    assert len(written_at_yield) == 7 and written_at_yield[0] < 192, written_at_yield
+    assert len(rb) == 448, "the resumed run writes total_frames less the restored frames"
+    assert int((rb[:]["policy_version"] == -1).sum()) == 64, "random frames: 256 less the 192 restored"
 
 
 @pytest.mark.parametrize(

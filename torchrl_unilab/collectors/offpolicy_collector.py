@@ -403,6 +403,8 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._profile_config = None
         self._iterator = None
         self._frames = 0
+        # Frames the consumer counts that these workers did not write: those restored by load_state_dict.
+        self._restored = 0
         self._handed_over = 0  # frames of the batches taken from the workers (without a replay buffer)
         self._iter = -1
         self._running_free = False
@@ -410,14 +412,27 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._weight_sync_schemes = self._setup_scheme(weight_sync_schemes)
         self._scheme = self._weight_sync_schemes["policy"]
         self._metrics = CollectorMetrics(self.num_workers, self.metrics_window)
-        self._random_shares = split_random_frames(self.init_random_frames, self.num_workers, self.frames_per_batch)
-        self._control = FrameControl(self._random_shares, self.frames_per_batch,
-                                     None if self.total_frames == float("inf") else int(self.total_frames))
+        self._set_frame_control()
         self.frames_lost = 0
         self.closed = False
         shut_down_at_exit(self)
 
     # ------------------------------------------------------------ set-up bits
+    def _set_frame_control(self) -> None:
+        """Shares the random frames still to collect among the workers and sets the frame accounting up.
+
+        Frames restored by :meth:`load_state_dict` count against ``init_random_frames`` and
+        ``total_frames``, as they do in TorchRL's collectors.
+        """
+        random_frames = max(0, self.init_random_frames - self._restored)
+        self._random_shares = split_random_frames(random_frames, self.num_workers, self.frames_per_batch)
+        self._control = FrameControl(self._random_shares, self.frames_per_batch, _cap(self._total_to_write))
+
+    @property
+    def _total_to_write(self) -> int | float:
+        """``total_frames`` less the frames restored by :meth:`load_state_dict`: what these workers write."""
+        return self.total_frames - self._restored
+
     def _prepare_buffer(self, replay_buffer: ReplayBuffer | None, row: TensorDictBase) -> list:
         """Lays out (or checks) the buffer's storage; returns the keys each worker writes."""
         all_keys = list(row.keys(include_nested=True, leaves_only=True))
@@ -511,6 +526,9 @@ class OffPolicyCollector(MultiAsyncCollector):
             restart=RestartPolicy(self.max_worker_restarts, prepare=functools.partial(self._replacement_args, args)),
         )
         self.procs = self._pool.procs
+        # Workers start from the policy as it is now, as TorchRL's do (a policy loaded or changed in place after
+        # construction): under the same version, since no worker has read the block yet.
+        self._publish(new_version=False)
         self._pool.start()
 
     def _replacement_args(self, args: tuple, worker_idx: int, restarts: int) -> tuple:
@@ -549,6 +567,8 @@ class OffPolicyCollector(MultiAsyncCollector):
         is in the buffer, not in the yielded value. Workers run at most one batch
         ahead of the consumer, unless :meth:`start` lets them run free.
         """
+        if self.update_at_each_batch:  # as TorchRL's iterator: the first batch too acts with the weights as they are
+            self.update_policy_weights_()
         self._ensure_started()
         fpb = self.frames_per_batch
         self._allow_ahead()
@@ -556,7 +576,7 @@ class OffPolicyCollector(MultiAsyncCollector):
             if self.replay_buffer is None:
                 out = self._take_batch()
             else:
-                target = self._frames + fpb
+                target = self._frames - self._restored + fpb
                 self._wait(lambda: self._control.written >= target)
                 out = None
             self._frames += fpb
@@ -581,7 +601,8 @@ class OffPolicyCollector(MultiAsyncCollector):
 
     def _allow_ahead(self) -> None:
         if not self._running_free:
-            self._control.allow(_cap(min(self.total_frames, self._frames + self.num_workers * self.frames_per_batch)))
+            ahead = min(self.total_frames, self._frames + self.num_workers * self.frames_per_batch)
+            self._control.allow(_cap(ahead - self._restored))
 
     def _wait(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
         reached = self._control.wait(predicate, timeout=timeout, on_poll=self._raise_if_failed)
@@ -610,7 +631,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._ensure_started()
         self._raise_if_failed()
         self._running_free = True
-        self._control.allow(_cap(self.total_frames))
+        self._control.allow(_cap(self._total_to_write))
 
     def allow_frames(self, frames: int | None) -> None:
         """Caps the total frames workers may write (``None``: up to ``total_frames``).
@@ -622,7 +643,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._ensure_started()
         self._raise_if_failed()
         self._running_free = True
-        self._control.allow(_cap(self.total_frames if frames is None else min(frames, self.total_frames)))
+        self._control.allow(_cap(self._total_to_write if frames is None else min(frames, self._total_to_write)))
 
     def _require_buffer(self, what: str) -> None:
         if self.replay_buffer is None:
@@ -652,8 +673,10 @@ class OffPolicyCollector(MultiAsyncCollector):
         what the workers are allowed to collect (call :meth:`start` or
         :meth:`allow_frames` first).
         """
-        if frames > self.total_frames:
-            raise ValueError(f"wait_for_frames({frames}) can never return: total_frames is {self.total_frames}")
+        if frames > self._total_to_write:
+            restored = f" less the {self._restored} restored by load_state_dict" if self._restored else ""
+            raise ValueError(f"wait_for_frames({frames}) can never return: total_frames is {self.total_frames}"
+                             f"{restored}")
         self._ensure_started()
         allowed = self._control.allowed
         if frames > allowed and not self._running_free:
@@ -700,10 +723,13 @@ class OffPolicyCollector(MultiAsyncCollector):
         if kwargs:
             raise TypeError(f"update_policy_weights_() got unexpected keyword arguments {sorted(kwargs)}")
         self._raise_if_failed()
+        self._publish(policy_or_weights, worker_ids=worker_ids)
+
+    def _publish(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
         if policy_or_weights is None or policy_or_weights is self._user_policy:
             # The constructor's policy as it is now; the workers' CPU copy of a CUDA policy is no part of training.
             policy_or_weights = self._user_policy if self._acts_on_copy else None
-        self._scheme.send(policy_or_weights, worker_ids=worker_ids)
+        self._scheme.send(policy_or_weights, **kwargs)
 
     @property
     def policy_version(self) -> int:
@@ -824,9 +850,20 @@ class OffPolicyCollector(MultiAsyncCollector):
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restores the consumer-side counters saved by :meth:`state_dict`."""
-        self._frames = int(state_dict.get("frames", 0))
+        """Restores the consumer-side counters saved by :meth:`state_dict`, to continue a run.
+
+        As with TorchRL's collectors, iteration goes on from the restored
+        ``frames`` to ``total_frames``, and the restored frames count against
+        ``init_random_frames`` (loaded before collection starts; once workers
+        run, the random frames they were given stay). The workers start new
+        episodes.
+        """
+        frames = int(state_dict.get("frames", 0))
+        self._restored += frames - self._frames
+        self._frames = frames
         self._iter = int(state_dict.get("iter", -1))
+        if not self._started:
+            self._set_frame_control()
 
     def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
         """Not supported: workers reset their envs as episodes end; bound episodes with ``max_frames_per_traj``."""

@@ -228,8 +228,13 @@ class SharedWeights:
                 raise ValueError(f"weight {key!r} has shape {tuple(value.shape)}, the layout says {shape}")
         return values
 
-    def publish(self, source: nn.Module | Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) -> int:
+    def publish(self, source: nn.Module | Mapping[str, torch.Tensor] | Sequence[torch.Tensor], *,
+                new_version: bool = True) -> int:
         """Copies ``source``'s weights into the block and returns the new version.
+
+        ``new_version=False`` replaces the weights of the current version instead
+        (for weights no reader has loaded yet: a collector's policy as it is when
+        its workers start, which may differ from what it was at construction).
 
         ``source`` may live on any device. Its tensors are first staged in host
         memory, in one buffer laid out as the block: CUDA tensors with one batched ``non_blocking``
@@ -272,7 +277,7 @@ class SharedWeights:
                 # Whatever happened, the block ends holding the whole staged set under a new version.
                 if not copied:
                     self._region.copy_(staged)
-                self._header[1] += 1
+                self._header[1] += int(new_version)
                 self._header[0] += 1  # even: consistent again
             return int(self._header[1])
 

@@ -161,8 +161,12 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
             return dict(self._sender_model.state_dict())
         return resolve_weight_names(self._sender_model, weights)
 
-    def send(self, weights: Any = None, worker_ids: int | list[int] | None = None) -> None:
-        """Publishes ``weights`` (``None``: the sender's model as it is now) to every worker."""
+    def send(self, weights: Any = None, worker_ids: int | list[int] | None = None, *,
+             new_version: bool = True) -> None:
+        """Publishes ``weights`` (``None``: the sender's model as it is now) to every worker.
+
+        ``new_version=False`` rewrites the current version, for weights no worker has read yet.
+        """
         if self.shared is None:
             raise RuntimeError("SeqlockWeightSyncScheme must be initialised on the sender (init_on_sender) first")
         if self._final_version is not None:
@@ -171,7 +175,7 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
             raise ValueError("worker_ids must be None: all workers read one shared copy of the weights")
         state = self.prepare_weights(weights)
         # Tensors stay where they are: publish() brings CUDA weights over in one batched copy, not one .cpu() each.
-        self.shared.publish(state)
+        self.shared.publish(state, new_version=new_version)
 
     def receive(self, timeout: float | None = None) -> int | None:
         """Worker side: loads a newer version into the registered model; returns it, or ``None``."""
