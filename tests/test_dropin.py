@@ -21,6 +21,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
+from torchrl.data.postprocs import MultiStep
 from torchrl.envs import (
     Compose,
     DoubleToFloat,
@@ -260,6 +261,38 @@ def test_inherited_api_works_or_says_why(no_leaks):
     assert collector.get_policy_version() == 2, "the version stays readable after shutdown"
     with pytest.raises(RuntimeError, match="shut down"):
         collector.update_policy_weights_()
+
+
+def test_env_specs_of_an_unbatched_env_have_no_batch_dimension(no_leaks):
+    """As with TorchRL's collectors: a script that sizes its networks from ``collector.env`` specs gets the env's
+    own shapes, though the workers step an unbatched env with a batch dimension of one."""
+    with OffPolicyCollector(env_maker, linear_policy(3, 1), frames_per_batch=64, total_frames=128) as collector:
+        for started in (False, True):
+            assert collector.getattr_env("batch_size") == torch.Size([])
+            assert collector.env.observation_spec["observation"].shape == torch.Size([3]), started
+            assert collector.env.action_spec.shape == collector.env.action_spec_unbatched.shape == torch.Size([1])
+            assert collector.next()["observation"].shape == torch.Size([64, 3])
+
+
+@pytest.mark.parametrize("into_buffer", [False, True], ids=["iterate", "replay_buffer"])
+def test_multistep_postproc_sums_rewards_along_each_envs_trajectory(into_buffer, no_leaks):
+    """TorchRL's MultiStep reads time along the last dimension, as TorchRL's collectors lay batches out: it gets
+    [envs, steps], not the flat step-major rows (which summed the rewards of other envs: 99 of 100 rows wrong), in
+    the worker before a buffer write (which it never reached: an empty buffer is falsy) and in this process."""
+    gamma = 0.9
+    rb = make_replay_buffer(1024) if into_buffer else None
+    with OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_envs=2, frames_per_batch=64, total_frames=256,
+                            replay_buffer=rb, postproc=MultiStep(gamma=gamma, n_steps=3)) as collector:
+        batches = [batch for batch in collector]
+    rows = rb[:] if into_buffer else torch.cat([batch.clone() for batch in batches])
+    assert rows.shape == torch.Size([256])
+    reward = {(int(t), int(s)): float(r) for t, s, r in zip(rows["collector", "traj_ids"], rows["step_count"],
+                                                           rows["next", "original_reward"])}
+    steps = rows["steps_to_next_obs"].reshape(-1)
+    assert int((steps == 3).sum()) >= 200, "n-step targets within each batch of 32 steps per env"
+    for t, s, k, got in zip(rows["collector", "traj_ids"], rows["step_count"], steps, rows["next", "reward"]):
+        expected = sum(gamma**j * reward[(int(t), int(s) + j)] for j in range(int(k)))
+        assert float(got) == pytest.approx(expected, abs=1e-4)
 
 
 def test_load_state_dict_continues_a_run_from_its_restored_frames(no_leaks):

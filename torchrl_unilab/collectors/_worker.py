@@ -131,6 +131,24 @@ class LoopHooks:
     after_batch: Callable[[TensorDictBase], None] | None = None
 
 
+def apply_postproc(postproc: Callable[[TensorDictBase], TensorDictBase], batch: TensorDictBase) -> TensorDictBase:
+    """``postproc`` on a ``[steps, envs]`` batch laid out as TorchRL's collectors give it, envs first and time
+    last (``MultiStep`` sums rewards along the last dimension); returns the rows flat, step-major, as workers
+    write them (env-major if ``postproc`` flattened the batch itself).
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> batch = TensorDict({"t": torch.arange(3).repeat_interleave(2).reshape(3, 2)}, [3, 2])  # 3 steps, 2 envs
+        >>> seen = []
+        >>> apply_postproc(lambda td: seen.append(td["t"].tolist()) or td, batch)["t"].tolist()
+        [0, 0, 1, 1, 2, 2]
+        >>> seen
+        [[[0, 1, 2], [0, 1, 2]]]
+    """
+    out = postproc(batch.transpose(0, 1))
+    return (out.transpose(0, 1) if out.batch_dims == 2 else out).reshape(-1)
+
+
 def add_collector_keys(transition: TensorDictBase, step_count, traj_ids, version) -> TensorDictBase:
     """Tags transitions with trajectory ids, step counts and the policy version per row.
 
@@ -335,8 +353,8 @@ class WorkerLoop:
     def finite_rows(self, batch: TensorDictBase) -> TensorDictBase:
         """Raises on non-finite values (``nonfinite="raise"``), or drops the rows holding them ("drop", "reset").
 
-        One ``isfinite`` per float key of the whole ``[steps, num_envs]`` batch: cheap next to the env steps.
-        Returns the rows kept, flat.
+        One ``isfinite`` per float key of the whole ``[steps, num_envs]`` batch (flat after a ``postproc``):
+        cheap next to the env steps. Returns the rows kept, flat.
         """
         bad = None
         for key, value in batch.items(include_nested=True, leaves_only=True):
@@ -346,7 +364,8 @@ class WorkerLoop:
             if bool(ok.all()):
                 continue
             if self.cfg.nonfinite == "raise":
-                step, env = (int(i) for i in (~ok).nonzero()[0])
+                # [steps, envs], or flat step-major once a postproc ran
+                step, env = divmod(int((~ok).reshape(-1).nonzero()[0]), self.cfg.num_envs)
                 raise NonFiniteError(
                     f"non-finite value in key {key!r} from env {env} of worker {self.idx}, step {step} of the batch "
                     f"(frames written before it: {self.metrics.worker(self.idx)['frames']}; BatchedGymEnv reports a "
@@ -396,9 +415,10 @@ class WorkerLoop:
                 step_counts, traj_ids, versions = (torch.stack(tag).reshape(*shape, *tag[0].shape[1:])
                                                    for tag in zip(*tags))
                 batch = add_collector_keys(torch.stack(rows).reshape(shape), step_counts, traj_ids, versions)
-                batch = self.finite_rows(batch.select(*cfg.row_keys, strict=True))
                 if hooks.postproc is not None:
-                    batch = hooks.postproc(batch)
+                    # On whole trajectories, before rows are dropped; the keys it adds are among the rows' keys.
+                    batch = apply_postproc(hooks.postproc, batch)
+                batch = self.finite_rows(batch.select(*cfg.row_keys, strict=True))
                 random_frames = int((versions == RANDOM_VERSION).sum())
                 if len(batch):  # every row of it may have been dropped
                     if self.control is not None and TRAJ_KEY in batch.keys(True) and STEP_KEY in batch.keys():

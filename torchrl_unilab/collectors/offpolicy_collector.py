@@ -40,6 +40,7 @@ from torchrl_unilab.collectors._worker import (
     STEP_KEY,
     TRAJ_KEY,
     WorkerConfig,
+    apply_postproc,
     as_batched_env,
     probe_row,
     worker_main,
@@ -199,7 +200,9 @@ class OffPolicyCollector(MultiAsyncCollector):
         max_frames_per_traj: truncate episodes after this many steps; ``None``, or ``0`` or less as
             TorchRL reads them, for no limit.
         postproc: applied to each batch: in the worker before it is written into
-            ``replay_buffer``, or in this process to each yielded batch.
+            ``replay_buffer``, or in this process to each yielded batch. It gets the
+            batch as TorchRL's collectors lay it out, ``[envs, steps]`` (``MultiStep``
+            reads time along the last dimension), and its rows go on flat.
         update_at_each_batch: publish the policy's weights before each yielded batch.
         split_trajs: yield each batch split into trajectories, ``[trajectories, steps]`` padded
             with ``("collector", "mask")``, as TorchRL's ``split_trajectories`` makes them
@@ -297,6 +300,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._pool: WorkerPool | None = None
         self._scheme: SeqlockWeightSyncScheme | None = None
         self._probe_env: EnvBase | None = None
+        self._probe_given: EnvBase | None = None
         self._env_specs: dict[str, Any] = {}
         self._given_envs: list[EnvBase] = []
         _check_torchrl_kwargs(torchrl_kwargs)
@@ -335,9 +339,11 @@ class OffPolicyCollector(MultiAsyncCollector):
         )
         if probe is None:
             probe = self._worker_envs[0] if isinstance(self._worker_envs[0], EnvBase) else self._worker_envs[0]()
+        # getattr_env answers for the env as given (an unbatched env's specs have no batch dimension, as with
+        # TorchRL's collectors); the workers step it with one.
+        self._env_specs, self._probe_given = _spec_snapshot(probe), probe
         probe = as_batched_env(probe)
         self._probe_env = probe
-        self._env_specs = _spec_snapshot(probe)
         self.num_envs = probe.batch_size[0]
         frames_per_batch = _check_int("frames_per_batch", frames_per_batch, 1)
         if frames_per_batch % self.num_envs:
@@ -510,7 +516,8 @@ class OffPolicyCollector(MultiAsyncCollector):
         sources = [env if isinstance(env, EnvBase) else cloudpickle.dumps(env) for env in self._worker_envs]
         worker_policy = self.policy
         extras = dict(init_fn=self.init_fn, pre_collect_hook=self._pre_collect_hook,
-                      post_collect_hook=self._post_collect_hook, postproc=self.postproc if self.replay_buffer else None)
+                      post_collect_hook=self._post_collect_hook,
+                      postproc=None if self.replay_buffer is None else self.postproc)  # an empty buffer is falsy
         sink = self.replay_buffer
         if sink is None:
             self._slots = BatchSlots(self._row.select(*self._row_keys), self.num_workers, self.frames_per_batch)
@@ -554,7 +561,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         return (dataclasses.replace(config, random_frames=random_frames, streams=streams), *args[1:])
 
     def _close_probe(self) -> None:
-        probe, self._probe_env = self._probe_env, None
+        probe, self._probe_env, self._probe_given = self._probe_env, None, None
         if probe is not None and not isinstance(self._worker_envs[0], EnvBase):
             with contextlib.suppress(Exception):
                 probe.close(raise_if_closed=False)
@@ -595,8 +602,11 @@ class OffPolicyCollector(MultiAsyncCollector):
             # A batch is step-major over the worker's envs; a stable sort by trajectory id makes each
             # trajectory one run of consecutive steps, which is what split_trajectories expects.
             out = split_trajectories(out[torch.argsort(out.get(TRAJ_KEY), stable=True)], prefix="collector")
-        if self.postproc is not None:
-            out = self.postproc(out)
+        elif self.postproc is not None and len(out) == self.frames_per_batch:
+            # TorchRL's layout for it, envs first and time last (MultiStep), then flat again
+            out = apply_postproc(self.postproc, out.reshape(-1, self.num_envs))
+        if self.postproc is not None and (self.split_trajs or len(out) < self.frames_per_batch):
+            out = self.postproc(out)  # split into trajectories already, or rows dropped (nonfinite="drop")
         return out
 
     def _allow_ahead(self) -> None:
@@ -885,7 +895,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         """
         if attr in self._env_specs:
             return self._env_specs[attr]
-        env = self._probe_env
+        env = self._probe_given
         if env is None and isinstance(self._worker_envs[0], EnvBase):
             env = self._worker_envs[0]
         if env is None:
