@@ -28,7 +28,7 @@ import cloudpickle  # noqa: E402
 import conftest  # noqa: E402
 from conftest import RaiseAfter, linear_policy, shm_entries, wait_until  # noqa: E402
 from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter  # noqa: E402
-from torchrl.envs import TransformedEnv  # noqa: E402
+from torchrl.envs import Transform, TransformedEnv  # noqa: E402
 
 from torchrl_unilab import BatchedGymEnv, make_replay_buffer  # noqa: E402
 from torchrl_unilab._residue import multiprocessing_helpers, pid_alive, sweep_stale  # noqa: E402
@@ -322,8 +322,13 @@ def test_a_killed_node_actor_is_replaced_and_training_goes_on():
         assert int((data["policy_version"] == -1).sum()) == 64
         assert torch.allclose(data["action"][replacement], torch.tanh(torch.tensor(0.5)))
 
-        # a publish reaches the replacement through Ray, with the learner's version
-        publish(-0.5)
+        # a publish reaches the replacement through Ray, with the learner's version: the weights given, not
+        # collector.policy's (the replacement acted with those, under the new version)
+        given = linear_policy(3, 1)
+        with torch.no_grad():
+            given.module[0].weight.zero_()
+            given.module[0].bias.fill_(-0.5)
+        collector.update_policy_weights_(given)
         target = collector.frames_written + 256
         collector.allow_frames(target)
         assert collector.wait_for_frames(target, timeout=120)
@@ -339,6 +344,40 @@ def test_a_killed_node_actor_is_replaced_and_training_goes_on():
     finally:
         collector.shutdown(raise_on_error=False)
     reap_killed_nodes(first + second)
+
+
+@pytest.mark.timeout(600)
+def test_a_replacement_is_not_owed_the_random_frames_of_a_batch_its_node_finished():
+    """A node lost while its finished batch waits for the learner: that batch is delivered, so its random frames
+    are not owed to the replacement again (they were: 320 random rows for init_random_frames=256)."""
+    rb = make_replay_buffer(400_000)  # node 0 collects on while the replacement starts: nothing is overwritten
+    collector = RayOffPolicyCollector(
+        "Pendulum-v1", linear_policy(3, 1), num_nodes=2, num_workers=1, num_envs=4, frames_per_batch=64,
+        init_random_frames=256, seed=0, replay_buffer=rb, remote_configs=NODE, max_node_restarts=1,
+    )
+    first = node_processes(collector)
+    try:
+        collector.allow_frames(1)  # one batch, then hold: the nodes' next batches wait in the learner
+        assert collector.wait_for_frames(64, timeout=120)
+        assert wait_until(lambda: len(collector._fetched) == 2, timeout=60)  # noqa: SLF001
+        waiting = {collector._pending[f] for f in collector._fetched}  # noqa: SLF001
+        assert waiting == {0, 1}
+        ray.kill(collector.remote_collectors[1])
+        assert wait_until(lambda: collector.node_restarts[1] == 1, timeout=60)
+        collector.allow_frames(None)
+
+        def replacement_rows() -> int:  # its trajectory ids come from a block of their own
+            return int((rb[: len(rb)]["collector", "traj_ids"] >= (2 << 44)).sum())
+
+        assert wait_until(lambda: replacement_rows() >= 128, timeout=180)
+        collector.allow_frames(0)
+        data = rb[: len(rb)]
+        random = data["policy_version"] == -1
+        node = data["collector", "traj_ids"] % 2
+        assert [int((random & (node == i)).sum()) for i in (0, 1)] == [128, 128]
+    finally:
+        collector.shutdown(raise_on_error=False)
+    reap_killed_nodes(first)
 
 
 def crashing_env():
@@ -364,6 +403,79 @@ def test_a_remote_worker_crash_reaches_the_learner_with_its_traceback():
     assert "boom from the env on the remote node" in text
     assert "Remote traceback" in text and "in _step" in text, text
     assert wait_until(lambda: gone(pids), timeout=15)
+
+
+def test_node_batches_trajectory_limits_and_waits_that_could_never_end():
+    """frames_per_batch rounded up by the nodes is what the learner counts (it counted 32 for 33-row batches);
+    max_frames_per_traj and trust_policy in collector_kwargs reach the nodes (the first was dropped, the second
+    refused); a wait that could never end raises at once, as the local collector's (it ran to its timeout)."""
+    rb = make_replay_buffer(4096)
+    collector = RayOffPolicyCollector(
+        "Pendulum-v1", linear_policy(3, 1), num_nodes=1, num_workers=1, num_envs=3, frames_per_batch=32,
+        total_frames=99, seed=0, replay_buffer=rb, remote_configs=NODE,
+        collector_kwargs={"max_frames_per_traj": 10, "trust_policy": True},
+    )
+    try:
+        assert collector.frames_per_batch == 33 and len(collector) == 3
+        with pytest.raises(ValueError, match="call start\\(\\) or allow_frames\\(\\) first"):
+            collector.wait_for_frames(33)
+        with pytest.raises(ValueError, match="total_frames is 99"):
+            collector.wait_for_frames(100)
+        collector.start()
+        assert collector.wait_for_frames(99, timeout=120)
+        assert collector.frames_written == len(rb) == 99
+        data = rb[:]
+        assert int(data["step_count"].max()) < 10, "episodes are cut at 10 steps"
+    finally:
+        collector.shutdown()
+
+
+def test_a_node_error_stays_raised_and_a_bad_node_argument_is_named():
+    """A node's error is raised by every later call, as a local worker's: the second wait blocked for good
+    before (the collection thread had ended). A node that cannot be built names the argument (Ray reported an
+    'unexpected internal error': repr() of the half-built actor raised)."""
+    with pytest.raises(Exception, match="nonfinite must be one of"):
+        RayOffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_nodes=1, num_workers=1, num_envs=2,
+                              frames_per_batch=16, remote_configs=NODE, collector_kwargs={"nonfinite": "bogus"})
+    collector = RayOffPolicyCollector(
+        crashing_env, linear_policy(3, 1), num_nodes=1, num_workers=1, num_envs=2, frames_per_batch=16,
+        total_frames=10_000, seed=0, replay_buffer=make_replay_buffer(4096), remote_configs=NODE,
+    )
+    try:
+        collector.start()
+        for _ in range(2):
+            with pytest.raises(NodeError, match="boom from the env on the remote node"):
+                collector.wait_for_frames(10_000, timeout=120)
+        with pytest.raises(NodeError, match="boom from the env on the remote node"):
+            collector.shutdown(raise_on_error=True)
+    finally:
+        collector.shutdown(raise_on_error=False)
+
+
+class SlowSteps(Transform):
+    """Each step takes 0.1 s: a node is mid-batch when the learner shuts down."""
+
+    def _step(self, tensordict, next_tensordict):
+        time.sleep(0.1)
+        return next_tensordict
+
+
+def slow_env():
+    return TransformedEnv(BatchedGymEnv("Pendulum-v1", 2), SlowSteps())
+
+
+def test_a_node_killed_mid_batch_at_shutdown_leaves_nothing_behind():
+    """shutdown(timeout=1) while a node collects a 3 s batch: its actor is killed before it cleans up, and
+    its weight block and fork-server directory stayed in /dev/shm and /tmp until the next collector started."""
+    collector = RayOffPolicyCollector(slow_env, linear_policy(3, 1), num_nodes=1, num_workers=1, num_envs=2,
+                                      frames_per_batch=64, seed=0, remote_configs=NODE)
+    pid = int(collector.node_hosts[0].rsplit("(pid ", 1)[1].rstrip(")"))
+    mine = f"tul_mp_{pid}_"
+    next(iter(collector))  # the node now collects its next batch
+    assert any(e.startswith(mine) for e in os.listdir(tempfile.gettempdir()))
+    collector.shutdown(timeout=1)
+    assert not any(e.startswith(mine) for e in os.listdir(tempfile.gettempdir()))
+    assert not any(e.startswith(f"tul_w_{pid}_") for e in os.listdir("/dev/shm"))
 
 
 def test_sac_recipe_runs_with_the_ray_backend(tmp_path):

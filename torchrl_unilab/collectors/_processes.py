@@ -105,6 +105,11 @@ def process_context(start_method: str = "forkserver") -> mp.context.BaseContext:
     return mp.get_context(start_method)
 
 
+def sweep_stale_fork_server_dirs() -> list[str]:
+    """Removes the fork-server directories of dead processes from the temporary directory; returns their names."""
+    return sweep_stale(tempfile.gettempdir(), MP_DIR_PREFIX)
+
+
 def _prepare_fork_server() -> None:
     """Before the fork server starts: what it preloads, and a temporary directory we can sweep.
 
@@ -118,7 +123,7 @@ def _prepare_fork_server() -> None:
     config = mp.current_process()._config  # noqa: SLF001 - where multiprocessing.util.get_temp_dir keeps it
     if config.get("tempdir") is not None:
         return
-    sweep_stale(tempfile.gettempdir(), MP_DIR_PREFIX)
+    sweep_stale_fork_server_dirs()
     path = tempfile.mkdtemp(prefix=f"{MP_DIR_PREFIX}{os.getpid()}_")
     # exitpriority -100, as multiprocessing's own: after the finalizers that still use the socket
     mp.util.Finalize(None, shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, exitpriority=-100)

@@ -1027,11 +1027,13 @@ class OffPolicyCollector(MultiAsyncCollector):
             pass
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(num_workers={self.num_workers}, num_envs={self.num_envs}, "
-            f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, "
-            f"frames_written={self._control.written if not self.closed else 'closed'})"
-        )
+        # Also for a collector whose constructor raised half-way: Ray's repr() of such an actor, while it
+        # stores the error, raised AttributeError and the learner got "actor died unexpectedly" instead.
+        fields = {name: getattr(self, name, "?") for name in ("num_workers", "num_envs", "frames_per_batch",
+                                                              "total_frames")}
+        control = getattr(self, "_control", None)
+        written = control.written if control is not None and not self.closed else "closed"
+        return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in fields.items())}, frames_written={written})"
 
 
 def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_env_kwargs, max_frames_per_traj,

@@ -36,11 +36,13 @@ from torchrl.collectors.distributed import RayCollector
 from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType
 
-from torchrl_unilab.collectors._processes import WorkerError, _remove_fork_server_dir
+from torchrl_unilab._residue import pid_alive
+from torchrl_unilab.collectors._processes import WorkerError, _remove_fork_server_dir, sweep_stale_fork_server_dirs
 from torchrl_unilab.collectors._worker import TRAJ_KEY, VERSION_KEY
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.data.replay_buffer import init_storage
 from torchrl_unilab.modules.normalization import ObservationNormalizer
+from torchrl_unilab.weight_update.weight_sync import sweep_stale_blocks
 
 __all__ = ["NodeError", "RayNodeCollector", "RayOffPolicyCollector"]
 
@@ -51,8 +53,9 @@ _NODE_STREAM_TRAJ_BITS = 44
 
 # RayCollector passes these MultiAsyncCollector arguments to every remote
 # collector, at its own defaults; a node only takes them at those values.
+# (max_frames_per_traj and trust_policy go on to OffPolicyCollector, which honours them.)
 _RAY_PASSED_DEFAULTS = {
-    "max_frames_per_traj": -1, "reset_at_each_iter": False, "split_trajs": False, "trust_policy": None,
+    "reset_at_each_iter": False, "split_trajs": False,
     "device": None, "storing_device": None, "env_device": None, "policy_device": None,
 }
 
@@ -268,6 +271,10 @@ class RayNodeCollector(OffPolicyCollector):
         """Host name and actor process id of this node, for error messages."""
         return self.node_host
 
+    def batch_frames(self) -> int:
+        """Frames of each batch this node sends: ``frames_per_batch`` rounded up to a multiple of its env batch."""
+        return self.frames_per_batch
+
     def node_metrics(self) -> dict[str, Any]:
         """:meth:`~torchrl_unilab.OffPolicyCollector.metrics` plus the node's host and frames read so far."""
         out = self.metrics()
@@ -308,8 +315,9 @@ class RayOffPolicyCollector(RayCollector):
         total_frames: frames to collect over all nodes, ``-1`` for no limit.
         init_random_frames: uniformly random frames over all nodes and workers,
             split exactly (node ``i`` takes ``n // num_nodes`` plus one if ``i < n % num_nodes``).
-        seed: node ``i`` is seeded ``seed + i * num_workers * num_envs``, so every
-            env of every node gets its own seed.
+        seed: node ``i`` is seeded ``seed + i * num_workers * num_envs * (max_worker_restarts + 1)``
+            (``collector_kwargs``' ``max_worker_restarts``), so every env of every node, and of each
+            replacement worker, gets its own seed.
         replay_buffer: see above.
         on_node_failure: ``"raise"`` (default) raises :class:`NodeError` when a
             node's worker fails or its actor is lost; ``"continue"`` warns on a
@@ -377,6 +385,8 @@ class RayOffPolicyCollector(RayCollector):
         if on_node_failure not in ON_NODE_FAILURE:
             raise ValueError(f"on_node_failure must be one of {ON_NODE_FAILURE}, got {on_node_failure!r}")
         kwargs = dict(collector_kwargs or {})
+        # RayCollector sets every node's max_frames_per_traj from its own argument, over collector_kwargs'.
+        max_frames_per_traj = kwargs.pop("max_frames_per_traj", None)
         self.obs_norm = kwargs.pop("obs_norm", None)
         if self.obs_norm is not None and self.obs_norm is not False:
             if not isinstance(self.obs_norm, ObservationNormalizer):
@@ -427,6 +437,7 @@ class RayOffPolicyCollector(RayCollector):
             frames_per_batch=frames_per_batch,
             total_frames=total_frames if total_frames >= 0 else float("inf"),  # RayCollector stops at -1
             init_random_frames=0,  # split exactly over the nodes in add_collectors
+            max_frames_per_traj=-1 if max_frames_per_traj is None else max_frames_per_traj,
             exploration_type=exploration_type,
             collector_class=RayNodeCollector,
             collector_kwargs=kwargs,
@@ -439,7 +450,9 @@ class RayOffPolicyCollector(RayCollector):
             ray_init_config=dict(ray_init_config) if ray_init_config is not None else None,
         )
         self.node_hosts = ray.get([c.host.remote() for c in self.remote_collectors])
-        self._nodes = list(self.remote_collectors)  # RayCollector's list shrinks on shutdown; indices stay
+        self._nodes = list(self.remote_collectors)
+        # A node rounds frames_per_batch up to a multiple of its env batch, as TorchRL does; count what it sends.
+        self.frames_per_batch = self._frames_per_batch_corrected = ray.get(self._nodes[0].batch_frames.remote())  # RayCollector's list shrinks on shutdown; indices stay
         if self._local_buffer is not None:
             init_storage(self._local_buffer, ray.get(self._nodes[0].layout_row.remote()))
         self._lazy_initialize_weight_sync()
@@ -468,6 +481,10 @@ class RayOffPolicyCollector(RayCollector):
         stream = self.node_restarts[idx]
         env_fns, num_envs, policy, kwargs, configs = self._spawn
         frames, random_frames = self._node_delivered[idx]
+        for future, out in self._fetched.items():  # finished before it was lost: delivered next, so not owed
+            if self._pending.get(future) == idx:
+                frames += self.frames_per_batch
+                random_frames += 0 if out is None else int((out[VERSION_KEY] == -1).sum())
         owed = max(0, self._node_random_frames[idx] - (random_frames if self._local_buffer is not None
                                                          or self.replay_buffer is None else frames))
         params = dict(kwargs[idx], worker_idx=idx, seed=self._node_seed(idx, stream), init_random_frames=owed,
@@ -662,12 +679,24 @@ class RayOffPolicyCollector(RayCollector):
                 self._cond.notify_all()
 
     def _raise_if_failed(self) -> None:
+        # Raised again on every call, as OffPolicyCollector's worker errors: a wait after the first would
+        # otherwise block for good on a collection thread that has ended.
         if self._pump_error is not None:
-            err, self._pump_error = self._pump_error, None
-            raise err
+            raise self._pump_error
 
     def wait_for_frames(self, frames: int, timeout: float | None = None) -> bool:
-        """Blocks until ``frames`` frames reached the buffer; False on timeout. Raises a node's error."""
+        """Blocks until ``frames`` frames reached the buffer; False on timeout. Raises a node's error.
+
+        A wait that could never end raises ``ValueError``, as :class:`~torchrl_unilab.OffPolicyCollector`'s:
+        ``frames`` above ``total_frames``, or above the frames written when nothing collects in the background
+        (call :meth:`start` or :meth:`allow_frames` first).
+        """
+        self._raise_if_failed()
+        if frames > self.total_frames:
+            raise ValueError(f"wait_for_frames({frames}) can never return: total_frames is {self.total_frames}")
+        if self._collection_thread is None and frames > self._written:
+            raise ValueError(f"wait_for_frames({frames}) can never return: {self._written} frames are written and "
+                             "nothing collects in the background; call start() or allow_frames() first")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while self._written < frames:
@@ -708,7 +737,7 @@ class RayOffPolicyCollector(RayCollector):
             # Not waited for (a learner stall: 6.8 s while one still started, 4.6 s behind a started one's queue,
             # in Ray soaks): Ray runs an actor's calls in order, so the node loads them before its next batch.
             # The collection thread takes their answers (_reap_calls).
-            weights = ray.put({key: value.detach().cpu() for key, value in self.policy.state_dict().items()})
+            weights = ray.put(_cpu_weights(self.policy if processed_weights is None else processed_weights))
             for i in sorted(self._replaced - set(self._lost)):
                 call = self._nodes[i].load_learner_weights.remote(weights, self.published_version + 1)
                 with self._calls_lock:
@@ -796,11 +825,15 @@ class RayOffPolicyCollector(RayCollector):
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
         self._collection_thread = None
-        live = [c for i, c in enumerate(getattr(self, "_nodes", [])) if i not in self._lost]
-        refs = [c.shutdown.remote(raise_on_error=False) for c in live]
+        live = [i for i in range(len(getattr(self, "_nodes", []))) if i not in self._lost]
+        refs = {self._nodes[i].shutdown.remote(raise_on_error=False): i for i in live}
+        unfinished = []
         if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=10.0 if timeout is None else timeout)
+            unfinished = ray.wait(list(refs), num_returns=len(refs), timeout=10.0 if timeout is None else timeout)[1]
         super().shutdown(timeout=timeout, shutdown_ray=shutdown_ray)
+        # A node still busy with a batch is killed before it cleans up (its shutdown queues behind the batch);
+        # what it leaves on this machine (weights block, fork-server directory) goes once its process is gone.
+        _sweep_after(self.node_hosts[refs[ref]] for ref in unfinished)
         if raise_on_error:
             self._raise_if_failed()
 
@@ -809,6 +842,38 @@ class RayOffPolicyCollector(RayCollector):
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.shutdown(raise_on_error=exc_type is None)
+
+
+def _sweep_after(node_hosts: Iterator[str], timeout: float = 5.0) -> None:
+    """Removes what killed node actors of this machine left in /dev/shm and the temporary directory.
+
+    ``node_hosts`` are :meth:`RayNodeCollector.host` answers (``"host (pid N)"``); nodes on other machines
+    are left to their own next start, which sweeps the entries of dead processes.
+    """
+    here = socket.gethostname()
+    pids = [int(host.rsplit("(pid ", 1)[1].rstrip(")")) for host in node_hosts
+            if host.startswith(f"{here} (pid ") and host.endswith(")")]
+    if not pids:
+        return
+    deadline = time.monotonic() + timeout
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sweep_stale_blocks()
+    sweep_stale_fork_server_dirs()
+
+
+def _cpu_weights(weights: Any) -> dict[str, torch.Tensor]:
+    """A module's ``state_dict``, a ``state_dict`` or a TensorDict of weights as ``{dotted name: CPU tensor}``.
+
+    Examples:
+        >>> sorted(_cpu_weights(torch.nn.Linear(2, 1)))
+        ['bias', 'weight']
+    """
+    if isinstance(weights, torch.nn.Module):
+        weights = weights.state_dict()
+    elif isinstance(weights, TensorDictBase):
+        weights = weights.flatten_keys(".").to_dict()
+    return {key: value.detach().cpu() for key, value in weights.items()}
 
 
 def _any_lost(ray, actors: list, timeout: float = 5.0) -> bool:

@@ -46,7 +46,7 @@ from torch import nn
 from torchrl_unilab._residue import sweep_stale
 from torchrl_unilab.weight_update._staging import HostStaging
 
-__all__ = ["SharedWeights", "WeightLayout", "layout_of"]
+__all__ = ["SharedWeights", "WeightLayout", "layout_of", "sweep_stale_blocks"]
 
 _HEADER_BYTES = 64  # seq (int64), version (int64), padding to keep tensors aligned
 #: Blocks are named ``{prefix}{pid}_...`` after their creator, so blocks of killed processes can be swept.
@@ -95,6 +95,11 @@ def _view(buffer: memoryview, shape: tuple[int, ...], dtype: torch.dtype, offset
         # torch.frombuffer refuses a count of 0; such a tensor holds nothing to share.
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(buffer, dtype=dtype, count=count, offset=offset).view(shape)
+
+
+def sweep_stale_blocks() -> list[str]:
+    """Removes the weight blocks that dead processes left in ``/dev/shm``; returns their names."""
+    return sweep_stale(_SHM_DIR, _NAME_PREFIX)
 
 
 class SharedWeights:
@@ -169,7 +174,7 @@ class SharedWeights:
         layout = layout_of(module)
         _, size = _offsets(layout)
         if name is None:
-            sweep_stale(_SHM_DIR, _NAME_PREFIX)
+            sweep_stale_blocks()
             name = f"{_NAME_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
         shm = shared_memory.SharedMemory(name=name, create=True, size=size)
         try:
