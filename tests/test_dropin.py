@@ -272,6 +272,11 @@ def test_env_specs_of_an_unbatched_env_have_no_batch_dimension(no_leaks):
             assert collector.env.observation_spec["observation"].shape == torch.Size([3]), started
             assert collector.env.action_spec.shape == collector.env.action_spec_unbatched.shape == torch.Size([1])
             assert collector.next()["observation"].shape == torch.Size([64, 3])
+        # read in the workers only: absent here, as hasattr() and getattr() with a default expect
+        assert not hasattr(collector.env, "unwrapped_envs")
+        assert getattr(collector.env, "unwrapped_envs", "default") == "default"
+        with pytest.raises(NotImplementedError, match="live in the worker processes"):
+            collector.getattr_env("unwrapped_envs")
 
 
 @pytest.mark.parametrize("into_buffer", [False, True], ids=["iterate", "replay_buffer"])

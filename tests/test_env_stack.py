@@ -358,7 +358,8 @@ def test_a_factory_is_called_once_here(unilab_log, no_leaks):
     with OffPolicyCollector(functools.partial(counted, pendulum), linear_policy(3, 1),
                             frames_per_batch=2, max_frames_per_traj=50) as collector:
         assert len(calls) == 1 and collector.metrics()["engine"] == "torchrl"
-        assert collector.getattr_env("observation_spec")["observation"].shape == torch.Size([1, 3])
+        # the env as given, unbatched, as TorchRL's collectors answer (workers step it with a batch of one)
+        assert collector.getattr_env("observation_spec")["observation"].shape == torch.Size([3])
     with OffPolicyCollector(functools.partial(counted, sota_env_factory), linear_policy(17, 6), frames_per_batch=2) \
             as collector:
         assert len(calls) == 2 and collector.metrics()["engine"] == "envpool"

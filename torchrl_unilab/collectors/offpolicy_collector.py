@@ -899,7 +899,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         if env is None and isinstance(self._worker_envs[0], EnvBase):
             env = self._worker_envs[0]
         if env is None:
-            raise NotImplementedError(
+            raise _EnvAttributeElsewhere(
                 f"getattr_env({attr!r}): the envs live in the worker processes; specs and batch_size are "
                 "available here, other attributes are not"
             )
@@ -1163,6 +1163,11 @@ class _FactoryCopy:
 
     def __call__(self) -> EnvBase:
         return cloudpickle.loads(self._payload)()
+
+
+class _EnvAttributeElsewhere(NotImplementedError, AttributeError):
+    """An env attribute this process cannot read. An ``AttributeError`` too, so that ``hasattr(collector.env, name)``
+    is ``False`` and ``getattr(collector.env, name, default)`` gives the default, as for a missing attribute."""
 
 
 class _EnvAttributes:
