@@ -602,11 +602,13 @@ class OffPolicyCollector(MultiAsyncCollector):
             # A batch is step-major over the worker's envs; a stable sort by trajectory id makes each
             # trajectory one run of consecutive steps, which is what split_trajectories expects.
             out = split_trajectories(out[torch.argsort(out.get(TRAJ_KEY), stable=True)], prefix="collector")
+            if self.postproc is not None:
+                out = self.postproc(out)
         elif self.postproc is not None and len(out) == self.frames_per_batch:
             # TorchRL's layout for it, envs first and time last (MultiStep), then flat again
             out = apply_postproc(self.postproc, out.reshape(-1, self.num_envs))
-        if self.postproc is not None and (self.split_trajs or len(out) < self.frames_per_batch):
-            out = self.postproc(out)  # split into trajectories already, or rows dropped (nonfinite="drop")
+        elif self.postproc is not None:  # rows dropped (nonfinite="drop"): no whole [envs, steps] grid is left
+            out = self.postproc(out)
         return out
 
     def _allow_ahead(self) -> None:

@@ -450,9 +450,9 @@ class RayOffPolicyCollector(RayCollector):
             ray_init_config=dict(ray_init_config) if ray_init_config is not None else None,
         )
         self.node_hosts = ray.get([c.host.remote() for c in self.remote_collectors])
-        self._nodes = list(self.remote_collectors)
+        self._nodes = list(self.remote_collectors)  # RayCollector's list shrinks on shutdown; indices stay
         # A node rounds frames_per_batch up to a multiple of its env batch, as TorchRL does; count what it sends.
-        self.frames_per_batch = self._frames_per_batch_corrected = ray.get(self._nodes[0].batch_frames.remote())  # RayCollector's list shrinks on shutdown; indices stay
+        self.frames_per_batch = self._frames_per_batch_corrected = ray.get(self._nodes[0].batch_frames.remote())
         if self._local_buffer is not None:
             init_storage(self._local_buffer, ray.get(self._nodes[0].layout_row.remote()))
         self._lazy_initialize_weight_sync()

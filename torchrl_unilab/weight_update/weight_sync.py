@@ -279,7 +279,7 @@ class SharedWeights:
                 self._region.copy_(staged)
                 copied = True
             finally:
-                # Whatever happened, the block ends holding the whole staged set under a new version.
+                # Whatever happened, the block ends holding the whole staged set (under a new version unless told).
                 if not copied:
                     self._region.copy_(staged)
                 self._header[1] += int(new_version)
