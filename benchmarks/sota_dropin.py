@@ -638,6 +638,10 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
         env.setdefault("PYOPENGL_PLATFORM", env["MUJOCO_GL"])
     # This repository's torchrl_unilab first, ahead of any editable install of another checkout.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    # What the scripts leave in the temporary directory (multiprocessing's pymp-* folders, sac-async's memmapped
+    # buffer: 15 folders in /tmp after two runs of the 13) goes with the work directory.
+    env["TMPDIR"] = str(folder / "tmp")
+    (folder / "tmp").mkdir(exist_ok=True)
     log_path = folder / "sota_dropin.log"
     shm_before = _shm()
     start = time.monotonic()

@@ -73,8 +73,8 @@ def checkout(tmp_path):
     sac.mkdir(parents=True)
     (sac / "utils.py").write_text("from torchrl.collectors import AsyncCollector, Collector\n")
     (sac / "sac.py").write_text(
-        "import sys\nfrom utils import Collector\nprint(Collector.__module__, sys.argv[1:])\n"
-        "raise RuntimeError('stop here')\n")
+        "import sys, tempfile\nfrom utils import Collector\nprint(Collector.__module__, sys.argv[1:])\n"
+        "print('tempdir', tempfile.gettempdir())\nraise RuntimeError('stop here')\n")
     git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git[:3], "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
@@ -106,6 +106,8 @@ def test_a_run_reports_the_swapped_collector_failing_with_its_first_error(checko
                             "utils.py: Collector -> torchrl_unilab.OffPolicyCollector"]
     log = (tmp_path / "sac" / "sota_dropin.log").read_text()
     assert log.startswith("torchrl_unilab.collectors.offpolicy_collector ['collector.total_frames=600'")
+    # what the script leaves in its temporary directory goes with the work directory
+    assert f"tempdir {tmp_path / 'sac' / 'tmp'}\n" in log
 
 
 def test_a_hung_script_dumps_its_stacks_and_its_children_are_killed_at_the_timeout(checkout, tmp_path):
