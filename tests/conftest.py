@@ -64,6 +64,18 @@ def let_worker_write(collector, idx: int, beyond: int, cap_limit: int) -> bool:
     return control.worker_written(idx) > beyond
 
 
+def start_after_waits_that_could_never_end(collector, total_frames: int, timeout: float) -> None:
+    """The pacing contract the local and the Ray collector share: a wait that could never end raises at once
+    (beyond ``total_frames``, or before anything collects in the background); after ``start()`` a wait for
+    ``total_frames`` returns."""
+    with pytest.raises(ValueError, match=f"total_frames is {total_frames}"):
+        collector.wait_for_frames(total_frames + 1)
+    with pytest.raises(ValueError, match=r"call start\(\) or allow_frames\(\) first"):
+        collector.wait_for_frames(collector.frames_per_batch)
+    collector.start()
+    assert collector.wait_for_frames(total_frames, timeout=timeout)
+
+
 def linear_policy(obs_dim: int, action_dim: int, seed: int = 0) -> TensorDictModule:
     """A deterministic tanh-linear policy: actions are a pure function of the weights."""
     torch.manual_seed(seed)

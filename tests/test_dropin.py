@@ -16,7 +16,7 @@ import time
 import gymnasium as gym
 import pytest
 import torch
-from conftest import linear_policy, wait_until
+from conftest import linear_policy, start_after_waits_that_could_never_end, wait_until
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torchrl.collectors import MultiAsyncCollector
@@ -420,12 +420,7 @@ def test_waits_that_could_never_end_raise(no_leaks):
     rb = make_replay_buffer(1000)
     with OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_envs=2, frames_per_batch=32, total_frames=256,
                             replay_buffer=rb) as collector:
-        with pytest.raises(ValueError, match="total_frames is 256"):
-            collector.wait_for_frames(1000)
-        with pytest.raises(ValueError, match="call start"):
-            collector.wait_for_frames(64)
-        collector.start()
-        assert collector.wait_for_frames(256, timeout=60)
+        start_after_waits_that_could_never_end(collector, 256, timeout=60)
     with OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_envs=2, frames_per_batch=32) as collector:
         with pytest.raises(RuntimeError, match="iterate over it instead"):
             collector.start()

@@ -26,7 +26,13 @@ ray = pytest.importorskip("ray")
 
 import cloudpickle  # noqa: E402
 import conftest  # noqa: E402
-from conftest import RaiseAfter, linear_policy, shm_entries, wait_until  # noqa: E402
+from conftest import (  # noqa: E402
+    RaiseAfter,
+    linear_policy,
+    shm_entries,
+    start_after_waits_that_could_never_end,
+    wait_until,
+)
 from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter  # noqa: E402
 from torchrl.envs import Transform, TransformedEnv  # noqa: E402
 
@@ -417,12 +423,7 @@ def test_node_batches_trajectory_limits_and_waits_that_could_never_end():
     )
     try:
         assert collector.frames_per_batch == 33 and len(collector) == 3
-        with pytest.raises(ValueError, match="call start\\(\\) or allow_frames\\(\\) first"):
-            collector.wait_for_frames(33)
-        with pytest.raises(ValueError, match="total_frames is 99"):
-            collector.wait_for_frames(100)
-        collector.start()
-        assert collector.wait_for_frames(99, timeout=120)
+        start_after_waits_that_could_never_end(collector, 99, timeout=120)
         assert collector.frames_written == len(rb) == 99
         data = rb[:]
         assert int(data["step_count"].max()) < 10, "episodes are cut at 10 steps"

@@ -43,6 +43,7 @@ from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.data.replay_buffer import init_storage
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.weight_update.weight_sync import sweep_stale_blocks
+from torchrl_unilab.weight_update.weight_sync_scheme import _flat_weights
 
 __all__ = ["NodeError", "RayNodeCollector", "RayOffPolicyCollector"]
 
@@ -869,11 +870,7 @@ def _cpu_weights(weights: Any) -> dict[str, torch.Tensor]:
         >>> sorted(_cpu_weights(torch.nn.Linear(2, 1)))
         ['bias', 'weight']
     """
-    if isinstance(weights, torch.nn.Module):
-        weights = weights.state_dict()
-    elif isinstance(weights, TensorDictBase):
-        weights = weights.flatten_keys(".").to_dict()
-    return {key: value.detach().cpu() for key, value in weights.items()}
+    return {key: value.detach().cpu() for key, value in _flat_weights(weights).items()}
 
 
 def _any_lost(ray, actors: list, timeout: float = 5.0) -> bool:
