@@ -11,24 +11,31 @@ from torchrl.data.replay_buffers.samplers import RandomSampler
 
 from torchrl_unilab import OffPolicyCollector, make_replay_buffer
 from torchrl_unilab.data import BufferSampler
-from torchrl_unilab.data.prioritized_sampler import MinTree, SharedPrioritizedSampler, SumTree
+from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.modules.models import make_actor
 
 
-def test_trees_match_a_prefix_sum_search():
-    torch.manual_seed(0)
-    values = torch.rand(100, dtype=torch.float64)
-    tree, low = SumTree(128), MinTree(128)
-    tree[torch.arange(100)] = values
-    low[torch.arange(100)] = values
-    assert tree.query(0, 100) == pytest.approx(float(values.sum())) and low.query(0, 100) == float(values.min())
-    mass = torch.rand(1000, dtype=torch.float64) * float(values.sum())
-    index = tree.scan_lower_bound(mass.numpy())
-    cumulative = values.cumsum(0)
-    # the first index whose inclusive prefix sum reaches the mass, as TorchRL's C++ tree answers
-    assert bool((cumulative[index] >= mass).all())
-    assert bool(((index == 0) | (cumulative[(index - 1).clamp_min(0)] < mass)).all())
-    assert int(tree.scan_lower_bound([float(values.sum()) + 1.0])[0]) == 128
+def test_priorities_live_in_torchrls_cpp_segment_trees():
+    # The installed torch is the one torchrl 0.14.1's extension is built for: its trees load and hold the priorities.
+    from torchrl import _torchrl
+
+    sampler = SharedPrioritizedSampler(64, alpha=0.7, beta=0.5)
+    assert isinstance(sampler._sum_tree, (_torchrl.SumSegmentTreeFp64, _torchrl.SumSegmentTreeFp32))  # noqa: SLF001
+    assert isinstance(sampler._min_tree, (_torchrl.MinSegmentTreeFp64, _torchrl.MinSegmentTreeFp32))  # noqa: SLF001
+    rb = make_replay_buffer(64, sampler=sampler)
+    rb.extend(TensorDict({"observation": torch.arange(8.0)[:, None]}, [8]))
+    rb.update_priority(torch.arange(8), torch.arange(1.0, 9.0))
+    # sum over the rows of priority ** alpha (+ eps), as TorchRL's tree computes it
+    expected = float(((torch.arange(1.0, 9.0) + 1e-8) ** 0.7).sum())
+    assert sampler._sum_tree.query(0, 8) == pytest.approx(expected, rel=1e-5)  # noqa: SLF001
+
+
+def test_a_missing_extension_is_named_with_the_torch_it_needs(monkeypatch):
+    from torchrl.data.replay_buffers.samplers import prioritized
+
+    monkeypatch.setattr(prioritized, "SumSegmentTreeFp32", None)
+    with pytest.raises(ImportError, match=r"torchrl\._torchrl did not load.*built for torch 2\.14"):
+        SharedPrioritizedSampler(64, alpha=0.7, beta=0.5)
 
 
 def test_rows_written_by_a_worker_process_are_sampled_by_priority():

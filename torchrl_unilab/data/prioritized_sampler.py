@@ -12,11 +12,11 @@ priority, as an in-process ``extend`` would give them. This is what TorchRL's
 own ``TensorDictPrioritizedReplayBuffer(sync=False)`` does, on the plain
 ``ReplayBuffer`` that :func:`~torchrl_unilab.make_replay_buffer` builds.
 
-TorchRL's segment trees are C++ (``torchrl._torchrl``); a build of TorchRL made
-against another torch cannot load them (torchrl 0.14.1 wheels against torch
-2.13: ``undefined symbol``), and ``PrioritizedSampler`` then refuses to be
-built. :class:`SumTree` and :class:`MinTree` stand in for them in that case,
-with the same interface, on a flat tensor.
+The priorities live in TorchRL's C++ segment trees (``torchrl._torchrl``). A
+TorchRL build made against another torch cannot load them (torchrl 0.14.1
+against torch 2.13: ``undefined symbol``); this package requires the torch
+that torchrl 0.14.1 is built for (2.14), and the sampler says so if the
+extension is missing.
 """
 
 from __future__ import annotations
@@ -26,81 +26,16 @@ from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+import torchrl
 from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler, RandomSampler
 from torchrl.data.replay_buffers.samplers import prioritized as _torchrl_prioritized
 from torchrl.data.replay_buffers.storages import Storage
 
-__all__ = ["MinTree", "SharedPrioritizedSampler", "SumTree"]
+__all__ = ["SharedPrioritizedSampler"]
 
 _CATCH_UP_FILE = "shared_sampler.json"
-
-
-class SumTree:
-    """Sums and prefix-sum search over ``size`` values, with the interface of TorchRL's ``SumSegmentTreeFp64``.
-
-    A flat float64 tensor: ``query`` and ``scan_lower_bound`` cost
-    ``O(size)`` (a sum, a cumulative sum and a binary search) instead of
-    ``O(log size)``, which at a few hundred thousand rows stays below the
-    cost of copying a batch out of the storage.
-
-    Args:
-        size: number of values, all 0 at first.
-
-    Examples:
-        >>> tree = SumTree(4)
-        >>> tree[torch.tensor([0, 2])] = torch.tensor([1.0, 3.0])
-        >>> tree.query(0, 4), tree.scan_lower_bound(np.array([0.5, 1.5, 4.5])).tolist()
-        (4.0, [0, 2, 4])
-    """
-
-    identity = 0.0
-
-    def __init__(self, size: int) -> None:
-        self.size = int(size)
-        self.values = torch.full((self.size,), self.identity, dtype=torch.float64)
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, (int, np.integer)):
-            return float(self.values[int(index)])
-        return self.values[torch.as_tensor(index, dtype=torch.long)]
-
-    def __setitem__(self, index: Any, value: Any) -> None:
-        index = torch.as_tensor(index, dtype=torch.long)
-        self.values[index] = torch.as_tensor(value, dtype=torch.float64)
-
-    def _reduce(self, values: torch.Tensor) -> float:
-        return float(values.sum())
-
-    def query(self, start: int, end: int) -> float:
-        """The sum (:class:`MinTree`: the minimum) of the values in ``[start, end)``."""
-        values = self.values[int(start):int(end)]
-        return self._reduce(values) if values.numel() else self.identity
-
-    def scan_lower_bound(self, value: Any) -> torch.Tensor:
-        """For each ``value``, the first index whose inclusive prefix sum is ``>= value`` (``size`` past the total)."""
-        value = torch.as_tensor(value, dtype=torch.float64)
-        return torch.searchsorted(self.values.cumsum(0), value.reshape(-1)).reshape(value.shape)
-
-
-class MinTree(SumTree):
-    """Minimum over a range of ``size`` values, with the interface of TorchRL's ``MinSegmentTreeFp64``.
-
-    Unset values hold the float64 maximum, as TorchRL's tree does.
-
-    Examples:
-        >>> tree = MinTree(4)
-        >>> tree[torch.tensor([1, 3])] = torch.tensor([2.0, 0.5])
-        >>> tree.query(0, 2), tree.query(0, 4)
-        (2.0, 0.5)
-    """
-
-    identity = float(torch.finfo(torch.float64).max)
-
-    def _reduce(self, values: torch.Tensor) -> float:
-        return float(values.min())
 
 
 def _extension_loaded() -> bool:
@@ -119,9 +54,6 @@ class SharedPrioritizedSampler(PrioritizedSampler):
     * a copy sent to a spawned worker process is a
       :class:`~torchrl.data.RandomSampler`: workers only write, and TorchRL's
       sampler refuses to be pickled for them.
-
-    When TorchRL's C++ segment trees cannot be loaded, :class:`SumTree` and
-    :class:`MinTree` replace them.
 
     Args:
         max_capacity: the buffer's capacity.
@@ -145,16 +77,14 @@ class SharedPrioritizedSampler(PrioritizedSampler):
     def __init__(self, max_capacity: int, alpha: float, beta: float, *, eps: float = 1e-8) -> None:
         if isinstance(max_capacity, bool) or not isinstance(max_capacity, int) or max_capacity < 1:
             raise ValueError(f"max_capacity must be an int >= 1, got {max_capacity!r}")
+        if not _extension_loaded():
+            raise ImportError(
+                "SharedPrioritizedSampler keeps its priorities in TorchRL's C++ segment trees, and torchrl._torchrl "
+                f"did not load: torchrl {torchrl.__version__} is built for torch 2.14, this is torch {torch.__version__}. "
+                "Install the torch this package pins (pip install -e .) or use a uniform sampler."
+            )
         self._caught_up = 0
-        super().__init__(max_capacity, alpha, beta, eps, dtype=torch.float64)
-
-    def _init(self) -> None:
-        if _extension_loaded():
-            super()._init()
-            return
-        self._sum_tree = SumTree(self._max_capacity)
-        self._min_tree = MinTree(self._max_capacity)
-        self._max_priority = None
+        super().__init__(max_capacity, alpha, beta, eps)
 
     def _empty(self) -> None:
         super()._empty()

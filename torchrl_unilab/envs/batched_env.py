@@ -39,6 +39,10 @@ def _mujoco_warning(message: str) -> None:
 # working directory; as Python warnings they are shown once and can be filtered.
 if mujoco.get_mju_user_warning() is None:
     mujoco.set_mju_user_warning(_mujoco_warning)
+# gymnasium's half_cheetah.xml (HalfCheetah-v5) sets 'settotalmass', which MuJoCo 4 deprecates at every compile
+# (each env, each worker). The model is gymnasium's and compiles to the masses gymnasium intends, so the warning
+# names nothing a user of ours can change; only that message is filtered, other MuJoCo warnings still show.
+warnings.filterwarnings("ignore", message="MuJoCo: compiler attribute 'settotalmass' is deprecated", category=RuntimeWarning)
 
 
 def make_gym_env(env_id: str, **env_kwargs: Any) -> gym.Env:
