@@ -83,10 +83,10 @@ half the frames (so that each script's eval path runs), fewer updates per frame
 config asks for more (8 or 16 env processes do not fit a 2-core machine), and
 ``env.library=gymnasium`` where the stock config says ``gym`` (``crossq``,
 ``discrete_sac``: the pre-gymnasium ``gym`` package is not a TorchRL dependency,
-and gymnasium runs the same tasks), and ``buffer.prb=0`` for REDQ where TorchRL's
-C++ extension does not load against the installed torch (torchrl 0.14.1 against
-torch 2.13: ``SumSegmentTreeFp32 is not available``, with TorchRL's collector
-too), so that its prioritized buffer cannot be built. REDQ's recorder env renders
+and gymnasium runs the same tasks). REDQ keeps its stock prioritized buffer, and
+``sac_prb`` runs ``sac/sac.py`` with ``replay_buffer.prb=1``: both sample with
+TorchRL's ``PrioritizedSampler`` on its C++ segment trees (which load with the
+torch 2.14 this package pins). REDQ's recorder env renders
 pixels whatever ``logger.video`` says (its ``video_tag`` turns ``from_pixels`` on), so
 REDQ needs a headless OpenGL: the benchmark runs it with ``MUJOCO_GL=egl`` unless
 ``MUJOCO_GL`` is set (Debian: ``apt-get install libegl1``; or ``libosmesa6`` with
@@ -270,10 +270,16 @@ class Script:
     trainer: bool = False
     edits: tuple[TextEdit, ...] = ()
     renders: bool = False  # builds a pixel env whatever its config says (REDQ's recorder)
+    variant: str = ""  # what sets this run apart from the script's plain one, e.g. "replay_buffer.prb=1"
 
     @property
     def folder(self) -> str:
         return self.path.split("/")[0]
+
+    @property
+    def label(self) -> str:
+        """How the run is named in the output: the path, and the variant if any ("sac/sac.py (replay_buffer.prb=1)")."""
+        return f"{self.path} ({self.variant})" if self.variant else self.path
 
 
 def _collector(b: Budget, *, envs: bool = False) -> list[str]:
@@ -307,27 +313,12 @@ def _online(b: Budget, eval_key: str) -> list[str]:
     return _collector(b) + ["optim.device=cpu", f"replay_buffer.size={b.buffer}", f"logger.{eval_key}={b.eval_every}"]
 
 
-def torchrl_segment_trees_load() -> bool:
-    """Whether TorchRL's C++ extension (its prioritized replay's segment trees) loads against this torch.
-
-    A torchrl wheel built against another torch fails with ``undefined symbol``
-    (torchrl 0.14.1 against torch 2.13), and ``PrioritizedSampler`` then cannot
-    be built, whatever the collector.
-    """
-    try:
-        from torchrl import _torchrl  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _redq(b: Budget) -> list[str]:
     # steps_per_batch is REDQ's updates per batch; record_frames the length of its eval rollouts (10,000
     # steps each, run once at start-up too, rendering pixels: 1,000 took REDQ 887 s in all with TorchRL's
     # collector at load 6-12); init_env_steps the observation-statistics rollout.
-    # Its stock buffer is prioritized (buffer.prb=1): where TorchRL's segment trees cannot load, a uniform one.
-    prb = [] if torchrl_segment_trees_load() else ["buffer.prb=0"]
-    return prb + [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
+    # Its stock buffer is prioritized (buffer.prb=1), on TorchRL's C++ segment trees: kept.
+    return [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
             f"collector.frames_per_batch={b.frames_per_batch}", "collector.device=cpu",
             f"optim.steps_per_batch={max(int(b.frames_per_batch * b.utd), 1)}", f"buffer.size={b.buffer}",
             "env.init_env_steps=1000", "logger.backend=", "logger.record_frames=250", "logger.record_interval=2"]
@@ -356,6 +347,8 @@ GYMNASIUM = ["env.library=gymnasium"]
 
 SCRIPTS: tuple[Script, ...] = (
     Script("sac", "sac/sac.py", _sac),
+    # The same script on TorchRL's prioritized replay (its C++ segment trees), which our workers' rows must reach.
+    Script("sac_prb", "sac/sac.py", lambda b: _sac(b) + ["replay_buffer.prb=1"], variant="replay_buffer.prb=1"),
     Script("sac-async", "sac/sac-async.py", _sac_async, edits=SAC_ASYNC_EDITS),
     Script("td3", "td3/td3.py", lambda b: _td3_like(b, "network.device", envs=True)),
     Script("ddpg", "ddpg/ddpg.py", lambda b: _td3_like(b, "optim.device", envs=False)),
@@ -386,12 +379,13 @@ def select_scripts(only: str | None) -> list[Script]:
         >>> select_scripts("sac3")
         Traceback (most recent call last):
         ...
-        ValueError: --only: unknown script 'sac3'; accepted: sac, sac-async, td3, ddpg, tqc, crossq, redq, iql, cql, discrete_sac, sac_trainer, td3_trainer, ddpg_trainer (or their paths, e.g. sac/sac.py)
+        ValueError: --only: unknown script 'sac3'; accepted: sac, sac_prb, sac-async, td3, ddpg, tqc, crossq, redq, iql, cql, discrete_sac, sac_trainer, td3_trainer, ddpg_trainer (or their paths, e.g. sac/sac.py)
     """
     if only is None:
         return list(SCRIPTS)
     wanted = [item.strip() for item in only.split(",") if item.strip()]
-    known = {s.name: s for s in SCRIPTS} | {s.path: s for s in SCRIPTS}
+    # a path names the first script run from it (sac/sac.py: "sac", not its "sac_prb" variant)
+    known = {s.path: s for s in reversed(SCRIPTS)} | {s.name: s for s in SCRIPTS}
     for item in wanted:
         if item not in known:
             raise ValueError(f"--only: unknown script {item!r}; accepted: {', '.join(s.name for s in SCRIPTS)} "
@@ -746,12 +740,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for script in scripts:
             result = run_one(script, sota, workdir, budget, args.timeout, trainer_collector=args.trainer_collector,
                              trainer_import=args.trainer_import, stock=args.stock, extra=args.extra)
-            results[script.path] = result
+            results[script.label] = result
             for line in result.edits + (result.swaps if args.verbose else []):
-                print(f"  {script.path}: substituted {line}", flush=True)
+                print(f"  {script.label}: substituted {line}", flush=True)
             if args.verbose:
                 print(f"  $ cd {workdir / script.name} && {result.command}", flush=True)
-            print(result.line(script.path), flush=True)
+            print(result.line(script.label), flush=True)
         summary = {
             "benchmark": "sota_dropin", "torchrl": torchrl_version, "commit": commit,
             "collector": "stock" if args.stock else SWAP_TARGET, "trainer_collector": args.trainer_collector,

@@ -135,7 +135,7 @@ def test_a_hung_script_dumps_its_stacks_and_its_children_are_killed_at_the_timeo
 
 def test_only_accepts_names_and_paths():
     assert [s.name for s in sota_dropin.select_scripts("ddpg_trainer, td3/td3.py")] == ["td3", "ddpg_trainer"]
-    with pytest.raises(ValueError, match="accepted: sac, sac-async"):
+    with pytest.raises(ValueError, match="accepted: sac, sac_prb, sac-async"):
         sota_dropin.select_scripts("sac,nope")
 
 
@@ -152,18 +152,15 @@ def test_set_overrides_come_last_and_malformed_ones_are_refused(capsys):
         assert f"--set takes hydra overrides KEY=VALUE, got ['{bad}']" in capsys.readouterr().err
 
 
-def test_redq_gets_a_uniform_buffer_exactly_where_torchrl_segment_trees_cannot_load():
-    redq = next(s for s in sota_dropin.SCRIPTS if s.name == "redq")
-    command = sota_dropin.command_for(redq, sota_dropin.Budget(3000, 2, 0.1), sota_dropin.SWAP_TARGET, None, False)
-    try:
-        from torchrl.data import PrioritizedSampler
-
-        PrioritizedSampler(10, alpha=0.7, beta=0.5)
-        loads = True
-    except RuntimeError:  # "SumSegmentTreeFp32 is not available": a torchrl build for another torch
-        loads = False
-    assert sota_dropin.torchrl_segment_trees_load() == loads
-    assert ("buffer.prb=0" in command) == (not loads)
+def test_redq_and_sac_prb_run_on_torchrls_prioritized_buffer():
+    # The pinned torch loads TorchRL's segment trees: REDQ keeps its stock prioritized buffer, sac_prb asks for one.
+    budget = sota_dropin.Budget(3000, 2, 0.1)
+    sac, sac_prb, redq = sota_dropin.select_scripts("redq,sac,sac_prb")  # in table order
+    assert not any("prb" in arg for arg in sota_dropin.command_for(redq, budget, sota_dropin.SWAP_TARGET, None, False))
+    assert not any("prb" in arg for arg in sota_dropin.command_for(sac, budget, sota_dropin.SWAP_TARGET, None, False))
+    assert "replay_buffer.prb=1" in sota_dropin.command_for(sac_prb, budget, sota_dropin.SWAP_TARGET, None, False)
+    assert (sac.label, sac_prb.label) == ("sac/sac.py", "sac/sac.py (replay_buffer.prb=1)")
+    assert [s.name for s in sota_dropin.select_scripts("sac/sac.py")] == ["sac"]
 
 
 def test_a_rendering_script_runs_on_egl_unless_the_user_chose_a_gl(checkout, tmp_path, monkeypatch):
