@@ -72,6 +72,10 @@ of each script's folder, never in the checkout, and never copied into this proje
   without closing it, so the interpreter waits at exit for that env's processes,
   forever, whichever collector ran (a ten-line script of TorchRL's classes alone
   hangs the same way): the discarded env is closed on the same line.
+* **sac_prb** (``sac/sac.py`` with ``replay_buffer.prb=1``) needs one: the script
+  calls ``update_priority(sampled_tensordict)``, which takes ``(index, priority)``
+  (a ``TypeError`` with TorchRL's own collector too, ``--stock``), so it becomes
+  ``update_tensordict_priority(sampled_tensordict)``.
 
 Everything else is a hydra override (``-v`` prints each command line): a few
 thousand frames (``--frames``: total frames; a third of them random; batches of a
@@ -343,12 +347,20 @@ SAC_ASYNC_EDITS = (
              "processes at exit, with any collector"),
 )
 
+SAC_PRB_EDITS = (
+    TextEdit("sac.py", "replay_buffer.update_priority(sampled_tensordict)",
+             "replay_buffer.update_tensordict_priority(sampled_tensordict)",
+             "TorchRL's bug: TensorDictPrioritizedReplayBuffer.update_priority takes (index, priority), and "
+             "sac.py's prb path fails with TorchRL's own collector too (--stock)"),
+)
+
 GYMNASIUM = ["env.library=gymnasium"]
 
 SCRIPTS: tuple[Script, ...] = (
     Script("sac", "sac/sac.py", _sac),
     # The same script on TorchRL's prioritized replay (its C++ segment trees), which our workers' rows must reach.
-    Script("sac_prb", "sac/sac.py", lambda b: _sac(b) + ["replay_buffer.prb=1"], variant="replay_buffer.prb=1"),
+    Script("sac_prb", "sac/sac.py", lambda b: _sac(b) + ["replay_buffer.prb=1"], variant="replay_buffer.prb=1",
+           edits=SAC_PRB_EDITS),
     Script("sac-async", "sac/sac-async.py", _sac_async, edits=SAC_ASYNC_EDITS),
     Script("td3", "td3/td3.py", lambda b: _td3_like(b, "network.device", envs=True)),
     Script("ddpg", "ddpg/ddpg.py", lambda b: _td3_like(b, "optim.device", envs=False)),
@@ -618,15 +630,21 @@ def command_for(script: Script, budget: Budget, trainer_collector: str, trainer_
 
 
 def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: float, *,
-            trainer_collector: str, trainer_import: str | None, stock: bool, extra: Sequence[str] = ()) -> Result:
-    """Runs one script in its own process group; never raises for the script's failures."""
+            trainer_collector: str, trainer_import: str | None, stock: bool, extra: Sequence[str] = (),
+            hide_gpus: bool = True) -> Result:
+    """Runs one script in its own process group; never raises for the script's failures.
+
+    ``hide_gpus=False`` leaves ``CUDA_VISIBLE_DEVICES`` as it is, for a run on a GPU
+    (``benchmarks/gpu_check.py``, with ``network.device=cuda`` in ``extra``).
+    """
     try:
         folder, swaps, edits = prepare(script, sota, workdir, stock)
     except (OSError, RuntimeError, SyntaxError) as err:
         return Result("failed", 0.0, error=f"{type(err).__name__}: {err}")
     cmd = command_for(script, budget, trainer_collector, trainer_import, stock, extra)
-    env = dict(os.environ, HYDRA_FULL_ERROR="1", WANDB_MODE="disabled", CUDA_VISIBLE_DEVICES="",
-               PYTHONFAULTHANDLER="1")
+    env = dict(os.environ, HYDRA_FULL_ERROR="1", WANDB_MODE="disabled", PYTHONFAULTHANDLER="1")
+    if hide_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     if script.renders:  # headless: EGL unless the user chose a GL backend
         env.setdefault("MUJOCO_GL", "egl")
         env.setdefault("PYOPENGL_PLATFORM", env["MUJOCO_GL"])
