@@ -221,3 +221,30 @@ def test_reruns_compares_this_run_with_the_runs_saved_under_other_outs(tmp_path,
         (before, "SB3"): ("40k", "no", "not passed"), (before, now): ("40k", "no", "not passed")}
     with pytest.raises(FileNotFoundError, match="no finished 40000-frame run of td3_HalfCheetah-v5 seed 2 in"):
         learning.main([*common, "2", "--out", str(tmp_path / "more"), "--reruns", str(tmp_path / "before")])
+
+
+def test_ab_rounds_alternates_the_sides_and_compares_within_rounds(tmp_path):
+    # Two checkouts whose benchmark reports its checkout's speed and logs the order the sides ran in.
+    log = tmp_path / "order.log"
+    for name, speed in (("a", 2.0), ("b", 3.0)):
+        (tmp_path / name / "benchmarks").mkdir(parents=True)
+        (tmp_path / name / "benchmarks" / "toy.py").write_text(
+            "import json, sys\n"
+            f"open({str(log)!r}, 'a').write({name!r})\n"
+            f"print('noise'); print(json.dumps({{'speed': {speed} * float(sys.argv[1]), 'label': 'x'}}))\n")
+    command = [sys.executable, str(BENCHMARKS / "ab_rounds.py"), "--a", f"{sys.executable}@{tmp_path / 'a'}",
+               "--b", f"{sys.executable}@{tmp_path / 'b'}", "--benchmark", "toy", "--keys", "speed", "--rounds", "3",
+               "--out", str(tmp_path / "out.json"), "--", "2"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert log.read_text() == "abbaab"
+    assert (out["speed_a"], out["speed_b"], out["ratio_speed"]) == (4.0, 6.0, 1.5)
+    assert out["a"]["commit"] == "unknown" and json.loads((tmp_path / "out.json").read_text()) == out
+
+    missing = subprocess.run(command[:8] + ["--keys", "nope", "--rounds", "1", "--", "2"], capture_output=True,
+                             text=True, timeout=120)
+    assert missing.returncode != 0 and "'nope' is not in toy.py's output" in missing.stderr
+    absent = subprocess.run(command[:6] + ["--benchmark", "nothere", "--keys", "speed"], capture_output=True,
+                            text=True, timeout=120)
+    assert absent.returncode != 0 and "no benchmarks/nothere.py in side a's checkout" in absent.stderr

@@ -1,0 +1,112 @@
+"""One benchmark on two builds, in alternating rounds: another torch, or the code before a change.
+
+A side is an interpreter and a checkout of this repository (``PYTHON`` or
+``PYTHON@REPO``; the repository defaults to this one). Each round runs the
+benchmark script once per side, in alternating order (A B, B A, A B, ...), so
+that load on the machine weighs on both alike. Prints one JSON line: each
+side's torch version and commit, each compared key's median over its rounds
+(``<key>_a``, ``<key>_b``), and ``ratio_<key>``, the median over rounds of B
+over A within the round.
+
+    # the learner on torch 2.13 (a venv with `pip install --no-deps -e .`) against 2.14.1 (issue 47)
+    python benchmarks/ab_rounds.py --a /venv213/bin/python --b python --benchmark learner_throughput \\
+        --keys plain_ups,recipe_ups,td3_recipe_ups -- --blocks 6 --e2e-frames 0 --no-compile --no-sb3
+    # collection before and after a change (a clone of the old commit in /tmp/before)
+    python benchmarks/ab_rounds.py --a python@/tmp/before --b python --benchmark collector_throughput \\
+        --keys envpool_16_steps_per_s -- --rounds 1 --seconds 3
+
+``--keys`` names the benchmark's JSON keys to compare (numbers). ``--out FILE`` also
+writes the line to ``FILE`` (``benchmarks/results/<topic>/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_side(text: str) -> tuple[str, Path]:
+    """``PYTHON`` or ``PYTHON@REPO`` as ``(python, repo)``.
+
+    Examples:
+        >>> parse_side("python@/tmp/before")
+        ('python', PosixPath('/tmp/before'))
+        >>> parse_side("python")[1] == ROOT
+        True
+    """
+    python, _, repo = text.partition("@")
+    return python, Path(repo).resolve() if repo else ROOT
+
+
+def describe(python: str, repo: Path) -> dict[str, str]:
+    """The torch version a side imports and the commit of its checkout."""
+    torch_version = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                                   text=True, check=True, timeout=120).stdout.strip()
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, timeout=30).stdout.strip() or "unknown"
+    return {"torch": torch_version, "commit": commit, "repo": str(repo)}
+
+
+def one_run(python: str, repo: Path, benchmark: str, args: list[str], timeout: float) -> dict:
+    """One run of ``benchmarks/<benchmark>.py`` from ``repo`` under ``python``: its last JSON line."""
+    script = repo / "benchmarks" / f"{benchmark}.py"
+    # the side's own package first, whatever is installed in the interpreter
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    result = subprocess.run([python, str(script), *args], capture_output=True, text=True, timeout=timeout,
+                            cwd=repo, env=env)
+    if result.returncode != 0:
+        raise RuntimeError(f"{python}@{repo}: {benchmark}.py failed:\n{result.stderr[-2000:]}")
+    return json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--a", required=True, help="the baseline side: PYTHON or PYTHON@REPO")
+    parser.add_argument("--b", required=True, help="the other side: PYTHON or PYTHON@REPO")
+    parser.add_argument("--benchmark", required=True, help="a script of benchmarks/, without .py")
+    parser.add_argument("--keys", required=True, help="comma-separated JSON keys of the benchmark to compare")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per benchmark run")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON line to this file")
+    parser.add_argument("args", nargs="*", help="after --: the benchmark's own arguments")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    keys = [key.strip() for key in args.keys.split(",") if key.strip()]
+    sides = {"a": parse_side(args.a), "b": parse_side(args.b)}
+    for name, (_, repo) in sides.items():
+        if not (repo / "benchmarks" / f"{args.benchmark}.py").is_file():
+            parser.error(f"--benchmark: no benchmarks/{args.benchmark}.py in side {name}'s checkout {repo}")
+    runs: dict[str, list[dict]] = {"a": [], "b": []}
+    started = time.time()
+    for round_idx in range(args.rounds):
+        for side in ("a", "b") if round_idx % 2 == 0 else ("b", "a"):
+            runs[side].append(one_run(*sides[side], args.benchmark, args.args, args.timeout))
+    out = {"benchmark": "ab_rounds", "measures": args.benchmark, "args": args.args, "rounds": args.rounds,
+           "a": describe(*sides["a"]), "b": describe(*sides["b"]), "minutes": round((time.time() - started) / 60, 1),
+           "date": time.strftime("%Y-%m-%d")}
+    for key in keys:
+        missing = [side for side in runs if any(key not in run for run in runs[side])]
+        if missing:
+            raise SystemExit(f"--keys: {key!r} is not in {args.benchmark}.py's output (side {', '.join(missing)})")
+        a, b = [float(run[key]) for run in runs["a"]], [float(run[key]) for run in runs["b"]]
+        out[f"{key}_a"], out[f"{key}_b"] = round(statistics.median(a), 3), round(statistics.median(b), 3)
+        out[f"ratio_{key}"] = round(statistics.median(y / x for x, y in zip(a, b)), 3)
+    line = json.dumps(out)
+    print(line)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
