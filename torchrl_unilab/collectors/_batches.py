@@ -11,18 +11,25 @@ batch can be found either in its slots or among those handed over
 (:meth:`BatchSlots.holds`). Plain shared tensors and
 polling keep this free of semaphores and queues that a killed process could
 leave locked.
+
+A replay buffer that this process writes (not shared between processes) is fed
+from the same slots: by the iterating loop, or, once collection runs in the
+background (``start()``), by a :class:`FeedThread`.
 """
 
 from __future__ import annotations
 
+import inspect
+import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
-__all__ = ["BatchSlots", "SlotWriter"]
+__all__ = ["BatchSlots", "FeedThread", "SlotWriter"]
 
 _FREE, _FILLED = 0, 1
 
@@ -129,3 +136,67 @@ class SlotWriter:
         meta[slot, 1] = rows
         meta[slot, 2] = time.monotonic_ns()
         meta[slot, 0] = _FILLED  # last: the parent reads the slot only once this is set
+
+
+class FeedThread:
+    """A thread of the parent that moves each batch handed over into a writer until stopped.
+
+    Args:
+        take: returns the next batch, or ``None`` when none came within the given seconds.
+        write: consumes one batch (a :class:`~torchrl_unilab.data.local_writer.LocalBufferWriter`'s ``write``).
+
+    An error from either ends the thread and is kept in :attr:`error`, for the
+    collector to raise in the user's thread. Bound methods are held weakly, so
+    that a collector dropped without ``shutdown()`` is still collected (and its
+    finaliser stops this thread).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> slots = BatchSlots(TensorDict({"x": torch.zeros(())}, []), num_workers=1, frames_per_batch=2)
+        >>> seen = []
+        >>> feed = FeedThread(lambda timeout: slots.take(timeout, on_poll=lambda: None), seen.append)
+        >>> SlotWriter(slots, 0, lambda: False).extend(TensorDict({"x": torch.ones(2)}, [2]))
+        >>> while not seen:
+        ...     time.sleep(0.01)
+        >>> feed.stop(); seen[0]["x"].tolist(), feed.error
+        ([1.0, 1.0], None)
+    """
+
+    def __init__(self, take: Callable[[float], TensorDictBase | None], write: Callable[[TensorDictBase], None]) -> None:
+        self._take, self._write = _weak(take), _weak(write)
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="torchrl_unilab-feed", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                take, write = self._take(), self._write()
+                if take is None or write is None:
+                    return  # their owner is gone
+                batch = take(0.05)
+                if batch is not None:
+                    write(batch)
+                del take, write, batch  # no strong reference to the owner between batches
+        except BaseException as err:  # noqa: BLE001 - raised in the user's thread by the collector
+            self.error = err
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread still feeds."""
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stops the thread once the batch it is writing is in (it takes no new one)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+
+def _weak(fn: Callable) -> Callable[[], Callable | None]:
+    """A weak reference to a bound method; a plain callable is held as it is."""
+    if inspect.ismethod(fn):
+        return weakref.WeakMethod(fn)
+    return lambda: fn

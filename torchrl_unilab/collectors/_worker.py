@@ -22,6 +22,7 @@ import cloudpickle
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
 from torchrl.envs import EnvBase, SerialEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
@@ -78,6 +79,11 @@ class WorkerConfig:
     seed_torch: bool = True
     #: each worker's seed stream: 0 at first, one more for each process that took the worker's place.
     streams: list[int] = field(default_factory=list)
+    #: one row of zeros of each key the policy writes besides ``"action"`` (see :func:`probe_step`): rows keep
+    #: those keys, as TorchRL's collectors keep them; rows of uniformly random actions hold zeros there.
+    policy_row: TensorDictBase | None = None
+    #: TorchRL's ``set_truncated``: the last step of each batch is marked truncated (and done) in the rows.
+    set_truncated: bool = False
 
     def stream(self, worker_idx: int) -> int:
         return self.streams[worker_idx] if self.streams else 0
@@ -193,7 +199,18 @@ class WorkerLoop:
         self.hooks = hooks or LoopHooks()
         self.timer = self.hooks.timer
         self.syncs = [(weights, sync_module if sync_module is not None else policy), *self.hooks.extra_syncs]
-        self.fast_policy = tensor_policy(policy) if cfg.exploration_type == ExplorationType.RANDOM else None
+        # An unbatched env is stepped with a batch dimension of one; its policy sees rows without one, as in
+        # TorchRL's collectors (a RandomPolicy or spec-shaped module built from the env's unbatched spec).
+        self.unbatched = isinstance(env, BatchOfOne)
+        self.fast_policy = None
+        self.action_key = env.action_key
+        if (cfg.exploration_type == ExplorationType.RANDOM and not self.unbatched and self.action_key == "action"
+                and _reads_env_keys_only(policy, env)):
+            self.fast_policy = tensor_policy(policy)
+        self.policy_keys = [] if cfg.policy_row is None else list(cfg.policy_row.keys(True, True))
+        #: the policy's keys that the env leaves out of its transitions (found on the first step), copied in
+        self._policy_keys_dropped: list | None = None if self.policy_keys else []
+        self._truncated_keys = _truncated_keys(env) if cfg.set_truncated else []
         self.random_left = cfg.random_frames[worker_idx]
         n = cfg.num_envs
         self.steps_per_batch = cfg.frames_per_batch // n
@@ -204,7 +221,13 @@ class WorkerLoop:
         self.traj_ids = (torch.arange(n, dtype=torch.int64) + first) * cfg.num_workers + worker_idx
         self.next_traj = first + n
         self.ep_return = torch.zeros(n, dtype=torch.float64)
-        self._action_shape = tuple(env.action_spec.shape)
+        # The env's own keys, nested ones included (TorchRL's multi-agent and nested envs).
+        self._action_spec = env.full_action_spec[self.action_key]
+        self._action_shape = tuple(self._action_spec.shape)
+        self._done_key, self._terminated_key = _done_entry(env, "done"), _done_entry(env, "terminated")
+        self._reward_key = ("next", *_as_tuple(env.reward_keys[0]))
+        self._policy_zeros = (None if cfg.policy_row is None else
+                              cfg.policy_row.unsqueeze(0).expand(n, *cfg.policy_row.shape).clone())
         self._version_rows = (self.version, torch.full((n,), self.version, dtype=torch.int64))
         #: The policy's private TensorDict state (see _carry_policy_state), per lane.
         self._policy_state: dict[tuple, TensorDictBase] = {}
@@ -224,17 +247,19 @@ class WorkerLoop:
                 self.metrics.set(self.idx, policy_version=self.version)
 
     def act(self, td: TensorDictBase, envs: slice = _ALL) -> torch.Tensor:
-        """Sets ``td["action"]`` for the envs ``envs`` (``td`` holds their rows); their policy versions."""
+        """Sets the action (``td[env.action_key]``) of the envs ``envs`` (``td`` holds their rows); returns their
+        policy versions."""
         n = len(td)
         n_random = min(self.random_left, n)
+        outputs = None
         if n_random < n:
             # A shallow copy: modules such as an observation normaliser may
             # overwrite keys, and the buffer must keep the env's raw values.
             is_init = self.step_count[envs] == 0
             if self.fast_policy is not None:  # only built for ExplorationType.RANDOM
-                values = dict(td.items())
-                values["is_init"] = is_init
-                action = self.fast_policy(values)
+                outputs = dict(td.items())
+                outputs["is_init"] = is_init
+                action = self.fast_policy(outputs)  # writes its outputs into the dict
             else:
                 with torch.no_grad(), set_exploration_type(self.cfg.exploration_type):
                     policy_td = td.copy()
@@ -242,9 +267,13 @@ class WorkerLoop:
                     carried = self._policy_state.get(_lane_key(envs))
                     if carried is not None:
                         policy_td.update(carried)
-                    policy_td = self.policy(policy_td)
-                    action = policy_td.get("action")
+                    if self.unbatched:
+                        policy_td = self.policy(policy_td[0]).unsqueeze(0)
+                    else:
+                        policy_td = self.policy(policy_td)
+                    action = policy_td.get(self.action_key)
                     self._carry_policy_state(policy_td, envs)
+                outputs = policy_td
             if tuple(action.shape) != (n, *self._action_shape[1:]):
                 raise ValueError(
                     f"policy returned an action of shape {tuple(action.shape)}, the env's action_spec is "
@@ -258,13 +287,24 @@ class WorkerLoop:
             self._version_rows = (self.version, torch.full((n_all,), self.version, dtype=torch.int64))
         version = self._version_rows[1][envs]  # stored in every row as is: replaced, never modified in place
         if n_random:
-            random_action = self.env.action_spec.rand()[envs]
+            random_action = self._action_spec.rand()[envs]
             action = random_action if action is None else torch.cat([random_action[:n_random], action[n_random:]])
             self.random_left -= n_random
             version = version.clone()
             version[:n_random] = RANDOM_VERSION
-        td.set("action", action)
+        td.set(self.action_key, action)
+        # What the policy wrote goes into the root the env steps, as TorchRL's collectors put it there.
+        for key in self.policy_keys:
+            td.set(key, self._policy_zeros.get(key)[envs] if outputs is None else outputs[key])
         return version
+
+    def keep_policy_keys(self, transition: TensorDictBase, root: TensorDictBase) -> None:
+        """Copies into ``transition`` the policy's keys its env left out (``root`` is the root it stepped)."""
+        if self._policy_keys_dropped is None:
+            have = set(transition.keys(True, True))
+            self._policy_keys_dropped = [key for key in self.policy_keys if key not in have]
+        for key in self._policy_keys_dropped:
+            transition.set(key, root.get(key))
 
     def _carry_policy_state(self, policy_td: TensorDictBase, envs: slice) -> None:
         """Keeps the entries under private ``"_"`` keys the policy wrote, for its next call on ``envs``.
@@ -280,9 +320,9 @@ class WorkerLoop:
     def end_episodes(self, transition: TensorDictBase, envs: slice = _ALL) -> None:
         """Counts the step of the envs ``envs`` (``transition`` holds their rows), and starts their new episodes."""
         # numpy views of the step's tensors: a few element-wise ops cost less there than in torch.
-        done = transition.get(("next", "done")).numpy().reshape(-1)
+        done = _per_env(transition.get(self._done_key).numpy(), np.any)
         ep_return = self.ep_return.numpy()[envs]
-        ep_return += transition.get(("next", "reward")).numpy().reshape(-1)
+        ep_return += _per_env(transition.get(self._reward_key).numpy(), np.sum)
         # New tensors, never in-place updates: the stored rows hold the old ones.
         if envs == _ALL:
             step_count = self.step_count + 1
@@ -296,7 +336,8 @@ class WorkerLoop:
                 self.idx,
                 returns=ep_return[idx].tolist(),
                 lengths=step_count.numpy()[idx + first, 0].tolist(),
-                terminated=transition.get(("next", "terminated")).numpy().reshape(-1)[idx].tolist(),
+                terminated=(done if self._terminated_key is None else
+                            _per_env(transition.get(self._terminated_key).numpy(), np.any))[idx].tolist(),
             )
             self.step_count = step_count
             self._new_trajectories(idx + first)
@@ -415,6 +456,8 @@ class WorkerLoop:
                 step_counts, traj_ids, versions = (torch.stack(tag).reshape(*shape, *tag[0].shape[1:])
                                                    for tag in zip(*tags))
                 batch = add_collector_keys(torch.stack(rows).reshape(shape), step_counts, traj_ids, versions)
+                if self._truncated_keys:
+                    mark_truncated(batch, self._truncated_keys)
                 if hooks.postproc is not None:
                     # On whole trajectories, before rows are dropped; the keys it adds are among the rows' keys.
                     batch = apply_postproc(hooks.postproc, batch)
@@ -448,7 +491,9 @@ class WorkerLoop:
             with phase("actor inference"):
                 version = self.act(td)
             with phase("env step"):
-                transition, td = self.env.step_and_maybe_reset(td)
+                root, (transition, td) = td, self.env.step_and_maybe_reset(td)
+                if self._policy_keys_dropped != []:
+                    self.keep_policy_keys(transition, root)
                 tags = (self.step_count, self.traj_ids, version)
                 self.end_episodes(transition)
                 if self.cfg.nonfinite == "reset":
@@ -468,12 +513,14 @@ class WorkerLoop:
             raise ValueError("nonfinite='reset' needs an env without lanes (EnvPoolEnv(lanes=1)); use "
                              "nonfinite='drop' with lanes")
         in_flight: list[tuple | None] = [None] * len(lanes)
+        roots: list[TensorDictBase | None] = [None] * len(lanes)
 
         def launch(lane: int, root: TensorDictBase) -> None:
             envs = lanes[lane]
             with self.lanes.policy_state(lane):
                 version = self.act(root, envs)
             in_flight[lane] = (self.step_count[envs], self.traj_ids[envs], version)
+            roots[lane] = root
             env.send_lane(lane, root)
 
         with phase("actor inference"):
@@ -484,6 +531,8 @@ class WorkerLoop:
             for lane, envs in enumerate(lanes):
                 with phase("env step"):  # mostly the wait for this lane's C++ step
                     transition, root = env.recv_lane(lane)
+                    if self._policy_keys_dropped != []:
+                        self.keep_policy_keys(transition, roots[lane])
                     step.append((transition, in_flight[lane]))
                     self.end_episodes(transition, envs)
                 with phase("actor inference"):
@@ -611,40 +660,148 @@ def worker_main(worker_idx: int, cfg: WorkerConfig, env_sources: list, policy_by
     os._exit(code)
 
 
+class BatchOfOne(SerialEnv):
+    """An unbatched env stepped with a batch dimension of one (what :func:`as_batched_env` makes of it).
+
+    The worker loop steps every env as a batch; for this one it calls the policy on
+    the row without its batch dimension, as TorchRL's collectors call the policy of
+    an unbatched env (a ``RandomPolicy`` or a spec-shaped module built from the
+    env's own spec writes unbatched values).
+    """
+
+
 def as_batched_env(env: EnvBase) -> EnvBase:
-    """``env`` with one batch dimension: an unbatched env becomes a ``SerialEnv`` of one.
+    """``env`` with one batch dimension: an unbatched env becomes a :class:`BatchOfOne`.
 
     Examples:
         >>> from torchrl.envs import GymEnv
-        >>> as_batched_env(GymEnv("Pendulum-v1")).batch_size
-        torch.Size([1])
+        >>> env = as_batched_env(GymEnv("Pendulum-v1"))
+        >>> env.batch_size, type(env).__name__
+        (torch.Size([1]), 'BatchOfOne')
     """
     if env.batch_dims == 1:
         return env
     if env.batch_dims == 0:
-        return SerialEnv(1, lambda: env)
+        return BatchOfOne(1, lambda: env)
     raise ValueError(f"the env must have at most one batch dimension, got batch_size {tuple(env.batch_size)}")
 
 
-def probe_row(env: EnvBase, policy, exploration_type: ExplorationType) -> TensorDict:
-    """Runs one step of ``env`` with ``policy`` in the parent and returns one flat row.
+def probe_step(env: EnvBase, policy, exploration_type: ExplorationType,
+               set_truncated: bool = False) -> tuple[TensorDict, TensorDict]:
+    """Runs one step of ``env`` with ``policy`` in the parent, as a worker's first step runs.
 
-    The row holds every key a worker will write, so the shared storage can be
-    laid out before any worker starts. ``env`` must have batch size ``[num_envs]``.
+    Returns one flat row holding every key a worker will write, so that the shared
+    storage can be laid out before any worker starts, and one row of zeros of each
+    key the policy writes besides ``"action"`` (for :attr:`WorkerConfig.policy_row`).
+    The env steps the policy's own action and outputs, as in TorchRL's collectors
+    (an env may check its actions: a one-hot spec, bounds). ``env`` must have batch
+    size ``[num_envs]`` (:func:`as_batched_env`).
+
+    Examples:
+        >>> from torchrl.envs import GymEnv
+        >>> from torchrl.envs.utils import RandomPolicy
+        >>> env = GymEnv("Pendulum-v1")
+        >>> row, policy_row = probe_step(as_batched_env(env), RandomPolicy(env.action_spec), ExplorationType.RANDOM)
+        >>> row["action"].shape, row["next", "observation"].shape, list(policy_row.keys())
+        (torch.Size([1]), torch.Size([3]), [])
     """
+    truncated = _truncated_keys(env) if set_truncated else []
+    if set_truncated and not truncated:
+        raise RuntimeError(
+            "set_truncated=True needs a truncated key in the env's done keys, got "
+            f"{[str(k) for k in env.done_keys]}; add them with env.add_truncated_keys() before passing the env"
+        )
     td = env.reset()
     n = env.batch_size[0]
     policy_td = td.copy().set("is_init", torch.ones(n, 1, dtype=torch.bool))
     with torch.no_grad(), set_exploration_type(exploration_type):
-        action = policy(policy_td).get("action")
-    expected = tuple(env.action_spec.shape)
-    if tuple(action.shape) != expected:
+        if isinstance(env, BatchOfOne):
+            out = policy(policy_td[0]).unsqueeze(0)
+        else:
+            out = policy(policy_td)
+    action = out.get(env.action_key)
+    expected = tuple(env.full_action_spec[env.action_key].shape)
+    if action is None or tuple(action.shape) != expected:
+        # Shown as the policy sees them: without the batch dimension of one an unbatched env is given.
+        skip, what = (1, "the unbatched env's row") if isinstance(env, BatchOfOne) else (0, "the whole batch of envs")
+        wrote = "no action" if action is None else tuple(action.shape)[skip:]
         raise ValueError(
-            f"policy's action shape {tuple(action.shape)} differs from the env's action_spec shape {expected}; "
-            "the policy must read 'observation' and write 'action' for the whole batch"
+            f"policy's action shape {wrote} differs from the env's action spec shape {expected[skip:]} (key "
+            f"{env.action_key!r}); the policy must write {env.action_key!r} for {what}"
         )
-    td.set("action", env.action_spec.zero())
+    given = set(td.keys(True, True))
+    keys = [key for key in out.keys(True, True)
+            if key not in given and key not in (env.action_key, "is_init") and not _is_private(key)]
+    td.set(env.action_key, action.clone())
+    for key in keys:
+        td.set(key, out.get(key))
     transition, _ = env.step_and_maybe_reset(td)
+    have = set(transition.keys(True, True))
+    for key in keys:
+        if key not in have:
+            transition.set(key, td.get(key))
     zeros = torch.zeros(n, dtype=torch.int64)
     add_collector_keys(transition, zeros.unsqueeze(-1), zeros, zeros)
-    return transition[0].clone()
+    return transition[0].clone(), out.select(*keys)[0].clone().zero_()
+
+
+def probe_row(env: EnvBase, policy, exploration_type: ExplorationType) -> TensorDict:
+    """The row of :func:`probe_step`: one flat row with every key a worker will write.
+
+    Examples:
+        >>> from torchrl.envs import GymEnv
+        >>> from torchrl.envs.utils import RandomPolicy
+        >>> env = GymEnv("Pendulum-v1")
+        >>> row = probe_row(as_batched_env(env), RandomPolicy(env.action_spec), ExplorationType.RANDOM)
+        >>> sorted(row.keys())[:3]
+        ['action', 'collector', 'done']
+    """
+    return probe_step(env, policy, exploration_type)[0]
+
+
+def mark_truncated(batch: TensorDictBase, truncated_keys: list) -> None:
+    """TorchRL's ``set_truncated``: the last step of ``batch`` (``[steps, ...]``) ends truncated, and done."""
+    for key in truncated_keys:
+        key = key if isinstance(key, tuple) else (key,)
+        for name in (key, (*key[:-1], "done")):
+            value = batch.get(("next", *name), None)
+            if value is not None:
+                value = value.clone()
+                value[-1] = True
+                batch.set(("next", *name), value)
+
+
+def _as_tuple(key) -> tuple:
+    return key if isinstance(key, tuple) else (key,)
+
+
+def _done_entry(env: EnvBase, name: str) -> tuple | None:
+    """``("next", *key)`` of the env's first done key named ``name`` (``"done"``, ``"terminated"``), or ``None``."""
+    for key in env.done_keys:
+        if _as_tuple(key)[-1] == name:
+            return ("next", *_as_tuple(key))
+    return None
+
+
+def _per_env(value: np.ndarray, reduce: Callable) -> np.ndarray:
+    """One value per env of an ``[envs, ...]`` array: its single column (the usual ``[envs, 1]``), else ``reduce``d."""
+    flat = value.reshape(len(value), -1)
+    return flat[:, 0] if flat.shape[1] == 1 else reduce(flat, axis=-1)
+
+
+def _truncated_keys(env: EnvBase) -> list:
+    return [key for key in env.done_keys if (key[-1] if isinstance(key, tuple) else key) == "truncated"]
+
+
+def _is_private(key) -> bool:
+    """TorchRL's collectors leave keys starting with ``_`` out of the rows they return."""
+    return any(part.startswith("_") for part in (key if isinstance(key, tuple) else (key,)))
+
+
+def _reads_env_keys_only(policy, env: EnvBase) -> bool:
+    """Whether ``policy`` reads only the env's top-level observations and ``"is_init"``: what the tensor-level
+    fast path hands it (a recurrent policy reading its own state from the row takes the TensorDict path)."""
+    if not isinstance(policy, TensorDictModuleBase):
+        return False
+    available = {key for key in (*env.observation_spec.keys(), *env.state_spec.keys()) if isinstance(key, str)}
+    return all(isinstance(key, str) and key in available | {"is_init"} for key in policy.in_keys)

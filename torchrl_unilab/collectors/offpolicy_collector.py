@@ -20,13 +20,14 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.collectors import MultiAsyncCollector
-from torchrl.collectors.utils import split_trajectories
+from torchrl.collectors.utils import _validate_traj_format, split_trajectories
 from torchrl.data import ReplayBuffer, TensorSpec
-from torchrl.envs import EnvBase, ParallelEnv, StepCounter, TransformedEnv
+from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, RandomPolicy
 from torchrl.modules import set_exploration_modules_spec_from_env
+from torchrl.weight_update import WeightSyncScheme
 
-from torchrl_unilab.collectors._batches import BatchSlots
+from torchrl_unilab.collectors._batches import BatchSlots, FeedThread
 from torchrl_unilab.collectors._control import FrameControl, split_random_frames
 from torchrl_unilab.collectors._processes import (
     RestartPolicy,
@@ -36,23 +37,26 @@ from torchrl_unilab.collectors._processes import (
     shut_down_at_exit,
 )
 from torchrl_unilab.collectors._worker import (
+    _STREAM_TRAJ_BITS,
     NONFINITE_MODES,
     STEP_KEY,
     TRAJ_KEY,
     WorkerConfig,
     apply_postproc,
     as_batched_env,
-    probe_row,
+    probe_step,
     worker_main,
 )
 from torchrl_unilab.collectors.metrics import CollectorMetrics
+from torchrl_unilab.data.local_writer import LocalBufferWriter, local_write_reason
 from torchrl_unilab.data.replay_buffer import holds_row, init_storage, storage_keys, writer_keys
-from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
-from torchrl_unilab.envs.torchrl_stack import check_engine, choose_env_stack
+from torchrl_unilab.envs.resolve import _resolve_envs
+from torchrl_unilab.envs.torchrl_stack import check_engine
 from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.normalization import ObservationNormalizer
-from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme
+from torchrl_unilab.weight_update.torchrl_schemes import as_seqlock_scheme
+from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme, resolve_weight_names
 
 __all__ = ["OffPolicyCollector", "WorkerError"]
 
@@ -72,10 +76,6 @@ _RESTRICTED = {
     "preemptive_threshold": ((None,), "preemption applies to synchronous collectors; this one is asynchronous"),
     "num_threads": ((None,), "the learner's thread count is yours to set with torch.set_num_threads; workers "
                              "take num_sub_threads"),
-    "trajs_per_batch": ((None,), "batches are flat transitions; split them with "
-                                 "torchrl.collectors.utils.split_trajectories"),
-    "trajs_per_write": ((None,), "workers write whole batches of transitions"),
-    "traj_format": ((None,), "batches are flat transitions"),
     "compact_obs": ((False,), "rows store observation and next observation in full"),
     "auto_register_policy_transforms": ((None, False), "the policy is used as given"),
     # TorchRL's single-process ``Collector`` (its trainer configs' ``collector: sync``) takes these too.
@@ -138,17 +138,23 @@ class OffPolicyCollector(MultiAsyncCollector):
             ``num_collectors``, the name TorchRL's ``Collector`` gives it, is accepted too.
         num_envs: environments per worker for a gymnasium id; otherwise taken from the env.
         frames_per_batch: frames each worker collects per batch; rounded up to a
-            multiple of the env's batch size, as TorchRL does.
+            multiple of the env's batch size, as TorchRL does. A list holds one value per
+            worker, as TorchRL's multi-process collectors take it; as with
+            ``MultiAsyncCollector``, each batch then holds their sum.
         total_frames: total frames to collect, ``-1`` for no limit.
-        replay_buffer: a shared TorchRL ``ReplayBuffer``: our
-            :func:`~torchrl_unilab.make_replay_buffer` (the fast path), or TorchRL's own
+        replay_buffer: a TorchRL ``ReplayBuffer``; iteration then yields ``None`` per batch.
+            Workers write into a shared one themselves (the fast path): our
+            :func:`~torchrl_unilab.make_replay_buffer`, or TorchRL's own
             ``ReplayBuffer(storage=LazyTensorStorage|LazyMemmapStorage, shared=True)``,
-            laid out or not. Workers write into it and iteration yields ``None``.
-            Without one, iteration yields each batch.
+            laid out or not. Any other buffer (not shared, a storage with ``ndim >= 2``, or
+            with ``trajs_per_batch``) is extended by this process with each batch the workers
+            hand over, as it is iterated or, after :meth:`start`, by a thread; one log line
+            says so (see :mod:`~torchrl_unilab.data.local_writer`). Without one, iteration
+            yields each batch.
         init_random_frames: frames (counted exactly, over all workers) whose actions are
             uniform over the action spec. Each worker owns a fixed share, and the
             batches it needs for it are reserved, so the count is exact whatever the
-            timing and a seeded run is reproducible.
+            timing and a seeded run is reproducible. ``None`` or below 0: none, as TorchRL reads it.
         seed: env ``j`` of worker ``i`` gets seed ``seed + i * num_envs + j``
             (:meth:`set_seed` sets it after construction).
         exploration_type: ``ExplorationType`` the policy runs under, or its name (``"RANDOM"``,
@@ -208,8 +214,18 @@ class OffPolicyCollector(MultiAsyncCollector):
             with ``("collector", "mask")``, as TorchRL's ``split_trajectories`` makes them
             (then ``postproc``, as TorchRL orders them). Without a ``replay_buffer`` only:
             buffer rows are flat transitions.
-        extend_buffer: accepted (both values): workers always write whole batches.
-        weight_sync_schemes: ``{"policy": SeqlockWeightSyncScheme()}`` (the default).
+        trajs_per_batch: collect whole trajectories, as TorchRL's collectors do. Without a
+            ``replay_buffer``, iteration yields batches of this many complete trajectories
+            (laid out by ``traj_format``); with one, this process extends it with each
+            trajectory, flat, once its last step is done (``trajs_per_write`` per ``extend``),
+            and iteration yields ``None`` per batch collected. Episodes still running are held.
+        trajs_per_write, traj_format: TorchRL's options of ``trajs_per_batch`` (``"padded"``
+            or ``"cat"``; ``None``: TorchRL's default and its ``FutureWarning``).
+        extend_buffer: accepted (both values): whole batches are written.
+        weight_sync_schemes: ``{"policy": SeqlockWeightSyncScheme()}`` (the default). TorchRL's own
+            schemes (``SharedMemWeightSyncScheme``, ``MultiProcessWeightSyncScheme``, ...) are kept to
+            their contract on the same transport, with one log line that says how
+            (:mod:`~torchrl_unilab.weight_update.torchrl_schemes`).
         num_sub_threads: torch threads per worker process. Default 1.
         init_fn: called in each worker before its env is built.
         pre_collect_hook, post_collect_hook: called in each worker before a batch is
@@ -253,7 +269,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         num_workers: int | None = None,
         num_collectors: int | None = None,
         num_envs: int = 16,
-        frames_per_batch: int,
+        frames_per_batch: int | Sequence[int],
         total_frames: int | None = -1,
         replay_buffer: ReplayBuffer | None = None,
         init_random_frames: int | None = 0,
@@ -280,9 +296,12 @@ class OffPolicyCollector(MultiAsyncCollector):
         postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
         update_at_each_batch: bool = False,
         extend_buffer: bool = True,
-        weight_sync_schemes: Mapping[str, SeqlockWeightSyncScheme] | None = None,
+        weight_sync_schemes: Mapping[str, WeightSyncScheme] | None = None,
         track_policy_version: bool = False,
         split_trajs: bool | None = None,
+        trajs_per_batch: int | None = None,
+        trajs_per_write: int | None = None,
+        traj_format: str | None = None,
         num_sub_threads: int = 1,
         init_fn: Callable[[], None] | None = None,
         pre_collect_hook: Callable[[], None] | None = None,
@@ -324,7 +343,14 @@ class OffPolicyCollector(MultiAsyncCollector):
             max_frames_per_traj = max_frames_per_traj if max_frames_per_traj > 0 else None
         if total_frames is not None and total_frames < 0 and total_frames != -1:
             raise ValueError(f"total_frames must be -1 (no limit) or an int >= 1, got {total_frames!r}")
-        init_random_frames = _check_int("init_random_frames", 0 if init_random_frames is None else init_random_frames, 0)
+        if init_random_frames is None or (isinstance(init_random_frames, int) and init_random_frames < 0):
+            init_random_frames = 0  # TorchRL reads None and values below 0 as none (its examples pass -1)
+        init_random_frames = _check_int("init_random_frames", init_random_frames, 0)
+        trajs_per_batch = None if trajs_per_batch is None else _check_int("trajs_per_batch", trajs_per_batch, 1)
+        trajs_per_write = None if trajs_per_write is None else _check_int("trajs_per_write", trajs_per_write, 1)
+        traj_format = _validate_traj_format(traj_format, trajs_per_batch, has_replay_buffer=replay_buffer is not None)
+        # Some buffers are extended by this process rather than by the workers: why, or None for the fast path.
+        written_here = local_write_reason(replay_buffer, trajs_per_batch)
         if isinstance(privileged, Mapping):
             privileged = PrivilegedInfoTransform(**privileged)
         if privileged is not None and not isinstance(privileged, PrivilegedInfoTransform):
@@ -345,7 +371,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         probe = as_batched_env(probe)
         self._probe_env = probe
         self.num_envs = probe.batch_size[0]
-        frames_per_batch = _check_int("frames_per_batch", frames_per_batch, 1)
+        frames_per_batch = _frames_per_batch(frames_per_batch, self.num_workers)
         if frames_per_batch % self.num_envs:
             rounded = -(-frames_per_batch // self.num_envs) * self.num_envs
             warnings.warn(
@@ -357,7 +383,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         if policy is None and policy_factory is not None:
             policy = policy_factory()
         if policy is None:
-            policy = _RandomActions(probe.full_action_spec)
+            policy = _RandomActions(self._probe_given.full_action_spec)
         if isinstance(policy, nn.Module):
             # As TorchRL's collectors do: exploration modules built with spec=None take the env's.
             set_exploration_modules_spec_from_env(policy, probe)
@@ -372,8 +398,9 @@ class OffPolicyCollector(MultiAsyncCollector):
         )
         with contextlib.ExitStack() as on_error:
             on_error.callback(self._close_probe)
-            row = probe_row(probe, policy, exploration_type)
-            if postproc is not None and replay_buffer is not None:
+            row, self._policy_row = probe_step(probe, policy, exploration_type,
+                                               set_truncated=bool(torchrl_kwargs.get("set_truncated")))
+            if postproc is not None and replay_buffer is not None and written_here is None:
                 # Workers apply postproc before their buffer writes; yielded batches get it here instead.
                 row = postproc(row.unsqueeze(0))[0]
             on_error.pop_all()
@@ -386,7 +413,14 @@ class OffPolicyCollector(MultiAsyncCollector):
         self.seed = seed
         self.nonfinite = nonfinite
         self.replay_buffer = replay_buffer
-        self._row_keys = self._prepare_buffer(replay_buffer, row)
+        self._row_keys = self._prepare_buffer(replay_buffer, row, local=written_here is not None)
+        self._local: LocalBufferWriter | None = None
+        if written_here is not None:
+            self._local = LocalBufferWriter(replay_buffer, self.num_envs, trajs=trajs_per_batch is not None,
+                                            trajs_per_write=trajs_per_write)
+            _log.info(f"OffPolicyCollector: {written_here}")
+        self._feed: FeedThread | None = None  # writes into the local buffer while collection runs in the background
+        self._fed = 0  # frames of the batches extended into the local buffer
         self.extend_buffer = extend_buffer
         self.postproc = postproc
         self.update_at_each_batch = update_at_each_batch
@@ -400,11 +434,16 @@ class OffPolicyCollector(MultiAsyncCollector):
             )
         self.reset_at_each_iter = False
         self.reset_when_done = True
-        self.trajs_per_batch = self.trajs_per_write = self.traj_format = None
+        # As TorchRL's multi-process collectors: with a replay buffer, whole trajectories go into it and iteration
+        # yields None per batch; without one, BaseCollector.__iter__ assembles trajectories to yield.
+        self.trajs_per_batch = trajs_per_batch if replay_buffer is None else None
+        self.trajs_per_write, self.traj_format = trajs_per_write, traj_format
+        self._stream_base = 0  # the workers' first seed stream (trajectory ids); load_state_dict moves it on
         self.init_fn = init_fn
         self._pre_collect_hook, self._post_collect_hook = pre_collect_hook, post_collect_hook
         self.storing_device = self.env_device = self.policy_device = [torch.device("cpu")] * self.num_workers
         self.worker_idx = torchrl_kwargs.get("worker_idx")
+        self.set_truncated = bool(torchrl_kwargs.get("set_truncated", False))
         self._weight_updater = None
         self._profile_config = None
         self._iterator = None
@@ -439,8 +478,11 @@ class OffPolicyCollector(MultiAsyncCollector):
         """``total_frames`` less the frames restored by :meth:`load_state_dict`: what these workers write."""
         return self.total_frames - self._restored
 
-    def _prepare_buffer(self, replay_buffer: ReplayBuffer | None, row: TensorDictBase) -> list:
-        """Lays out (or checks) the buffer's storage; returns the keys each worker writes."""
+    def _prepare_buffer(self, replay_buffer: ReplayBuffer | None, row: TensorDictBase, local: bool) -> list:
+        """Lays out (or checks) the buffer's storage; returns the keys each worker writes.
+
+        A buffer this process extends (``local``) is laid out by its first ``extend``, as TorchRL does.
+        """
         all_keys = list(row.keys(include_nested=True, leaves_only=True))
         if replay_buffer is None:
             return all_keys
@@ -452,12 +494,9 @@ class OffPolicyCollector(MultiAsyncCollector):
                 f"replay_buffer capacity {capacity} is below one batch (frames_per_batch={self.frames_per_batch}); "
                 "use a capacity >= frames_per_batch"
             )
-        if not getattr(replay_buffer, "shared", False):
-            raise ValueError(
-                "replay_buffer must be shared between processes: build it with make_replay_buffer() or "
-                "ReplayBuffer(..., shared=True)"
-            )
         have = storage_keys(replay_buffer)
+        if have is None and local:
+            return all_keys
         if have is None:
             init_storage(replay_buffer, row)
             if not replay_buffer.storage._storage.is_shared() and not replay_buffer.storage._storage.is_memmap():
@@ -483,12 +522,8 @@ class OffPolicyCollector(MultiAsyncCollector):
         unknown = sorted(set(schemes) - {"policy"})
         if unknown:
             raise ValueError(f"weight_sync_schemes syncs the 'policy' model only, got keys {unknown}")
-        scheme = schemes.get("policy") or SeqlockWeightSyncScheme()
-        if not isinstance(scheme, SeqlockWeightSyncScheme):
-            raise ValueError(
-                f"weight_sync_schemes['policy'] must be a SeqlockWeightSyncScheme (workers read one shared-memory "
-                f"block without acknowledgements), got {type(scheme).__name__}"
-            )
+        # TorchRL's own schemes are kept to their contract on our transport (weight_update.torchrl_schemes).
+        scheme = as_seqlock_scheme(schemes.get("policy"))
         scheme.init_on_sender(model_id="policy", context=self, model=self.policy)
         return {"policy": scheme}
 
@@ -508,7 +543,10 @@ class OffPolicyCollector(MultiAsyncCollector):
             exploration_type=self.exploration_type,
             row_keys=self._row_keys,
             nonfinite=self.nonfinite,
+            policy_row=self._policy_row,
+            set_truncated=self.set_truncated,
             num_threads=self.num_sub_threads,
+            streams=[self._stream_base] * self.num_workers,
         )
         in_thread = [isinstance(env, EnvBase) for env in self._worker_envs]
         if not all(in_thread):
@@ -517,8 +555,8 @@ class OffPolicyCollector(MultiAsyncCollector):
         worker_policy = self.policy
         extras = dict(init_fn=self.init_fn, pre_collect_hook=self._pre_collect_hook,
                       post_collect_hook=self._post_collect_hook,
-                      postproc=None if self.replay_buffer is None else self.postproc)  # an empty buffer is falsy
-        sink = self.replay_buffer
+                      postproc=self.postproc if self._workers_write else None)
+        sink = self.replay_buffer if self._workers_write else None
         if sink is None:
             self._slots = BatchSlots(self._row.select(*self._row_keys), self.num_workers, self.frames_per_batch)
             sink = self._slots
@@ -549,7 +587,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         """
         def handed_over(traj: int, step: int) -> bool:
             first_row = {TRAJ_KEY: traj, STEP_KEY: step}
-            if self.replay_buffer is not None:
+            if self._workers_write:
                 return holds_row(self.replay_buffer, first_row)
             return self._slots.holds(worker_idx, first_row)
 
@@ -557,7 +595,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         self.frames_lost += lost
         config = args[0]
         random_frames, streams = list(config.random_frames), list(config.streams or [0] * self.num_workers)
-        random_frames[worker_idx], streams[worker_idx] = owed, restarts
+        random_frames[worker_idx], streams[worker_idx] = owed, self._stream_base + restarts
         return (dataclasses.replace(config, random_frames=random_frames, streams=streams), *args[1:])
 
     def _close_probe(self) -> None:
@@ -582,9 +620,12 @@ class OffPolicyCollector(MultiAsyncCollector):
         while self._frames < self.total_frames:
             if self.replay_buffer is None:
                 out = self._take_batch()
-            else:
+            elif self._local is not None and self._feed is None:
+                self._write_local(self._take_batch())
+                out = None
+            else:  # the workers, or the feed thread after start(), write the buffer
                 target = self._frames - self._restored + fpb
-                self._wait(lambda: self._control.written >= target)
+                self._wait(lambda: self._buffer_frames >= target)
                 out = None
             self._frames += fpb
             self._iter += 1
@@ -593,10 +634,14 @@ class OffPolicyCollector(MultiAsyncCollector):
             self._allow_ahead()
             yield out
 
-    def _take_batch(self) -> TensorDictBase:
-        out = None
-        while out is None:
-            out = self._slots.take(timeout=None, on_poll=self._raise_if_failed)
+    def _take_batch(self, timeout: float | None = None) -> TensorDictBase | None:
+        """The oldest batch a worker handed over, made ready to yield or write; ``None`` after ``timeout`` seconds.
+
+        With a timeout (the feed thread), a failed worker is left to the user's thread to raise.
+        """
+        out = self._slots.take(timeout=timeout, on_poll=self._raise_if_failed if timeout is None else _no_op)
+        if out is None:
+            return None
         self._handed_over += self.frames_per_batch
         if self.split_trajs:
             # A batch is step-major over the worker's envs; a stable sort by trajectory id makes each
@@ -610,6 +655,25 @@ class OffPolicyCollector(MultiAsyncCollector):
         elif self.postproc is not None:  # rows dropped (nonfinite="drop"): no whole [envs, steps] grid is left
             out = self.postproc(out)
         return out
+
+    def _write_local(self, batch: TensorDictBase) -> None:
+        self._local.write(batch)
+        self._fed += self.frames_per_batch  # batches, as the workers count them (nonfinite="drop" drops rows)
+
+    def _start_feed(self) -> None:
+        """A local buffer is fed by a thread of this process while collection runs in the background."""
+        if self._local is not None and self._feed is None:
+            self._feed = FeedThread(self._take_batch, self._write_local)
+
+    @property
+    def _workers_write(self) -> bool:
+        """Whether the workers write into ``replay_buffer`` themselves (the fast path)."""
+        return self.replay_buffer is not None and self._local is None
+
+    @property
+    def _buffer_frames(self) -> int:
+        """Frames in ``replay_buffer`` (or held there as unfinished trajectories) from these workers."""
+        return self._fed if self._local is not None else self._control.written
 
     def _allow_ahead(self) -> None:
         if not self._running_free:
@@ -627,6 +691,9 @@ class OffPolicyCollector(MultiAsyncCollector):
     def _raise_if_failed(self) -> None:
         if self._pool is not None:
             self._pool.raise_if_failed()
+        feed = getattr(self, "_feed", None)
+        if feed is not None and feed.error is not None:
+            raise feed.error
 
     def __len__(self) -> int:
         if self.total_frames == float("inf"):
@@ -643,6 +710,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._ensure_started()
         self._raise_if_failed()
         self._running_free = True
+        self._start_feed()
         self._control.allow(_cap(self._total_to_write))
 
     def allow_frames(self, frames: int | None) -> None:
@@ -655,6 +723,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._ensure_started()
         self._raise_if_failed()
         self._running_free = True
+        self._start_feed()
         self._control.allow(_cap(self._total_to_write if frames is None else min(frames, self._total_to_write)))
 
     def _require_buffer(self, what: str) -> None:
@@ -671,7 +740,9 @@ class OffPolicyCollector(MultiAsyncCollector):
             yield
             return
         previous = self._control.freeze()
-        self._wait(lambda: self._control.written >= self._control.claimed)
+        # with a feed thread, also until what the workers handed over is in the local buffer
+        self._wait(lambda: self._control.written >= self._control.claimed
+                   and (self._feed is None or self._fed >= self._control.written))
         try:
             yield
         finally:
@@ -696,7 +767,8 @@ class OffPolicyCollector(MultiAsyncCollector):
                 f"wait_for_frames({frames}) can never return: workers may collect {allowed} frames so far; "
                 "call start() or allow_frames() first (or iterate over the collector)"
             )
-        return self._wait(lambda: self._control.written >= frames, timeout)
+        self._start_feed()  # a local buffer needs a writer while this waits
+        return self._wait(lambda: self._buffer_frames >= frames, timeout)
 
     @property
     def frames_written(self) -> int:
@@ -705,7 +777,7 @@ class OffPolicyCollector(MultiAsyncCollector):
             # A worker counts a batch after handing it over (and after its post-collect hook), so the consumer
             # can hold one the counter does not show yet; what was yielded is collected.
             return max(self._control.written, self._handed_over)
-        return self._control.written
+        return self._buffer_frames
 
     # ------------------------------------------------------------ weights etc.
     def update_policy_weights_(
@@ -738,9 +810,13 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._publish(policy_or_weights, worker_ids=worker_ids)
 
     def _publish(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
+        # Weights restored by load_state_dict stay what the workers start from, until the learner publishes.
+        restored, self._weights_restored = getattr(self, "_weights_restored", False), False
         if policy_or_weights is None or policy_or_weights is self._user_policy:
             # The constructor's policy as it is now; the workers' CPU copy of a CUDA policy is no part of training.
             policy_or_weights = self._user_policy if self._acts_on_copy else None
+        if restored and not kwargs.get("new_version", True):
+            policy_or_weights = None  # the collector's policy, where load_state_dict put the weights
         self._scheme.send(policy_or_weights, **kwargs)
 
     @property
@@ -850,15 +926,31 @@ class OffPolicyCollector(MultiAsyncCollector):
     def state_dict(self) -> OrderedDict:
         """Counters in TorchRL's collector shape (``"worker<i>"``, ``"frames"``, ``"iter"``), for checkpoints.
 
-        Per worker: frames collected and the policy version it acts with. Env
-        states stay in the workers; a resumed run starts new episodes.
+        Per worker: frames collected, the policy version it acts with and, as in
+        TorchRL's collectors, ``"policy_state_dict"`` under the names of the policy
+        given to the constructor (none for a policy without weights): a CPU
+        policy's own weights, which TorchRL's workers share, and for a policy on
+        a GPU the weights published last. The workers act with the version
+        published last (``"policy_version"``). Env states stay in the workers; a
+        resumed run starts new episodes.
+        ``"traj_pool"`` is TorchRL's ``{"traj_id": ...}``: here the first trajectory id
+        no worker of this run hands out, so that a run resumed from it numbers its
+        trajectories after those already in a saved buffer.
         """
         state = OrderedDict()
+        if isinstance(self._user_policy, nn.Module) and not self._acts_on_copy:
+            weights = {name: value.detach().clone() for name, value in self._user_policy.state_dict().items()}
+        else:
+            closed = self._scheme.shared.closed
+            weights = None if closed else self._scheme.published_state_dict(like=self._user_policy)
         for idx, worker in enumerate(self._metrics.summary()["workers"]):
             state[f"worker{idx}"] = {"frames": self._control.worker_written(idx),
                                      "policy_version": worker["policy_version"]}
-        state.update(frames=self._frames, iter=self._iter, frames_written=self._control.written,
+            if weights:
+                state[f"worker{idx}"]["policy_state_dict"] = OrderedDict(weights)
+        state.update(frames=self._frames, iter=self._iter, frames_written=self.frames_written,
                      policy_version=self.policy_version)
+        state["traj_pool"] = {"traj_id": torch.tensor(self._first_free_traj_id(), dtype=torch.int64)}
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -868,14 +960,37 @@ class OffPolicyCollector(MultiAsyncCollector):
         ``frames`` to ``total_frames``, and the restored frames count against
         ``init_random_frames`` (loaded before collection starts; once workers
         run, the random frames they were given stay). The workers start new
-        episodes.
+        episodes. A ``"policy_state_dict"`` (of the first worker that has one)
+        is loaded into the collector's policy and published: every worker acts
+        with it from its next step.
         """
+        saved = [entry.get("policy_state_dict") for key, entry in state_dict.items()
+                 if key.startswith("worker") and isinstance(entry, Mapping)]
+        weights = next((entry for entry in saved if entry), None)
+        if weights is not None:
+            if isinstance(self.policy, nn.Module):
+                self.policy.load_state_dict(resolve_weight_names(self.policy, weights))
+            self._scheme.send(weights)
+            self._weights_restored = True
         frames = int(state_dict.get("frames", 0))
         self._restored += frames - self._frames
         self._frames = frames
         self._iter = int(state_dict.get("iter", -1))
+        traj_pool = state_dict.get("traj_pool")
+        if traj_pool is not None and not self._started:
+            # The first seed stream whose trajectory ids all lie at or above the saved first free id.
+            block = self.num_workers << _STREAM_TRAJ_BITS
+            self._stream_base = max(self._stream_base, -(-int(traj_pool["traj_id"]) // block))
         if not self._started:
             self._set_frame_control()
+
+    def _first_free_traj_id(self) -> int:
+        """An id above every trajectory id this run's workers may hand out (see ``_worker.WorkerLoop``).
+
+        Worker ``i`` on seed stream ``s`` numbers its trajectories ``(s * 2**32 + k) * num_workers + i``.
+        """
+        restarts = max(self._pool.restarts) if self._pool is not None else 0
+        return ((self._stream_base + restarts + 1) << _STREAM_TRAJ_BITS) * self.num_workers
 
     def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
         """Not supported: workers reset their envs as episodes end; bound episodes with ``max_frames_per_traj``."""
@@ -999,6 +1114,8 @@ class OffPolicyCollector(MultiAsyncCollector):
             return
         self._shutdown_complete = True
         self.closed = True
+        if getattr(self, "_feed", None) is not None:
+            self._feed.stop()  # first: it writes no batch once the workers are gone
         if self._pool is not None:
             self._pool.stop(timeout=4.0 if timeout is None else timeout)
         if self._scheme is not None:
@@ -1038,135 +1155,6 @@ class OffPolicyCollector(MultiAsyncCollector):
         return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in fields.items())}, frames_written={written})"
 
 
-def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_env_kwargs, max_frames_per_traj,
-                  privileged) -> tuple[list, int, list[str], list[EnvBase], EnvBase | None]:
-    """One env source per worker: a factory (run in a process) or a live instance (run in a thread).
-
-    ``gym_ids`` holds the options of gymnasium ids: ``num_envs``, ``env_kwargs``,
-    ``stagger_resets``, ``engine`` and ``threads``. Returns the sources, the number of
-    workers, each worker's engine, the env instances given (the collector closes them),
-    and worker 0's env if a factory of it was called here already (else ``None``).
-    """
-    many = isinstance(create_env_fn, Sequence) and not isinstance(create_env_fn, str)
-    items = list(create_env_fn) if many else None
-    if many:
-        if not items:
-            raise ValueError("create_env_fn as a list must not be empty")
-        if num_workers is not None and num_workers != len(items):
-            raise ValueError(f"num_workers={num_workers} does not match the {len(items)} envs in create_env_fn")
-        num_workers = len(items)
-    num_workers = _check_int("num_workers", 1 if num_workers is None else num_workers, 1)
-    choices: dict[tuple, Any] = {}
-    copies: dict[tuple, Any] = {}  # each factory pickled before its first call
-    if not many:
-        if isinstance(create_env_fn, EnvBase) and num_workers > 1:
-            # Decided once here and reused below (an instance takes no create_env_kwargs).
-            choice = choices[(id(create_env_fn), "[]")] = choose_env_stack(create_env_fn, gym_ids["engine"],
-                                                                           privileged)
-            if choice.plan is None:
-                # TorchRL's collectors pickle the instance into each worker; so do we (a stack
-                # rebuilt on EnvPool needs no copy: each worker builds its own).
-                create_env_fn = EnvCopy(create_env_fn, num_workers)
-        items = [create_env_fn] * num_workers
-    if isinstance(create_env_kwargs, Mapping) or create_env_kwargs is None:
-        kwargs_list = [dict(create_env_kwargs or {})] * num_workers
-    else:
-        kwargs_list = [dict(k) for k in create_env_kwargs]
-        if len(kwargs_list) != num_workers:
-            raise ValueError(f"create_env_kwargs holds {len(kwargs_list)} dicts for {num_workers} workers")
-    out, engines, probe = [], [], None
-    try:  # an env built to be looked at is closed if a later item is refused
-        for idx, (item, kwargs) in enumerate(zip(items, kwargs_list)):
-            if isinstance(item, str):
-                if kwargs:
-                    raise ValueError("create_env_kwargs applies to env factories; for a gymnasium id use env_kwargs")
-                options = dict(gym_ids)
-                _check_int("num_envs", options["num_envs"], 1)
-                if max_frames_per_traj:
-                    options["env_kwargs"] = {**(options["env_kwargs"] or {}), "max_episode_steps": max_frames_per_traj}
-                options["engine"] = select_engine(item, options["engine"], options["env_kwargs"], privileged)
-                engines.append(options["engine"])
-                source = functools.partial(make_gym_id_env, item, options.pop("num_envs"), **options)
-                max_steps = None
-            elif isinstance(item, EnvBase) or callable(item):
-                if isinstance(item, EnvBase) and kwargs:
-                    raise ValueError("create_env_kwargs cannot apply to an env instance; pass a factory instead")
-                source = functools.partial(item, **kwargs) if kwargs else item
-                # envs/ decides what runs the stack; a factory shared by workers is looked at (and copied) once.
-                key = (id(item), repr(sorted(kwargs.items())))
-                if key not in copies:
-                    copies[key] = source if isinstance(source, EnvBase) else _FactoryCopy.of(source)
-                unstarted = copies[key]
-                if key not in choices:
-                    choices[key] = choose_env_stack(source, gym_ids["engine"], privileged)
-                    built = choices[key].env  # a factory's env, looked at and kept as it is
-                    if built is not None and idx == 0:
-                        probe = built  # worker 0's probe: the factory is not called twice here
-                    elif built is not None:
-                        built.close(raise_if_closed=False)
-                plan = choices[key].plan
-                source = unstarted if plan is None else plan.factory(idx)
-                engines.append(choices[key].engine)
-                max_steps = max_frames_per_traj
-            else:
-                raise TypeError(
-                    "create_env_fn must be a gymnasium id (str), an EnvBase, a callable returning an EnvBase "
-                    f"(an EnvCreator, say), or a list of those; got {type(item).__name__}"
-                )
-            transforms = [StepCounter(max_steps=max_steps)] if max_steps else []
-            transforms += [privileged] if privileged else []
-            if transforms and isinstance(source, EnvBase):
-                source = _with_transforms(lambda env=source: env, transforms)
-            elif transforms:
-                source = functools.partial(_with_transforms, source, transforms)
-            if idx == 0 and probe is not None and transforms:
-                probe = _with_transforms(lambda env=probe: env, transforms)
-            out.append(source)
-    except BaseException:
-        for choice in choices.values():
-            if choice.env is not None:
-                choice.env.close(raise_if_closed=False)
-        raise
-    plans = [c.plan for c in choices.values() if c.plan is not None]
-    if plans:
-        moved = sum(engine == "envpool" for item, engine in zip(items, engines) if not isinstance(item, str))
-        where = "" if moved == num_workers else f" in {moved} of {num_workers} workers"
-        _log.info(f"OffPolicyCollector: {plans[0].describe()} runs on EnvPool{where}; pass engine='torchrl' to "
-                  "keep your env stack")
-    given = []
-    for item in items:
-        if isinstance(item, EnvBase) and all(item is not env for env in given):
-            given.append(item)
-    return out, num_workers, engines, given, probe
-
-
-class _FactoryCopy:
-    """An env factory as it was before this process first called it, for the workers to call.
-
-    Looking at the env (the probe) calls the factory here. A factory that holds
-    an env instance, as the partials of TorchRL's trainer configs do
-    (``TransformedEnv`` over a ``ParallelEnv`` built by hydra), starts that
-    instance then, and pickled afterwards it would carry live processes and
-    their shared memory (``cannot pickle 'mmap.mmap' object``). Pickled first,
-    each worker gets its own unstarted copy, as TorchRL's multi-process
-    collectors give it.
-    """
-
-    def __init__(self, payload: bytes) -> None:
-        self._payload = payload
-
-    @classmethod
-    def of(cls, factory: Callable[[], EnvBase]) -> Callable[[], EnvBase]:
-        """The factory pickled now, or the factory itself if it cannot be (start() then says why)."""
-        try:
-            return cls(cloudpickle.dumps(factory))
-        except Exception:  # noqa: BLE001 - an unpicklable factory fails with its own error at start()
-            return factory
-
-    def __call__(self) -> EnvBase:
-        return cloudpickle.loads(self._payload)()
-
-
 class _EnvAttributeElsewhere(NotImplementedError, AttributeError):
     """An env attribute this process cannot read. An ``AttributeError`` too, so that ``hasattr(collector.env, name)``
     is ``False`` and ``getattr(collector.env, name, default)`` gives the default, as for a missing attribute."""
@@ -1190,7 +1178,8 @@ class _EnvAttributes:
 class _RandomActions(nn.Module):
     """TorchRL's ``RandomPolicy`` as a module (with no weights), so that it syncs like any policy.
 
-    The spec is the batched one, as TorchRL's collectors give ``RandomPolicy``.
+    The spec is the env's own (unbatched for an unbatched env, whose rows the policy sees without a batch
+    dimension), as TorchRL's collectors give ``RandomPolicy``.
     """
 
     def __init__(self, action_spec) -> None:
@@ -1199,64 +1188,6 @@ class _RandomActions(nn.Module):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         return self.random(tensordict)
-
-
-class EnvCopy:
-    """A factory of copies of an env instance that has not started, one per worker process.
-
-    TorchRL's multi-process collectors take one ``EnvBase`` with ``num_workers=N``
-    and give each worker a pickled copy of it; this does the same. An instance
-    that has started worker processes of its own (a ``ParallelEnv`` after
-    ``reset``/``set_seed``/``rollout``) cannot be copied, and raises a
-    ``ValueError`` that says what to pass instead.
-
-    Args:
-        env: the instance to copy.
-        num_workers: the number of workers asked for (named in errors).
-
-    Examples:
-        >>> from torchrl.envs import GymEnv
-        >>> make = EnvCopy(GymEnv("Pendulum-v1"), num_workers=2)
-        >>> first, second = make(), make()
-        >>> first is not second, first.batch_size
-        (True, torch.Size([]))
-    """
-
-    def __init__(self, env: EnvBase, num_workers: int) -> None:
-        started = _started_batched_env(env)
-        advice = (f"pass a factory (a callable or EnvCreator building the env) or a list of num_workers={num_workers} "
-                  "env instances, or create the env without starting it")
-        if started is not None:
-            raise ValueError(
-                f"create_env_fn is an env instance whose {type(started).__name__} has already started its worker "
-                f"processes, so it cannot be copied into num_workers={num_workers} workers; {advice}"
-            )
-        try:
-            self._bytes = cloudpickle.dumps(env)
-        except Exception as err:  # noqa: BLE001 - any pickling failure means the same to the user
-            raise ValueError(
-                f"create_env_fn is an env instance that cannot be copied into num_workers={num_workers} workers "
-                f"({type(err).__name__}: {err}); {advice}"
-            ) from err
-
-    def __call__(self) -> EnvBase:
-        return cloudpickle.loads(self._bytes)
-
-
-def _started_batched_env(env: EnvBase) -> EnvBase | None:
-    """The ``ParallelEnv`` inside ``env`` (through ``TransformedEnv`` layers) whose processes run, if any."""
-    while isinstance(env, TransformedEnv):
-        env = env.base_env
-    if isinstance(env, ParallelEnv) and not env.is_closed:
-        return env
-    return None
-
-
-def _with_transforms(env_fn: Callable[[], EnvBase], transforms: list) -> EnvBase:
-    env = env_fn()
-    for transform in transforms:
-        env = TransformedEnv(env, transform.clone())
-    return env
 
 
 def _on_cpu(policy: nn.Module) -> nn.Module:
@@ -1331,6 +1262,23 @@ def _check_cpu(name: str, value: Any) -> None:
                 "learner on CUDA and pass its weights to update_policy_weights_(), which copies them to the "
                 "shared CPU block"
             )
+
+
+def _no_op() -> None:
+    pass
+
+
+def _frames_per_batch(value: int | Sequence[int], num_workers: int) -> int:
+    """Frames per batch. A sequence holds one value per worker, as TorchRL's multi-process collectors take it;
+    ``MultiAsyncCollector`` then makes each batch (one worker's) their sum, and so does this collector."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        values = list(value)
+        if len(values) != num_workers or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                                 for v in values):
+            raise ValueError(f"frames_per_batch must be an int >= 1 or a list of num_workers={num_workers} of them "
+                             f"(one per worker), got {value!r}")
+        return sum(values)
+    return _check_int("frames_per_batch", value, 1)
 
 
 def _round_total_frames(total_frames: int | None, frames_per_batch: int) -> int | float:

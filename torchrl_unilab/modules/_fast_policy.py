@@ -119,9 +119,10 @@ def tensor_policy(policy: TensorDictModuleBase) -> Callable[[dict], torch.Tensor
         return None
 
     def run(values: dict) -> torch.Tensor:
-        values = _TensorMap(values)
+        mapped = _TensorMap(values)
         for step in steps:
-            step(values)
-        return values["action"]
+            step(mapped)
+        values.update(mapped)  # the caller keeps what the policy wrote (the worker's rows hold it)
+        return mapped["action"]
 
     return run

@@ -30,6 +30,7 @@ sync follows, minus per-env state):
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import signal
 import threading
@@ -97,6 +98,22 @@ def _view(buffer: memoryview, shape: tuple[int, ...], dtype: torch.dtype, offset
     return torch.frombuffer(buffer, dtype=dtype, count=count, offset=offset).view(shape)
 
 
+def _own_mapping(shm: shared_memory.SharedMemory) -> mmap.mmap:
+    """A mapping of ``shm``'s block that only its views keep alive; ``shm``'s own mapping is closed at once.
+
+    Every tensor and array of a :class:`SharedWeights` is a view of this mapping,
+    and each view holds a buffer export of it: the mapping cannot be unmapped
+    while one view is alive (``mmap.close`` refuses, and it is freed only with the
+    last view). Views of ``shm.buf`` instead dangle once ``SharedMemory.close``
+    runs, which its ``__del__`` does whenever the garbage collector gets to it,
+    possibly before the finaliser of a scheme that still reads the version: a
+    segfault, not an exception.
+    """
+    mapping = mmap.mmap(shm._fd, shm.size)  # noqa: SLF001 - SharedMemory gives no public file descriptor
+    shm.close()  # its name still unlinks the block
+    return mapping
+
+
 def sweep_stale_blocks() -> list[str]:
     """Removes the weight blocks that dead processes left in ``/dev/shm``; returns their names."""
     return sweep_stale(_SHM_DIR, _NAME_PREFIX)
@@ -153,10 +170,13 @@ class SharedWeights:
                 "weight_param_shapes must match the learner's actor"
             )
         self._offsets, self._size = offsets, size
-        self._header = np.ndarray((2,), dtype=np.int64, buffer=shm.buf)
-        self._views = [_view(shm.buf, shape, dtype, off) for (_, shape, dtype), off in zip(layout, offsets)]
+        self._closed_version: int | None = None
+        self._mapping = _own_mapping(shm)
+        memory = memoryview(self._mapping)
+        self._header = np.ndarray((2,), dtype=np.int64, buffer=memory)
+        self._views = [_view(memory, shape, dtype, off) for (_, shape, dtype), off in zip(layout, offsets)]
         # Every tensor of the block at once (padding included): the writer copies the staged weights in one go.
-        self._region = torch.frombuffer(shm.buf, dtype=torch.uint8, count=size - _HEADER_BYTES, offset=_HEADER_BYTES)
+        self._region = torch.frombuffer(memory, dtype=torch.uint8, count=size - _HEADER_BYTES, offset=_HEADER_BYTES)
 
     # ----------------------------------------------------------- construction
     @classmethod
@@ -213,8 +233,19 @@ class SharedWeights:
 
     @property
     def version(self) -> int:
-        """The latest published version (0 before the first publish)."""
+        """The latest published version (0 before the first publish); after :meth:`close`, the last one seen."""
+        if self._header is None:
+            return self._closed_version
         return int(self._header[1])
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: this handle reads and writes nothing any more."""
+        return self._header is None
+
+    def _check_open(self, what: str) -> None:
+        if self._header is None:
+            raise RuntimeError(f"{what}: this SharedWeights handle is closed (the collector was shut down)")
 
     # --------------------------------------------------------------- transfer
     def _tensors(self, source: nn.Module | Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -263,6 +294,7 @@ class SharedWeights:
             [[1.0, 1.0]]
             >>> reader.close(); weights.close()
         """
+        self._check_open("publish()")
         values = self._tensors(source)
         if self._staging is None:
             offsets = [offset - _HEADER_BYTES for offset in self._offsets]
@@ -288,6 +320,7 @@ class SharedWeights:
 
     def read(self, *, since_version: int = 0, timeout: float = 5.0) -> tuple[int, list[torch.Tensor]] | None:
         """Returns ``(version, tensors)`` if a version newer than ``since_version`` exists, else ``None``."""
+        self._check_open("read()")
         deadline = time.monotonic() + timeout
         while True:
             seq = int(self._header[0])
@@ -313,6 +346,10 @@ class SharedWeights:
         if got is None:
             return None
         version, tensors = got
+        if not self.layout:
+            # A policy without weights (TorchRL's RandomPolicy): only the version travels.
+            self.loaded_version = version
+            return version
         keys = list(module.state_dict().keys())
         if len(keys) != len(tensors):
             raise ValueError(
@@ -325,15 +362,21 @@ class SharedWeights:
 
     # --------------------------------------------------------------- lifetime
     def close(self) -> None:
-        """Releases this handle; the owner also removes the block."""
+        """Releases this handle; the owner also removes the block. Safe to call again, and from finalisers.
+
+        The views go first, then the mapping: a view still held elsewhere keeps
+        the block mapped until it is freed, so nothing can read unmapped memory.
+        """
         if self._shm is None:
             return
+        self._closed_version = int(self._header[1])  # still mapped: this handle's views hold the mapping
         self._views = []
         self._region = None
         self._header = None
         shm, self._shm = self._shm, None
-        with contextlib.suppress(BufferError):
-            shm.close()
+        mapping, self._mapping = self._mapping, None
+        with contextlib.suppress(BufferError):  # a view held elsewhere: unmapped when it is freed
+            mapping.close()
         if self.owner:
             self.unlink(shm)
 
@@ -350,7 +393,7 @@ class SharedWeights:
     def __setstate__(self, state: dict) -> None:
         other = SharedWeights.attach(state["name"], state["layout"], lock=state["lock"])
         self.__dict__.update(other.__dict__)
-        other._shm = None
+        other._shm = other._mapping = None
 
 
 _DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -100,6 +100,13 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
     exploration modules reach the workers as with TorchRL's own schemes.
     Non-persistent buffers and state the policy keeps in the TensorDict (per-env
     noise) stay with each worker (:mod:`torchrl_unilab.weight_update.weight_sync`).
+    A policy with no weights (TorchRL's ``RandomPolicy``, any callable) has
+    nothing to sync: only the version travels.
+
+    :meth:`shutdown` (which TorchRL's ``WeightSyncScheme.__del__`` calls) may run
+    at any time and in any order with the garbage collector: it never reads
+    memory that may be unmapped (:meth:`SharedWeights.close
+    <torchrl_unilab.SharedWeights.close>`).
 
     Args:
         strategy: kept for TorchRL's interface; weights always travel as a ``state_dict``.
@@ -121,17 +128,16 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
         super().__init__(strategy="tensordict")
         self.shared: SharedWeights | None = None
         self._sender_model: nn.Module | None = None
-        self._final_version: int | None = None
 
     def _init_on_sender_impl(self, model_id: str = "policy", context: Any = None, model: nn.Module | None = None,
                              **kwargs: Any) -> None:
         if model is None and context is not None:
             model = getattr(context, model_id)
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"SeqlockWeightSyncScheme syncs an nn.Module; model {model_id!r} is {type(model).__name__}")
         self._model_id = model_id
-        self._sender_model = model
-        self.shared = SharedWeights.create(model)
+        # A policy that is no nn.Module (TorchRL's RandomPolicy, a plain callable) has no weights: an empty block
+        # still carries the version.
+        self._sender_model = model if isinstance(model, nn.Module) else nn.Module()
+        self.shared = SharedWeights.create(self._sender_model)
         self.synchronized_on_sender = True
 
     def _init_on_receiver_impl(self, model_id: str = "policy", context: Any = None, model: nn.Module | None = None,
@@ -150,8 +156,6 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
     @property
     def version(self) -> int:
         """The latest published version (1: the weights at construction); still readable after :meth:`shutdown`."""
-        if self._final_version is not None:
-            return self._final_version
         return self.shared.version
 
     def prepare_weights(self, weights: Any, model_id: str | None = None, strategy: Any = None,
@@ -159,6 +163,8 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
         """The full ``state_dict`` to publish: ``weights`` resolved by name, the rest from the sender's model."""
         if weights is None:
             return dict(self._sender_model.state_dict())
+        if not self.shared.layout and not _flat_weights(weights):
+            return {}  # nothing given for a policy without weights
         return resolve_weight_names(self._sender_model, weights)
 
     def send(self, weights: Any = None, worker_ids: int | list[int] | None = None, *,
@@ -169,13 +175,33 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
         """
         if self.shared is None:
             raise RuntimeError("SeqlockWeightSyncScheme must be initialised on the sender (init_on_sender) first")
-        if self._final_version is not None:
+        if self.shared.closed:
             raise RuntimeError("the weight sync is shut down (the collector was shut down); nothing can be published")
         if worker_ids is not None:
             raise ValueError("worker_ids must be None: all workers read one shared copy of the weights")
         state = self.prepare_weights(weights)
         # Tensors stay where they are: publish() brings CUDA weights over in one batched copy, not one .cpu() each.
         self.shared.publish(state, new_version=new_version)
+        self._published(state)
+
+    def _published(self, state: dict[str, torch.Tensor]) -> None:
+        """Called with each ``state_dict`` once the workers can read it; for schemes built on this one."""
+
+    def published_state_dict(self, like: nn.Module | None = None) -> dict[str, torch.Tensor]:
+        """A copy of the weights published last, under ``like``'s names (a submodule of the sender's model).
+
+        ``like=None`` gives the sender model's own names. A ``like`` whose names
+        match no submodule of the sender's model also gets them.
+        """
+        if self.shared is None:
+            raise RuntimeError("SeqlockWeightSyncScheme must be initialised on the sender (init_on_sender) first")
+        names = [name for name, _, _ in self.shared.layout]
+        state = dict(zip(names, self.shared.read()[1])) if names else {}
+        if like is None or not isinstance(like, nn.Module):
+            return state
+        wanted = list(like.state_dict())
+        prefix = _prefix_of(names, wanted)
+        return state if prefix is None else {name: state[prefix + name] for name in wanted}
 
     def receive(self, timeout: float | None = None) -> int | None:
         """Worker side: loads a newer version into the registered model; returns it, or ``None``."""
@@ -190,10 +216,22 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
         self.shared = state["shared"]
         self._model_id = state["_model_id"]
         self._sender_model = None
-        self._final_version = None
 
     def shutdown(self) -> None:
-        """Closes the shared block (the sender also removes it)."""
-        if self.shared is not None and self._final_version is None:
-            self._final_version = self.shared.version
-            self.shared.close()
+        """Closes the shared block (the sender also removes it); safe again, from finalisers, in any order."""
+        # getattr: TorchRL's __del__ calls this on a scheme whose __init__ may not have finished.
+        shared = getattr(self, "shared", None)
+        if shared is not None:
+            shared.close()
+
+
+def _prefix_of(names: list[str], wanted: list[str]) -> str | None:
+    """The prefix under which every name of ``wanted`` is in ``names`` (``""`` first), or ``None``."""
+    if not wanted:
+        return ""
+    have = set(names)
+    candidates = [name[: len(name) - len(wanted[0])] for name in names if name.endswith(wanted[0])]
+    for prefix in sorted(candidates, key=len):
+        if (not prefix or prefix.endswith(".")) and all(prefix + name in have for name in wanted):
+            return prefix
+    return None

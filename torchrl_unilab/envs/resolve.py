@@ -1,0 +1,220 @@
+"""How a user's env argument becomes what each worker steps.
+
+A collector's ``create_env_fn`` may be a gymnasium id, an ``EnvBase`` instance, a
+factory (an ``EnvCreator``, a partial), or a list of those, with ``num_workers``
+and ``create_env_kwargs`` as TorchRL's multi-process collectors take them. This
+module turns it into one env source per worker (a factory run in the worker
+process, or a live instance), decides through :mod:`torchrl_unilab.envs.torchrl_stack`
+whether a TorchRL stack runs on EnvPool, and adds the collector's own transforms
+(``StepCounter`` for ``max_frames_per_traj``, the privileged-information transform).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import cloudpickle
+from torchrl.envs import EnvBase, ParallelEnv, StepCounter, TransformedEnv
+
+from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
+from torchrl_unilab.envs.torchrl_stack import choose_env_stack
+
+__all__: list[str] = []
+
+_log = logging.getLogger("torchrl.unilab")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_env_kwargs, max_frames_per_traj,
+                  privileged) -> tuple[list, int, list[str], list[EnvBase], EnvBase | None]:
+    """One env source per worker: a factory (run in a process) or a live instance (run in a thread).
+
+    ``gym_ids`` holds the options of gymnasium ids: ``num_envs``, ``env_kwargs``,
+    ``stagger_resets``, ``engine`` and ``threads``. Returns the sources, the number of
+    workers, each worker's engine, the env instances given (the collector closes them),
+    and worker 0's env if a factory of it was called here already (else ``None``).
+    """
+    many = isinstance(create_env_fn, Sequence) and not isinstance(create_env_fn, str)
+    items = list(create_env_fn) if many else None
+    if many:
+        if not items:
+            raise ValueError("create_env_fn as a list must not be empty")
+        if num_workers is not None and num_workers != len(items):
+            raise ValueError(f"num_workers={num_workers} does not match the {len(items)} envs in create_env_fn")
+        num_workers = len(items)
+    num_workers = _check_int("num_workers", 1 if num_workers is None else num_workers, 1)
+    choices: dict[tuple, Any] = {}
+    copies: dict[tuple, Any] = {}  # each factory pickled before its first call
+    if not many:
+        if isinstance(create_env_fn, EnvBase) and num_workers > 1:
+            # Decided once here and reused below (an instance takes no create_env_kwargs).
+            choice = choices[(id(create_env_fn), "[]")] = choose_env_stack(create_env_fn, gym_ids["engine"],
+                                                                           privileged)
+            if choice.plan is None:
+                # TorchRL's collectors pickle the instance into each worker; so do we (a stack
+                # rebuilt on EnvPool needs no copy: each worker builds its own).
+                create_env_fn = EnvCopy(create_env_fn, num_workers)
+        items = [create_env_fn] * num_workers
+    if isinstance(create_env_kwargs, Mapping) or create_env_kwargs is None:
+        kwargs_list = [dict(create_env_kwargs or {})] * num_workers
+    else:
+        kwargs_list = [dict(k) for k in create_env_kwargs]
+        if len(kwargs_list) != num_workers:
+            raise ValueError(f"create_env_kwargs holds {len(kwargs_list)} dicts for {num_workers} workers")
+    out, engines, probe = [], [], None
+    try:  # an env built to be looked at is closed if a later item is refused
+        for idx, (item, kwargs) in enumerate(zip(items, kwargs_list)):
+            if isinstance(item, str):
+                if kwargs:
+                    raise ValueError("create_env_kwargs applies to env factories; for a gymnasium id use env_kwargs")
+                options = dict(gym_ids)
+                _check_int("num_envs", options["num_envs"], 1)
+                if max_frames_per_traj:
+                    options["env_kwargs"] = {**(options["env_kwargs"] or {}), "max_episode_steps": max_frames_per_traj}
+                options["engine"] = select_engine(item, options["engine"], options["env_kwargs"], privileged)
+                engines.append(options["engine"])
+                source = functools.partial(make_gym_id_env, item, options.pop("num_envs"), **options)
+                max_steps = None
+            elif isinstance(item, EnvBase) or callable(item):
+                if isinstance(item, EnvBase) and kwargs:
+                    raise ValueError("create_env_kwargs cannot apply to an env instance; pass a factory instead")
+                source = functools.partial(item, **kwargs) if kwargs else item
+                # envs/ decides what runs the stack; a factory shared by workers is looked at (and copied) once.
+                key = (id(item), repr(sorted(kwargs.items())))
+                if key not in copies:
+                    copies[key] = source if isinstance(source, EnvBase) else _FactoryCopy.of(source)
+                unstarted = copies[key]
+                if key not in choices:
+                    choices[key] = choose_env_stack(source, gym_ids["engine"], privileged)
+                    built = choices[key].env  # a factory's env, looked at and kept as it is
+                    if built is not None and idx == 0:
+                        probe = built  # worker 0's probe: the factory is not called twice here
+                    elif built is not None:
+                        built.close(raise_if_closed=False)
+                plan = choices[key].plan
+                source = unstarted if plan is None else plan.factory(idx)
+                engines.append(choices[key].engine)
+                max_steps = max_frames_per_traj
+            else:
+                raise TypeError(
+                    "create_env_fn must be a gymnasium id (str), an EnvBase, a callable returning an EnvBase "
+                    f"(an EnvCreator, say), or a list of those; got {type(item).__name__}"
+                )
+            transforms = [StepCounter(max_steps=max_steps)] if max_steps else []
+            transforms += [privileged] if privileged else []
+            if transforms and isinstance(source, EnvBase):
+                source = _with_transforms(lambda env=source: env, transforms)
+            elif transforms:
+                source = functools.partial(_with_transforms, source, transforms)
+            if idx == 0 and probe is not None and transforms:
+                probe = _with_transforms(lambda env=probe: env, transforms)
+            out.append(source)
+    except BaseException:
+        for choice in choices.values():
+            if choice.env is not None:
+                choice.env.close(raise_if_closed=False)
+        raise
+    plans = [c.plan for c in choices.values() if c.plan is not None]
+    if plans:
+        moved = sum(engine == "envpool" for item, engine in zip(items, engines) if not isinstance(item, str))
+        where = "" if moved == num_workers else f" in {moved} of {num_workers} workers"
+        _log.info(f"OffPolicyCollector: {plans[0].describe()} runs on EnvPool{where}; pass engine='torchrl' to "
+                  "keep your env stack")
+    given = []
+    for item in items:
+        if isinstance(item, EnvBase) and all(item is not env for env in given):
+            given.append(item)
+    return out, num_workers, engines, given, probe
+
+
+class _FactoryCopy:
+    """An env factory as it was before this process first called it, for the workers to call.
+
+    Looking at the env (the probe) calls the factory here. A factory that holds
+    an env instance, as the partials of TorchRL's trainer configs do
+    (``TransformedEnv`` over a ``ParallelEnv`` built by hydra), starts that
+    instance then, and pickled afterwards it would carry live processes and
+    their shared memory (``cannot pickle 'mmap.mmap' object``). Pickled first,
+    each worker gets its own unstarted copy, as TorchRL's multi-process
+    collectors give it.
+    """
+
+    def __init__(self, payload: bytes) -> None:
+        self._payload = payload
+
+    @classmethod
+    def of(cls, factory: Callable[[], EnvBase]) -> Callable[[], EnvBase]:
+        """The factory pickled now, or the factory itself if it cannot be (start() then says why)."""
+        try:
+            return cls(cloudpickle.dumps(factory))
+        except Exception:  # noqa: BLE001 - an unpicklable factory fails with its own error at start()
+            return factory
+
+    def __call__(self) -> EnvBase:
+        return cloudpickle.loads(self._payload)()
+
+
+class EnvCopy:
+    """A factory of copies of an env instance that has not started, one per worker process.
+
+    TorchRL's multi-process collectors take one ``EnvBase`` with ``num_workers=N``
+    and give each worker a pickled copy of it; this does the same. An instance
+    that has started worker processes of its own (a ``ParallelEnv`` after
+    ``reset``/``set_seed``/``rollout``) cannot be copied, and raises a
+    ``ValueError`` that says what to pass instead.
+
+    Args:
+        env: the instance to copy.
+        num_workers: the number of workers asked for (named in errors).
+
+    Examples:
+        >>> from torchrl.envs import GymEnv
+        >>> make = EnvCopy(GymEnv("Pendulum-v1"), num_workers=2)
+        >>> first, second = make(), make()
+        >>> first is not second, first.batch_size
+        (True, torch.Size([]))
+    """
+
+    def __init__(self, env: EnvBase, num_workers: int) -> None:
+        started = _started_batched_env(env)
+        advice = (f"pass a factory (a callable or EnvCreator building the env) or a list of num_workers={num_workers} "
+                  "env instances, or create the env without starting it")
+        if started is not None:
+            raise ValueError(
+                f"create_env_fn is an env instance whose {type(started).__name__} has already started its worker "
+                f"processes, so it cannot be copied into num_workers={num_workers} workers; {advice}"
+            )
+        try:
+            self._bytes = cloudpickle.dumps(env)
+        except Exception as err:  # noqa: BLE001 - any pickling failure means the same to the user
+            raise ValueError(
+                f"create_env_fn is an env instance that cannot be copied into num_workers={num_workers} workers "
+                f"({type(err).__name__}: {err}); {advice}"
+            ) from err
+
+    def __call__(self) -> EnvBase:
+        return cloudpickle.loads(self._bytes)
+
+
+def _started_batched_env(env: EnvBase) -> EnvBase | None:
+    """The ``ParallelEnv`` inside ``env`` (through ``TransformedEnv`` layers) whose processes run, if any."""
+    while isinstance(env, TransformedEnv):
+        env = env.base_env
+    if isinstance(env, ParallelEnv) and not env.is_closed:
+        return env
+    return None
+
+
+def _with_transforms(env_fn: Callable[[], EnvBase], transforms: list) -> EnvBase:
+    env = env_fn()
+    for transform in transforms:
+        env = TransformedEnv(env, transform.clone())
+    return env

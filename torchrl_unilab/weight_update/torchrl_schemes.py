@@ -1,0 +1,150 @@
+"""TorchRL's own weight-sync schemes, honoured on the seqlock transport.
+
+``OffPolicyCollector``'s workers read their weights from one
+:class:`~torchrl_unilab.SharedWeights` block; they run no TorchRL worker loop to
+answer a scheme's queues, pipes or acknowledgements. A script that names one of
+TorchRL's schemes (``weight_sync_schemes={"policy": SharedMemWeightSyncScheme()}``,
+``MultiProcessWeightSyncScheme()``, ...) still runs: :func:`as_seqlock_scheme`
+wraps the scheme in a :class:`TorchRLSchemeAdapter`, which keeps the scheme's
+contract on the seqlock block and says so in one log line:
+
+* every scheme that syncs (``SharedMemWeightSyncScheme``, ``MultiProcessWeightSyncScheme``,
+  the distributed ones): ``update_policy_weights_()`` reaches every worker
+  before its next step;
+* ``SharedMemWeightSyncScheme`` that the user initialised with buffers of their
+  own (``init_on_sender(params_map=...)``): those buffers also hold each
+  published set of weights, as TorchRL's in-place update leaves them;
+* ``NoWeightSyncScheme``: the workers keep the weights they start with.
+
+The given scheme is never initialised or sent through by the collector: its
+transport would wait for workers that never answer it. It is shut down with the
+collector (:meth:`TorchRLSchemeAdapter.shutdown`), as TorchRL's collectors shut
+theirs down, and never later: a ``SharedMemWeightSyncScheme`` that the user
+initialised holds ``multiprocessing`` queues, and its own ``__del__``, left to
+the interpreter's final garbage collection, puts a message on them, which starts
+a feeder thread that never runs then: the process hung for minutes after the
+script's last line.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.weight_update import NoWeightSyncScheme, WeightSyncScheme
+
+from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme, _prefix_of
+
+__all__ = ["TorchRLSchemeAdapter", "as_seqlock_scheme"]
+
+_log = logging.getLogger("torchrl.unilab")
+
+
+def as_seqlock_scheme(scheme: WeightSyncScheme | None) -> SeqlockWeightSyncScheme:
+    """The scheme a collector syncs its workers with: ``scheme`` itself if it is ours, an adapter of TorchRL's.
+
+    ``None`` gives a new :class:`SeqlockWeightSyncScheme`; any other TorchRL
+    ``WeightSyncScheme`` gives a :class:`TorchRLSchemeAdapter` (logged once).
+
+    Examples:
+        >>> from torchrl.weight_update import MultiProcessWeightSyncScheme
+        >>> type(as_seqlock_scheme(None)).__name__
+        'SeqlockWeightSyncScheme'
+        >>> type(as_seqlock_scheme(MultiProcessWeightSyncScheme())).__name__
+        'TorchRLSchemeAdapter'
+    """
+    if scheme is None:
+        return SeqlockWeightSyncScheme()
+    if isinstance(scheme, SeqlockWeightSyncScheme):
+        return scheme
+    if not isinstance(scheme, WeightSyncScheme):
+        raise ValueError(
+            "weight_sync_schemes['policy'] must be a torchrl.weight_update.WeightSyncScheme (TorchRL's own or "
+            f"SeqlockWeightSyncScheme), got {type(scheme).__name__}"
+        )
+    adapter = TorchRLSchemeAdapter(scheme)
+    _log.info(f"OffPolicyCollector: weight_sync_schemes['policy'] is {type(scheme).__name__}; {adapter.promise}")
+    return adapter
+
+
+class TorchRLSchemeAdapter(SeqlockWeightSyncScheme):
+    """A TorchRL ``WeightSyncScheme``'s contract, kept on the seqlock block.
+
+    Weights travel as with :class:`SeqlockWeightSyncScheme` (the writer never
+    waits for a worker). What the wrapped scheme adds to that: buffers that the
+    user registered with a ``SharedMemWeightSyncScheme`` (``params_map``) are
+    updated in place with each publish, and a ``NoWeightSyncScheme`` sends
+    nothing after the workers start.
+
+    Args:
+        scheme: the TorchRL scheme given to the collector; kept as :attr:`scheme`.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.weight_update import SharedMemWeightSyncScheme
+        >>> policy = torch.nn.Linear(2, 1)
+        >>> mirror = TensorDict.from_module(policy).clone().zero_()
+        >>> given = SharedMemWeightSyncScheme()
+        >>> given.shared_transport.register_weights({0: mirror}, {})  # what init_on_sender(params_map=...) does
+        >>> scheme = TorchRLSchemeAdapter(given)
+        >>> scheme.init_on_sender(model_id="policy", model=policy)
+        >>> scheme.send(None)
+        >>> torch.equal(given.shared_transport.unique_weights[0]["weight"], policy.weight.detach())
+        True
+        >>> scheme.shutdown()
+    """
+
+    def __init__(self, scheme: WeightSyncScheme) -> None:
+        super().__init__()
+        self.scheme = scheme
+        self._syncs = not isinstance(scheme, NoWeightSyncScheme)
+
+    @property
+    def promise(self) -> str:
+        """What this adapter keeps of the wrapped scheme's contract, in one sentence."""
+        if not self._syncs:
+            return "the workers act with the policy as it is when they start, and no weights are sent after that"
+        mirrored = " and into the buffers registered with it" if self._mirrors() else ""
+        return (f"its weights go through OffPolicyCollector's shared-memory seqlock block{mirrored}; "
+                "update_policy_weights_() reaches every worker before its next step")
+
+    def send(self, weights: Any = None, worker_ids: int | list[int] | None = None, *,
+             new_version: bool = True) -> None:
+        """Publishes as :meth:`SeqlockWeightSyncScheme.send`; under ``NoWeightSyncScheme``, only the start's weights."""
+        if self._syncs or not new_version:
+            super().send(weights, worker_ids, new_version=new_version)
+
+    def _mirrors(self) -> list[TensorDictBase]:
+        # SharedMemWeightSyncScheme keeps the buffers it was initialised with in its transport.
+        transport = getattr(self.scheme, "_shared_transport", None)
+        buffers = getattr(transport, "_unique_weights", None)
+        return list(buffers) if buffers else []
+
+    def _published(self, state: dict[str, torch.Tensor]) -> None:
+        for buffer in self._mirrors():
+            flat = buffer.flatten_keys(".")
+            names = list(flat.keys(include_nested=True, leaves_only=True))
+            prefix = _prefix_of(list(state), names) if names else None
+            if prefix is None:
+                continue  # buffers for some other model: not ours to fill
+            update = TensorDict({name: state[prefix + name].detach() for name in names}, []).unflatten_keys(".")
+            buffer.update_(update.to(buffer.device) if buffer.device is not None else update)
+
+    def shutdown(self) -> None:
+        """Closes the block, then shuts the wrapped scheme down while threads can still start."""
+        super().shutdown()
+        scheme, self.scheme = getattr(self, "scheme", None), None
+        if scheme is not None:
+            try:
+                scheme.shutdown()
+            except Exception as err:  # noqa: BLE001 - the user's scheme must not fail the collector's shutdown
+                _log.warning(f"OffPolicyCollector: {type(scheme).__name__}.shutdown() raised {err!r}")
+
+    def __setstate__(self, state: dict) -> None:
+        # Workers get the block only (SeqlockWeightSyncScheme.__getstate__); the user's scheme stays in the parent.
+        super().__setstate__(state)
+        self.scheme, self._syncs = None, True
+
