@@ -1,0 +1,917 @@
+"""TorchRL's own collector tests, run with ``OffPolicyCollector`` in place of ``MultiAsyncCollector``.
+
+Issue 43: TorchRL states its collector contract in code, in pytorch/rl's
+``test/test_collectors.py``. Given a pytorch/rl checkout, this runs that file's
+tests that use ``MultiAsyncCollector`` twice, with TorchRL's class (``stock``)
+and with :class:`torchrl_unilab.OffPolicyCollector` bound to its name (``ours``),
+and compares the two case by case.
+
+Run::
+
+    python benchmarks/torchrl_conformance.py --rl-root ~/src/rl                  # a work tree of pytorch/rl
+    python benchmarks/torchrl_conformance.py --rl-root /path/to/rl.git           # a bare git dir: HEAD is used
+    python benchmarks/torchrl_conformance.py --rl-root ~/src/rl --only output_keys,reloading --side both
+    python benchmarks/torchrl_conformance.py --rl-root ~/src/rl --side stock \\
+        --out benchmarks/results/conformance/stock_ae9719f17.json
+    python benchmarks/torchrl_conformance.py --rl-root ~/src/rl --side ours --first-errors \\
+        --stock-results benchmarks/results/conformance/stock_ae9719f17.json \\
+        --out benchmarks/results/conformance/ours_2026-01-01.json
+
+What is taken from the checkout (into a temporary directory, never into this
+project): ``test/test_collectors.py``, ``test/conftest.py``, the modules of
+``test/`` that either imports (at ae9719f17 none: TorchRL's mocks are in the
+installed ``torchrl.testing``), and the root ``pytest.ini`` (TorchRL's own
+markers and options). A bare git repository's ``HEAD`` is read with
+``git archive``.
+
+Which tests (:func:`select_tests`): every test function or method whose source,
+decorators included, names ``MultiAsyncCollector`` (or its legacy name
+``MultiaSyncDataCollector``; as a name, or as a string that is exactly it: a
+parameter ``test_env_that_waits`` imports by name), and every test method of a class whose decorators
+do (``TestAutoWrap`` parametrizes its class over collector classes). Of their
+parametrized cases, those whose parameters are ``MultiSyncCollector`` (the class,
+a ``functools.partial`` of it, or its name as a string) are left out
+(:func:`is_left_out`); the other variants (``Collector``) are kept, so that a
+test's cases stay comparable between the two runs.
+
+The rebinding: this module is also the pytest plugin (``-p torchrl_conformance``,
+active only under the environment variables the runner sets). On the ``ours`` side
+its ``pytest_configure``, before the test module is imported, sets
+``torchrl.collectors.MultiAsyncCollector`` (and the legacy alias where TorchRL still
+has it, and every ``module.name`` the test file imports it from) to
+``OffPolicyCollector``; after collection it checks that each name the test module
+bound is our class, and stops the run with a usage error otherwise (the runner then
+reports every case as failed with that error). The stock side runs the same plugin
+without the rebinding.
+
+A test that runs a script under ``python -c`` (``test_env_that_waits``) gets the same
+rebinding in that script on the ``ours`` side (:func:`install_script_hook`, through a
+``sitecustomize`` on the run's ``PYTHONPATH``); multiprocessing's worker processes do not.
+
+Why one pytest process per test function: a crash or a hang then costs one
+function, not the run. Each runs in its own process group (its own session) with
+``--timeout-per-function`` (default 300 s), after which every Python process of the
+group prints its stacks into the function's log (``PYTHONFAULTHANDLER=1``) and the
+group is killed, multiprocessing's resource tracker last (``sota_dropin``'s helpers).
+Results are read from the plugin's event log (one JSON line per collected case,
+start and report), never from pytest's text output. One function runs at a time.
+
+What it prints: a progress line per function on stderr, then one JSON line::
+
+    {"benchmark": "torchrl_conformance", "torchrl": "0.14.1", "commit": "...", "unilab_commit": "...",
+     "unilab_dirty": false, "date": "...", "selection": {...},
+     "stock": {"passed": n, "failed": n, "skipped": n, "crashed": [node ids], "seconds": wall time},
+     "ours": {...}, "crashed": [...], "pass_stock_not_ours": [...], "pass_ours_not_stock": [...]}
+
+``crashed`` holds the functions whose process died or hung on the ``ours`` side
+(the stock side's, when only it ran); each side's own list is in its entry. Node ids
+are TorchRL's, with ``OffPolicyCollector`` in parametrization ids written back as
+``MultiAsyncCollector`` (:func:`canonical_nodeid`). ``--first-errors`` adds
+``first_errors``: for each failing case of ours, the exception line (``Type: message``).
+``--out FILE`` saves the same JSON plus every case's outcome and error per side
+(``outcomes``, ``errors``): what ``--stock-results FILE`` reads back, so that the
+stock side, which never changes for one checkout and torchrl, runs once. The file is
+rewritten after each function, with ``"complete": false`` until the run ends.
+The exit code is 0 when nothing crashed and no case passes with stock but not with ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import datetime
+import functools
+import importlib
+import importlib.abc
+import importlib.metadata
+import importlib.util
+import inspect
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+# The runner imports this from benchmarks/ (a script's own folder), the plugin from PYTHONPATH; appended, so
+# that the benchmarks' own module names shadow nothing.
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parent))
+from sota_dropin import REPO_ROOT, _dump_stacks, _git, _kill_group, _mapped_shm, _shm, _wait_for  # noqa: E402
+
+BENCHMARKS = Path(__file__).resolve().parent
+PLUGIN = Path(__file__).stem
+TEST_FILE = "test/test_collectors.py"
+#: The class under test, by its current and its legacy name.
+TARGET_NAMES = ("MultiAsyncCollector", "MultiaSyncDataCollector")
+#: Parametrized variants left out: the synchronous multi-process collector.
+LEFT_OUT_NAMES = ("MultiSyncCollector", "MultiSyncDataCollector")
+OURS = "OffPolicyCollector"
+OUTCOMES = ("passed", "failed", "skipped")
+
+ENV_SIDE = "TORCHRL_CONFORMANCE_SIDE"  # "stock" or "ours"; the plugin is inert without it
+ENV_LOG = "TORCHRL_CONFORMANCE_LOG"  # where the plugin appends its events (JSON lines)
+ENV_REBIND = "TORCHRL_CONFORMANCE_REBIND"  # "module:name,..." set to our class
+ENV_VERIFY = "TORCHRL_CONFORMANCE_VERIFY"  # "name,..." the test module must hold as our class
+
+
+# ------------------------------------------------------------------ selection
+def _names_target(nodes: Iterable[ast.AST]) -> bool:
+    """Whether any of ``nodes`` (or what they hold) names the class under test."""
+    return any(
+        (isinstance(node, ast.Name) and node.id in TARGET_NAMES)
+        or (isinstance(node, ast.Attribute) and node.attr in TARGET_NAMES)
+        or (isinstance(node, ast.alias) and node.name in TARGET_NAMES)
+        # A name as a string: a parameter the test imports by name (in a script it runs, say).
+        or (isinstance(node, ast.Constant) and node.value in TARGET_NAMES)
+        for top in nodes for node in ast.walk(top))
+
+
+def select_tests(source: str) -> dict[str, str]:
+    """The tests of ``source`` that use the class under test: ``{"Class::test" or "test": why}``.
+
+    A test is a module-level ``test*`` function or a ``test*`` method of a ``Test*``
+    class (pytest's defaults). It is selected when its code, decorators included,
+    names ``MultiAsyncCollector`` or ``MultiaSyncDataCollector`` (``"function"``), or
+    when its class's decorators do (``"class decorator"``). Names count, and strings
+    that are exactly one of them (a parameter naming the class), not words in other
+    strings or comments.
+
+    Examples:
+        >>> src = '''
+        ... import pytest
+        ... from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
+        ... @pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+        ... def test_a(cls): pass
+        ... def test_b(): "MultiAsyncCollector in a string"
+        ... class TestC:
+        ...     def test_d(self): MultiAsyncCollector(create_env_fn=[])
+        ...     def helper(self): MultiAsyncCollector
+        ... @pytest.mark.parametrize("cls", [MultiAsyncCollector])
+        ... class TestE:
+        ...     def test_f(self, cls): pass
+        ... '''
+        >>> select_tests(src)
+        {'test_a': 'function', 'TestC::test_d': 'function', 'TestE::test_f': 'class decorator'}
+    """
+    selected: dict[str, str] = {}
+
+    def is_test(node: ast.AST) -> bool:
+        return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")
+
+    # A function's node holds its decorators, arguments and body.
+    for node in ast.parse(source).body:
+        if is_test(node) and _names_target([node]):
+            selected[node.name] = "function"
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            by_class = _names_target(node.decorator_list)
+            for sub in node.body:
+                if is_test(sub) and (_names_target([sub]) or by_class):
+                    selected[f"{node.name}::{sub.name}"] = "function" if _names_target([sub]) else "class decorator"
+    return selected
+
+
+def rebind_targets(source: str) -> tuple[list[str], list[str]]:
+    """Where ``source`` takes the class under test from: ``(["module:name", ...], [bound names])``.
+
+    ``torchrl.collectors:MultiAsyncCollector`` is always among the first (code
+    may reach it as an attribute); the second are the names the module binds
+    (an ``as`` name included), which the plugin checks after the rebinding.
+
+    Examples:
+        >>> rebind_targets("from torchrl.collectors import Collector, MultiAsyncCollector as MAC\\n"
+        ...                "from torchrl.collectors.collectors import MultiaSyncDataCollector\\n")
+        (['torchrl.collectors:MultiAsyncCollector', 'torchrl.collectors.collectors:MultiaSyncDataCollector'], ['MAC', 'MultiaSyncDataCollector'])
+    """
+    rebind, bound = ["torchrl.collectors:MultiAsyncCollector"], []
+    tree = ast.parse(source)
+    # Imports inside functions bind nothing at module level (they still name a module to rebind in).
+    local = {id(node) for func in ast.walk(tree) if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for node in ast.walk(func)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for alias in node.names:
+                if alias.name in TARGET_NAMES:
+                    spec = f"{node.module}:{alias.name}"
+                    rebind += [spec] if spec not in rebind else []
+                    bound += [alias.asname or alias.name] if id(node) not in local else []
+    return rebind, bound
+
+
+def local_imports(source: str, available: Iterable[str]) -> set[str]:
+    """The names of ``available`` (modules of ``test/``: ``"x"`` for ``x.py`` or ``x/``) that ``source`` imports.
+
+    Examples:
+        >>> sorted(local_imports("import os\\nfrom mocking_classes import A\\nimport _utils_internal as u\\n",
+        ...                      ["mocking_classes", "_utils_internal", "test_envs"]))
+        ['_utils_internal', 'mocking_classes']
+    """
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names & set(available)
+
+
+def _left_out(value: Any) -> bool:
+    if isinstance(value, str):
+        return value in LEFT_OUT_NAMES
+    if isinstance(value, functools.partial):
+        return _left_out(value.func)
+    if inspect.isclass(value):
+        return any(cls.__name__ in LEFT_OUT_NAMES for cls in value.__mro__)
+    if isinstance(value, (tuple, list)):
+        return any(_left_out(item) for item in value)
+    return False
+
+
+def is_left_out(params: dict[str, Any]) -> bool:
+    """Whether a case's parameters make it a ``MultiSyncCollector`` variant (left out of the comparison).
+
+    Examples:
+        >>> import functools
+        >>> from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
+        >>> [is_left_out({"cls": value}) for value in (MultiSyncCollector, "MultiSyncCollector",
+        ...  functools.partial(MultiSyncCollector, cat_results="stack"), MultiAsyncCollector, Collector, 3)]
+        [True, True, True, False, False, False]
+    """
+    return any(_left_out(value) for value in params.values())
+
+
+def canonical_nodeid(nodeid: str) -> str:
+    """``nodeid`` with our class name in its parametrization id written as TorchRL's.
+
+    Examples:
+        >>> canonical_nodeid("test/test_collectors.py::TestX::test_y[True-OffPolicyCollector-2]")
+        'test/test_collectors.py::TestX::test_y[True-MultiAsyncCollector-2]'
+    """
+    head, bracket, params = nodeid.partition("[")
+    return head + bracket + params.replace(OURS, TARGET_NAMES[0])
+
+
+# ------------------------------------------------------------------ the plugin
+def _event(**fields: Any) -> None:
+    path = os.environ.get(ENV_LOG)
+    if path:
+        # One open per event: what was written survives a segfault or a kill.
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(fields) + "\n")
+
+
+def _ours() -> type:
+    from torchrl_unilab import OffPolicyCollector  # noqa: PLC0415 - only the ours side imports it
+
+    return OffPolicyCollector
+
+
+def pytest_configure(config: Any) -> None:
+    """Plugin hook: on the ``ours`` side, binds our class to the class under test's names.
+
+    Runs before any test module is imported, so ``from torchrl.collectors import
+    MultiAsyncCollector`` in the test file binds our class.
+
+    Examples:
+        >>> import os
+        >>> os.environ.get("TORCHRL_CONFORMANCE_SIDE") is None  # inert outside the runner
+        True
+        >>> pytest_configure(None)
+    """
+    if os.environ.get(ENV_SIDE) != "ours":
+        return
+    ours = _ours()
+    specs = _rebind(ours)
+    _event(event="rebind", specs=specs, target=f"{ours.__module__}.{ours.__qualname__}")
+
+
+def _rebind(ours: type) -> list[str]:
+    """Binds ``ours`` to each name of the class under test (``ENV_REBIND``, and the legacy alias where TorchRL has it)."""
+    specs = [s for s in os.environ.get(ENV_REBIND, "torchrl.collectors:MultiAsyncCollector").split(",") if s]
+    collectors = importlib.import_module("torchrl.collectors")
+    specs += [f"torchrl.collectors:{name}" for name in TARGET_NAMES[1:]
+              if hasattr(collectors, name) and f"torchrl.collectors:{name}" not in specs]
+    for spec in specs:
+        module, _, name = spec.partition(":")
+        setattr(importlib.import_module(module), name, ours)
+    return specs
+
+
+class _RebindAfterImport(importlib.abc.MetaPathFinder):
+    """Rebinds the class under test as soon as ``torchrl.collectors`` has been imported (see :func:`install_script_hook`)."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torchrl.collectors":
+            return None
+        sys.meta_path.remove(self)  # once, and not for the imports the rebinding makes
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            execute(module)
+            _rebind(_ours())
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def install_script_hook() -> bool:
+    """On the ``ours`` side, in a ``python -c`` script a test runs, makes ``torchrl.collectors`` hold our class.
+
+    Some of TorchRL's tests run a script in a subprocess (``test_env_that_waits``
+    runs ``from torchrl.collectors import MultiAsyncCollector`` under ``python -c``),
+    which the plugin in the pytest process cannot reach. The runner puts a
+    ``sitecustomize`` calling this on the ``ours`` side's ``PYTHONPATH``; it acts in
+    ``python -c`` processes only, and not in multiprocessing's (spawn, forkserver),
+    whose ``-c`` code names ``multiprocessing``: worker processes import nothing extra.
+    Returns whether it installed the hook.
+
+    Examples:
+        >>> install_script_hook()  # outside the runner's ours side
+        False
+    """
+    # sys.argv[0] is "-c" only under ``python -c`` (``-c`` after ``-m pytest`` is pytest's).
+    argv = getattr(sys, "orig_argv", [])
+    code = argv[argv.index("-c") + 1] if sys.argv[:1] == ["-c"] and "-c" in argv[:-1] else None
+    if os.environ.get(ENV_SIDE) != "ours" or code is None or "multiprocessing" in code:
+        return False
+    sys.meta_path.insert(0, _RebindAfterImport())
+    return True
+
+
+SITECUSTOMIZE = f"""# Written by {PLUGIN}.py for one run, removed with it.
+import importlib.machinery, importlib.util, os, sys
+import {PLUGIN}
+{PLUGIN}.install_script_hook()
+# A sitecustomize this one shadows still runs.
+_here = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [p for p in sys.path if os.path.abspath(p) != _here])
+if _spec is not None and _spec.loader is not None:
+    _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
+"""
+
+
+def pytest_collection_modifyitems(session: Any, config: Any, items: list) -> None:
+    """Plugin hook: leaves out the ``MultiSyncCollector`` variants and checks the rebinding.
+
+    Examples:
+        >>> pytest_collection_modifyitems(None, None, [])  # inert outside the runner
+    """
+    side = os.environ.get(ENV_SIDE)
+    if side not in ("stock", "ours"):
+        return
+    kept, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        (dropped if callspec is not None and is_left_out(callspec.params) else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+    _event(event="collected", kept=[i.nodeid for i in kept], dropped=[i.nodeid for i in dropped])
+    names = [n for n in os.environ.get(ENV_VERIFY, "").split(",") if n]
+    ours = _ours() if side == "ours" else None
+    wrong = []
+    for module in {id(m): m for m in (getattr(i, "module", None) for i in kept) if m is not None}.values():
+        for name in names:
+            value = vars(module).get(name)
+            shown = f"{value.__module__}.{value.__qualname__}" if inspect.isclass(value) else repr(value)
+            _event(event="bound", module=module.__name__, name=name, value=shown, ours=value is ours)
+            if ours is not None and value is not ours:
+                wrong.append(f"{module.__name__}.{name} is {shown}")
+    if wrong:
+        import pytest  # noqa: PLC0415 - the plugin runs inside pytest
+
+        raise pytest.UsageError(f"torchrl_conformance: the rebinding to {OURS} did not take effect: {wrong}")
+
+
+def pytest_collectreport(report: Any) -> None:
+    """Plugin hook: records a collection error (an import error of the test module, say).
+
+    Examples:
+        >>> pytest_collectreport(None)  # inert outside the runner
+    """
+    if os.environ.get(ENV_SIDE) and report.failed:
+        _event(event="collect_error", nodeid=report.nodeid, error=_exception_line(str(report.longrepr)))
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    """Plugin hook: records that a case started (a crash or hang is then blamed on it).
+
+    Examples:
+        >>> pytest_runtest_logstart("t.py::test_a", None)  # inert outside the runner
+    """
+    if os.environ.get(ENV_SIDE):
+        _event(event="start", nodeid=nodeid)
+
+
+def _exception_line(text: str) -> str:
+    """The last ``Type: message`` line of a formatted failure (its last line when none looks like one).
+
+    Examples:
+        >>> _exception_line("Traceback (most recent call last):\\n  File \\"t.py\\", line 1\\n"
+        ...                 "E   ModuleNotFoundError: No module named 'x'\\n\\nshort summary\\n")
+        "ModuleNotFoundError: No module named 'x'"
+    """
+    lines = [line.removeprefix("E ").strip() for line in text.splitlines() if line.strip()]
+    typed = [line for line in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", line)]
+    return (typed[-1] if typed else (lines[-1] if lines else ""))[:500]
+
+
+def _first_error(message: str) -> str:
+    """The exception line of a failure, with pytest's explanation when it compares (``assert a == b``).
+
+    The first line of a failed comparison shows both sides cut short; the lines
+    pytest adds (``Extra items in the left set:`` and the item) say what differs.
+
+    Examples:
+        >>> _first_error("KeyError: 'traj_pool'\\nmore")
+        "KeyError: 'traj_pool'"
+        >>> _first_error("AssertionError: assert {1, 2} == {1}\\n  \\n  Extra items in the left set:\\n  2\\n  Full diff:")
+        'AssertionError: assert {1, 2} == {1} | Extra items in the left set: | 2'
+    """
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    shown = lines[:1]
+    if lines[0].startswith("AssertionError: assert "):  # the explanation, up to the full diff
+        for line in lines[1:5]:
+            if line.startswith(("Full diff", "Use -v", "Omitting")):
+                break
+            shown.append(line)
+    return " | ".join(shown)[:500]
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    """Plugin hook: records each phase's outcome, with the error or the skip reason.
+
+    Examples:
+        >>> pytest_runtest_logreport(None)  # inert outside the runner
+    """
+    if not os.environ.get(ENV_SIDE):
+        return
+    error = None
+    if report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        error = _first_error(crash.message) if crash is not None else _exception_line(str(report.longrepr))
+    elif report.skipped and isinstance(report.longrepr, tuple):
+        error = str(report.longrepr[2])[:500]
+    _event(event="report", nodeid=report.nodeid, when=report.when, outcome=report.outcome,
+           xfail=hasattr(report, "wasxfail"), error=error)
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    """Plugin hook: records that pytest finished (a process that never gets here died or hung).
+
+    Examples:
+        >>> pytest_sessionfinish(None, 0)  # inert outside the runner
+    """
+    if os.environ.get(ENV_SIDE):
+        _event(event="finish", exitstatus=int(exitstatus))
+
+
+# ---------------------------------------------------------------- the checkout
+def open_tests(rl_root: Path, workdir: Path) -> tuple[Path, str]:
+    """Copies the test file, what it needs from ``test/``, and ``pytest.ini`` under ``workdir``.
+
+    ``rl_root`` is a pytorch/rl work tree or a bare git repository (its ``HEAD``).
+    Returns ``(root, commit)``: ``root`` holds ``test/`` and ``pytest.ini`` as the
+    checkout does; ``commit`` is ``unknown`` for a work tree without ``.git``.
+    """
+    root = workdir / "rl"
+    (root / "test").mkdir(parents=True)
+    if (rl_root / TEST_FILE).is_file():
+        try:
+            commit = _git(["-C", str(rl_root), "rev-parse", "HEAD"])
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            commit = "unknown"
+        available = {p.stem if p.suffix == ".py" else p.name for p in (rl_root / "test").iterdir()
+                     if p.suffix == ".py" or (p / "__init__.py").is_file()}
+
+        def read(path: str) -> str:
+            return (rl_root / path).read_text()
+
+        def copy(paths: list[str]) -> None:
+            for path in paths:
+                source, target = rl_root / path, root / path
+                if source.is_dir():
+                    shutil.copytree(source, target)
+                elif source.is_file():
+                    shutil.copy2(source, target)
+    else:
+        try:
+            _git(["--git-dir", str(rl_root), "cat-file", "-e", f"HEAD:{TEST_FILE}"])
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            raise ValueError(f"--rl-root must be a pytorch/rl work tree (holding {TEST_FILE}) or a bare git "
+                             f"repository of it, got {str(rl_root)!r}") from None
+        commit = _git(["--git-dir", str(rl_root), "rev-parse", "HEAD"])
+        listing = _git(["--git-dir", str(rl_root), "ls-tree", "--name-only", "HEAD", "test/"]).splitlines()
+        available = {Path(p).stem if p.endswith(".py") else Path(p).name for p in listing}
+
+        def read(path: str) -> str:
+            return _git(["--git-dir", str(rl_root), "show", f"HEAD:{path}"])
+
+        def copy(paths: list[str]) -> None:
+            present = [p for p in paths
+                       if subprocess.run(["git", "--git-dir", str(rl_root), "cat-file", "-e", f"HEAD:{p}"],
+                                         capture_output=True).returncode == 0]
+            archive = subprocess.run(["git", "--git-dir", str(rl_root), "archive", "HEAD", *present],
+                                     check=True, capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+
+    wanted, todo = {"test_collectors", "conftest"}, ["test_collectors", "conftest"]
+    while todo:  # the local modules they import, and what those import
+        name = todo.pop()
+        path = f"test/{name}.py"
+        try:
+            text = read(path)
+        except (OSError, subprocess.CalledProcessError):
+            continue  # a package (test/name/): copied whole, not followed
+        for found in local_imports(text, available) - wanted:
+            wanted.add(found)
+            todo.append(found)
+    paths = ["pytest.ini"] + [f"test/{n}.py" for n in sorted(wanted)] + [f"test/{n}" for n in sorted(wanted)]
+    copy(paths)
+    if not (root / TEST_FILE).is_file():
+        raise ValueError(f"--rl-root: {TEST_FILE} could not be copied from {str(rl_root)!r}")
+    return root, commit
+
+
+# -------------------------------------------------------------------- running
+@dataclasses.dataclass
+class FunctionRun:
+    """What one pytest process of one test function gave, in TorchRL's node ids."""
+
+    test: str
+    seconds: float
+    outcomes: dict[str, str]  # case -> passed / failed / skipped
+    errors: dict[str, str]  # case -> the exception line (failed) or the skip reason
+    crashed: str | None = None  # why the process died or hung, if it did
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def read_events(path: Path) -> list[dict]:
+    """The plugin's events (a line cut short by a kill is dropped)."""
+    events = []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return events
+
+
+def outcomes_from_events(events: list[dict], cases: Iterable[str], crash: str | None) -> tuple[dict, dict]:
+    """``(outcomes, errors)`` per case from the plugin's events.
+
+    A case fails if any phase failed (a strict xpass included); it is skipped if it
+    was skipped or xfailed; it passed if its call passed. A case that started but
+    did not finish takes ``crash`` as its error; one that never started, too, with
+    ``not run: `` before it (or the collection error, if there was one).
+
+    Examples:
+        >>> ev = [{"event": "start", "nodeid": "a"},
+        ...       {"event": "report", "nodeid": "a", "when": "call", "outcome": "passed", "xfail": False, "error": None},
+        ...       {"event": "report", "nodeid": "a", "when": "teardown", "outcome": "passed", "xfail": False,
+        ...        "error": None},
+        ...       {"event": "start", "nodeid": "b"}]
+        >>> outcomes_from_events(ev, ["a", "b", "c"], "hung: no exit within 300 s")
+        ({'a': 'passed', 'b': 'failed', 'c': 'failed'}, {'b': 'hung: no exit within 300 s', 'c': 'not run: hung: no exit within 300 s'})
+    """
+    reports: dict[str, list[dict]] = {}
+    started: set[str] = set()
+    collect_error = next((e["error"] for e in events if e["event"] == "collect_error"), None)
+    for event in events:
+        if event["event"] == "report":
+            reports.setdefault(canonical_nodeid(event["nodeid"]), []).append(event)
+        elif event["event"] == "start":
+            started.add(canonical_nodeid(event["nodeid"]))
+    outcomes, errors = {}, {}
+    for case in dict.fromkeys([*cases, *reports]):
+        phases = reports.get(case, [])
+        failed = next((p for p in phases if p["outcome"] == "failed"), None)
+        skipped = next((p for p in phases if p["outcome"] == "skipped"), None)
+        finished = any(p["when"] == "teardown" for p in phases)
+        if failed is not None:
+            outcomes[case], errors[case] = "failed", failed["error"] or f"failed in {failed['when']}"
+        elif skipped is not None:
+            outcomes[case], errors[case] = "skipped", skipped["error"] or ""
+        elif finished and any(p["when"] == "call" and p["outcome"] == "passed" for p in phases):
+            outcomes[case] = "passed"
+        else:
+            outcomes[case] = "failed"
+            why = crash or collect_error or "no outcome reported"
+            errors[case] = why if case in started else f"not run: {why}"
+    return outcomes, errors
+
+
+def _pytest_env(side: str, log: Path, tmp: Path, rebind: Sequence[str], verify: Sequence[str],
+                plugin_dir: Path) -> dict[str, str]:
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", TMPDIR=str(tmp))
+    site = ""
+    if side == "ours":  # the rebinding in the scripts the tests run (install_script_hook)
+        (tmp / "site").mkdir()
+        (tmp / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        site = str(tmp / "site")
+    # This repository's torchrl_unilab first (ahead of an editable install elsewhere), and the plugin.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), str(plugin_dir), site,
+                                                    os.environ.get("PYTHONPATH", "")) if p)
+    env.update({ENV_SIDE: side, ENV_LOG: str(log), ENV_REBIND: ",".join(rebind), ENV_VERIFY: ",".join(verify)})
+    return env
+
+
+def _pytest_cmd(root: Path, args: Sequence[str]) -> list[str]:
+    ini = ["-c", str(root / "pytest.ini")] if (root / "pytest.ini").is_file() else []
+    return [sys.executable, "-m", "pytest", *ini, "--rootdir", str(root), "-p", PLUGIN, "-p", "no:cacheprovider",
+            "-q", *args]
+
+
+def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout: float, *,
+               rebind: Sequence[str] = (), verify: Sequence[str] = (),
+               plugin_dir: Path = BENCHMARKS) -> tuple[list[dict], str | None, float, list[str]]:
+    """Runs pytest with the plugin in its own process group: ``(events, crash, seconds, notes)``.
+
+    ``crash`` says why the process died or hung (``None`` if pytest finished).
+    Its output is in ``rundir/pytest.log``. The plugin is imported from ``plugin_dir``.
+    """
+    rundir.mkdir(parents=True)
+    log_path, events_path = rundir / "pytest.log", rundir / "events.jsonl"
+    # What the tests leave in the temporary directory goes with it. Short: multiprocessing's sockets live
+    # there, and an AF_UNIX path has at most 107 bytes (a deeper one broke TorchRL's own workers).
+    tmp = Path(tempfile.mkdtemp(prefix="tcf_"))
+    env = _pytest_env(side, events_path, tmp, rebind, verify, plugin_dir)
+    notes: list[str] = []
+    shm_before = _shm()
+    start = time.monotonic()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(_pytest_cmd(root, args), cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _dump_stacks(proc.pid)
+            _kill_group(proc.pid)
+            proc.wait()
+    seconds = time.monotonic() - start
+    leftovers = _wait_for(proc.pid, 10.0, lambda m: not m)
+    if leftovers:
+        _kill_group(proc.pid, grace=2.0)
+        notes.append(f"{len(leftovers)} process(es) of its group alive 10 s after pytest exited, killed: "
+                     + "; ".join(f"{pid}: {cmd[:100]}" for pid, cmd in sorted(leftovers.items())))
+    shutil.rmtree(tmp, ignore_errors=True)
+    events = read_events(events_path)
+    finished = any(e["event"] == "finish" for e in events)
+    started = [e["nodeid"] for e in events if e["event"] == "start"]
+    done = {e["nodeid"] for e in events if e["event"] == "report" and e["when"] == "teardown"}
+    current = next((canonical_nodeid(n) for n in reversed(started) if n not in done), None)
+    crash = None
+    if timed_out:
+        where = f"in {current}" if current else ("at exit, after its last case" if finished else "outside a case")
+        crash = f"hung: no exit within {timeout:.0f} s ({where}; killed)"
+    elif proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        crash = f"died: {name}" + (f" in {current}" if current else "")
+    elif not finished or proc.returncode == 3:
+        crash = f"died: exit code {proc.returncode}" + (f" in {current}" if current else "") + (
+            "" if finished else " before pytest finished")
+    # multiprocessing's named semaphores (sem.mp-*) come and go with every job on the machine: not counted.
+    left = {e for e in _shm() - shm_before - _mapped_shm() if not e.startswith("sem.mp-")}
+    if left:  # a resource tracker (ours or another job's) may still be removing them
+        time.sleep(5.0)
+        left = sorted(left & _shm() - _mapped_shm())
+    if left:
+        # On a shared machine another job's entries cannot be told apart: a count and a few names.
+        notes.append(f"{len(left)} entries left in /dev/shm (made during the run, held by no live process; "
+                     f"maybe another job's): {', '.join(left[:3])}{', ...' if len(left) > 3 else ''}")
+    return events, crash, seconds, notes
+
+
+def collect_cases(root: Path, tests: Sequence[str], workdir: Path, timeout: float,
+                  plugin_dir: Path = BENCHMARKS) -> tuple[dict[str, list[str]], int]:
+    """The cases of each test (stock side, ``MultiSyncCollector`` variants left out), and how many were left out."""
+    events, crash, _, _ = run_pytest(root, ["--collect-only", *(f"{TEST_FILE}::{t}" for t in tests)], "stock",
+                                     workdir / "collect", timeout, plugin_dir=plugin_dir)
+    collected = next((e for e in events if e["event"] == "collected"), None)
+    if collected is None:
+        errors = [e["error"] for e in events if e["event"] == "collect_error"]
+        raise RuntimeError(f"collecting {TEST_FILE} failed: {crash or errors or 'no collection reported'} "
+                           f"(see {workdir / 'collect' / 'pytest.log'} with --keep)")
+    cases: dict[str, list[str]] = {t: [] for t in tests}
+    for nodeid in collected["kept"]:
+        cases.setdefault(nodeid.split("::", 1)[1].split("[")[0], []).append(canonical_nodeid(nodeid))
+    return cases, len(collected["dropped"])
+
+
+def run_function(root: Path, test: str, side: str, cases: Sequence[str], workdir: Path, timeout: float, *,
+                 rebind: Sequence[str] = (), verify: Sequence[str] = (), plugin_dir: Path = BENCHMARKS) -> FunctionRun:
+    """Runs one test function's cases on one side in its own pytest process; never raises for its failures."""
+    rundir = workdir / side / test.replace("::", ".")
+    events, crash, seconds, notes = run_pytest(root, [f"{TEST_FILE}::{test}"], side, rundir, timeout,
+                                               rebind=rebind, verify=verify, plugin_dir=plugin_dir)
+    outcomes, errors = outcomes_from_events(events, cases, crash)
+    if side == "ours" and outcomes and verify and not any(e["event"] == "bound" and e["ours"] for e in events):
+        notes.append("the rebinding was not confirmed (no module of the run held our class)")
+    return FunctionRun(test, seconds, outcomes, errors, crash, notes)
+
+
+def counts(outcomes: dict[str, str]) -> dict[str, int]:
+    """``{"passed": n, "failed": n, "skipped": n}`` of ``{case: outcome}``.
+
+    Examples:
+        >>> counts({"a": "passed", "b": "skipped", "c": "passed"})
+        {'passed': 2, 'failed': 0, 'skipped': 1}
+    """
+    return {name: sum(1 for o in outcomes.values() if o == name) for name in OUTCOMES}
+
+
+def compare(stock: dict[str, str], ours: dict[str, str]) -> tuple[list[str], list[str]]:
+    """``(passes with stock, not with ours; passes with ours, not with stock)``, over cases both ran.
+
+    Examples:
+        >>> compare({"a": "passed", "b": "passed", "c": "skipped"}, {"a": "passed", "b": "failed", "c": "passed"})
+        (['b'], ['c'])
+    """
+    both = [case for case in stock if case in ours]
+    return ([c for c in both if stock[c] == "passed" and ours[c] != "passed"],
+            [c for c in both if ours[c] == "passed" and stock[c] != "passed"])
+
+
+def _unilab_state() -> tuple[str, bool]:
+    try:
+        commit = _git(["-C", str(REPO_ROOT), "rev-parse", "HEAD"])
+        dirty = bool(_git(["-C", str(REPO_ROOT), "status", "--porcelain", "--", "torchrl_unilab"]))
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return "unknown", False
+    return commit, dirty
+
+
+def _match_only(tests: Sequence[str], only: str | None) -> list[str]:
+    """The tests whose ``Class::test`` contains one of ``only``'s comma-separated substrings.
+
+    Examples:
+        >>> _match_only(["TestA::test_reloading", "TestB::test_keys", "test_c"], "reload,test_c")
+        ['TestA::test_reloading', 'test_c']
+    """
+    if only is None:
+        return list(tests)
+    wanted = [item.strip() for item in only.split(",") if item.strip()]
+    return [t for t in tests if any(w in t for w in wanted)]
+
+
+def _side_summary(runs: dict[str, FunctionRun], seconds: float) -> dict[str, Any]:
+    outcomes = {case: o for run in runs.values() for case, o in run.outcomes.items()}
+    return counts(outcomes) | {"crashed": [f"{TEST_FILE}::{t}" for t, r in runs.items() if r.crashed],
+                               "seconds": round(seconds, 1)}
+
+
+def _summary(args: argparse.Namespace, head: dict[str, Any], tests: list[str], cases: dict[str, list[str]],
+             selected: dict[str, str], left_out: int, results: dict[str, dict[str, FunctionRun]],
+             wall: dict[str, float], saved: dict | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(the printed JSON, the saved JSON)``: the latter adds every case's outcome and error per side."""
+    outcomes = {side: {c: o for r in runs.values() for c, o in r.outcomes.items()} for side, runs in results.items()}
+    errors = {side: {c: e for r in runs.values() for c, e in r.errors.items()} for side, runs in results.items()}
+    summary: dict[str, Any] = head | {
+        "selection": {"functions": len(tests), "cases": sum(len(cases[t]) for t in tests), "multisync_cases_left_out": left_out,
+                      "by_class_decorator": [f"{TEST_FILE}::{t}" for t in tests
+                                             if selected[t] == "class decorator"],
+                      "only": args.only, "timeout_per_function": args.timeout_per_function},
+        "stock": _side_summary(results["stock"], wall.get("stock", 0.0)) if "stock" in results else None,
+        "ours": _side_summary(results["ours"], wall.get("ours", 0.0)) if "ours" in results else None,
+    }
+    if saved is not None:
+        wanted_cases = {c for t in tests for c in cases[t]}
+        outcomes["stock"] = {c: o for c, o in saved["outcomes"]["stock"].items() if c in wanted_cases}
+        errors["stock"] = {c: e for c, e in saved.get("errors", {}).get("stock", {}).items() if c in outcomes["stock"]}
+        summary["stock"] = counts(outcomes["stock"]) | {
+            "crashed": [c for c in saved["stock"]["crashed"] if c.split("::", 1)[1] in tests],
+            "seconds": saved["stock"].get("seconds"), "from": str(args.stock_results),
+            "missing": len(wanted_cases - set(outcomes["stock"]))}
+    primary = summary["ours"] or summary["stock"]
+    summary["crashed"] = primary["crashed"] if primary else []
+    if "stock" in outcomes and "ours" in outcomes:
+        summary["pass_stock_not_ours"], summary["pass_ours_not_stock"] = compare(outcomes["stock"], outcomes["ours"])
+    else:
+        summary["pass_stock_not_ours"] = summary["pass_ours_not_stock"] = None
+    if args.first_errors and "ours" in outcomes:
+        summary["first_errors"] = {c: errors["ours"][c] for c, o in outcomes["ours"].items() if o == "failed"}
+    notes = {f"{side}:{TEST_FILE}::{t}": r.notes for side, runs in results.items() for t, r in runs.items()
+             if r.notes}
+    crashes = {f"{side}:{TEST_FILE}::{t}": r.crashed for side, runs in results.items() for t, r in runs.items()
+               if r.crashed}
+    summary |= ({"crash_reasons": crashes} if crashes else {}) | ({"notes": notes} if notes else {})
+    return summary, summary | {"outcomes": outcomes, "errors": errors}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rl-root", type=Path, required=True,
+                        help=f"a pytorch/rl work tree (holding {TEST_FILE}) or a bare git dir (HEAD is used)")
+    parser.add_argument("--only", help="comma-separated substrings of 'Class::test_name': run only those functions")
+    parser.add_argument("--side", choices=("stock", "ours", "both"), default="both")
+    parser.add_argument("--stock-results", type=Path,
+                        help="a saved --out of a stock run of the same checkout and torchrl, used instead of "
+                             "running the stock side")
+    parser.add_argument("--timeout-per-function", type=float, default=300.0,
+                        help="seconds per test function before its process group is killed (default 300)")
+    parser.add_argument("--out", type=Path, help="save the JSON (with every case's outcome) to this file")
+    parser.add_argument("--first-errors", action="store_true",
+                        help="add each failing case of ours with its exception line")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (each run's pytest.log)")
+    args = parser.parse_args(argv)
+    if not args.timeout_per_function > 0:
+        parser.error(f"--timeout-per-function must be > 0, got {args.timeout_per_function}")
+    saved = None
+    if args.stock_results is not None:
+        if args.side == "stock":
+            parser.error("--stock-results replaces the stock run: use it with --side ours or both")
+        try:
+            saved = json.loads(args.stock_results.read_text())
+            saved["outcomes"]["stock"]  # noqa: B018 - the file must hold the stock outcomes
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            parser.error(f"--stock-results must be a file written by --out of a stock run, got "
+                         f"{str(args.stock_results)!r} ({type(err).__name__}: {err})")
+    run_stock = args.side in ("stock", "both") and saved is None
+    run_ours = args.side in ("ours", "both")
+
+    torchrl_version = importlib.metadata.version("torchrl")
+    unilab_commit, unilab_dirty = _unilab_state()
+    workdir = Path(tempfile.mkdtemp(prefix="torchrl_conformance_"))
+    try:
+        try:
+            root, commit = open_tests(args.rl_root.expanduser().resolve(), workdir)
+        except ValueError as err:
+            parser.error(str(err))
+        if saved is not None and (saved.get("commit"), saved.get("torchrl")) != (commit, torchrl_version):
+            parser.error(f"--stock-results {str(args.stock_results)!r} is of commit {saved.get('commit')} with torchrl "
+                         f"{saved.get('torchrl')}; this run is of {commit} with torchrl {torchrl_version}")
+        print(f"torchrl {torchrl_version}; checkout {args.rl_root} at commit {commit}; torchrl_unilab "
+              f"{REPO_ROOT / 'torchrl_unilab'} at {unilab_commit}{' (modified)' if unilab_dirty else ''}",
+              file=sys.stderr, flush=True)
+        head = {"benchmark": "torchrl_conformance", "torchrl": torchrl_version, "commit": commit,
+                "unilab_commit": unilab_commit, "unilab_dirty": unilab_dirty,
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+        source = (root / TEST_FILE).read_text()
+        selected = select_tests(source)
+        rebind, verify = rebind_targets(source)
+        tests = _match_only(list(selected), args.only)
+        if not tests:
+            parser.error(f"--only {args.only!r} matches none of the {len(selected)} selected tests: "
+                         + ", ".join(selected))
+        # The plugin as it is now: edits of this file during a long run do not reach its later functions.
+        plugin_dir = workdir / "plugin"
+        plugin_dir.mkdir()
+        for name in (f"{PLUGIN}.py", "sota_dropin.py"):
+            shutil.copy2(BENCHMARKS / name, plugin_dir / name)
+        cases, left_out = collect_cases(root, tests, workdir, max(args.timeout_per_function, 300.0), plugin_dir)
+        tests = [t for t in tests if cases.get(t)]
+        n_cases = sum(len(cases[t]) for t in tests)
+        print(f"{len(tests)} test functions, {n_cases} cases ({left_out} MultiSyncCollector cases left out)",
+              file=sys.stderr, flush=True)
+
+        results: dict[str, dict[str, FunctionRun]] = {}
+        wall: dict[str, float] = {}
+        for side in [s for s, wanted in (("stock", run_stock), ("ours", run_ours)) if wanted]:
+            results[side], start = {}, time.monotonic()
+            for test in tests:
+                run = run_function(root, test, side, cases[test], workdir, args.timeout_per_function,
+                                   rebind=rebind, verify=verify, plugin_dir=plugin_dir)
+                results[side][test] = run
+                c = counts(run.outcomes)
+                print(f"[{side}] {test}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped "
+                      f"({run.seconds:.0f} s)" + (f" CRASHED: {run.crashed}" if run.crashed else "")
+                      + "".join(f" [{note}]" for note in run.notes), file=sys.stderr, flush=True)
+                wall[side] = time.monotonic() - start
+                if args.out is not None:  # what is done so far survives an interrupted run
+                    _, partial = _summary(args, head, tests, cases, selected, left_out, results, wall, saved)
+                    args.out.write_text(json.dumps(partial | {"complete": False}, indent=1) + "\n")
+
+        summary, full = _summary(args, head, tests, cases, selected, left_out, results, wall, saved)
+        print(json.dumps(summary), flush=True)
+        if args.out is not None:
+            args.out.write_text(json.dumps(full, indent=1) + "\n")
+    finally:
+        if args.keep:
+            print(f"kept {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if not summary["crashed"] and not summary["pass_stock_not_ours"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
