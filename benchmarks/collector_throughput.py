@@ -1,50 +1,32 @@
 """Collection throughput on HalfCheetah-v5: the simulators, TorchRL, and OffPolicyCollector on both engines.
 
-Prints one JSON line with env steps per second for
+Measures env steps per second, each configuration in alternating rounds (every
+collector kept alive and paused between its rounds, windows on batch boundaries)
+so that a shared machine's drifts weigh on all alike:
 
-* ``raw``: a single-process gymnasium loop with uniformly random actions (what
-  users take for "the simulator's speed"); every ratio below is to this row;
-* ``bare_mujoco``: 16 ``MjData`` stepped with ``mujoco.mj_step(model, data, nstep=5)``
-  in a Python loop, random controls (the ceiling without any env logic);
-* ``envpool``: ``envpool.make_gymnasium(num_envs=16, num_threads=1)`` alone, random actions;
-* ``envpool_env``: our :class:`~torchrl_unilab.EnvPoolEnv` (16 envs) alone, random actions
-  through ``step_and_maybe_reset`` (TorchRL's ``MultiThreadedEnv`` cannot be measured beside
-  it: it builds EnvPool's ``env_type="gym"`` under the legacy ``gym`` backend, which fails
-  with EnvPool 1.2.5's gymnasium spaces);
-* ``torchrl_collector``: TorchRL's ``Collector`` over ``GymEnv(num_envs=16)`` with a
-  512-wide LayerNorm SAC actor;
-* ``offpolicy_gymnasium``: ``OffPolicyCollector``, 1 worker x 16 envs, ``engine="gymnasium"``;
-* ``offpolicy_envpool_16`` / ``offpolicy_envpool_64``: 1 worker x 16 / 64 envs on EnvPool
-  (the default engine), the same actor, writing into a shared replay buffer;
-* ``offpolicy_envpool_2w``: 2 workers x 16 envs on EnvPool (second group, with its own ``raw``);
-* ``offpolicy_lanes_16`` / ``offpolicy_lanes_64``: 1 worker over ``EnvPoolEnv(..., lanes=2)``: the
-  worker computes one half's actions while EnvPool's C++ thread steps the other half.
+* ``raw``: a single-process gymnasium loop with random actions, the row every ratio is to;
+* ``bare_mujoco``, ``envpool``, ``envpool_env``: 16 ``MjData`` in a Python loop, EnvPool
+  alone (one thread), our :class:`~torchrl_unilab.EnvPoolEnv` alone, random actions;
+* ``torchrl_collector``: TorchRL's ``Collector`` over ``GymEnv(num_envs=16)``;
+* ``offpolicy_*``: ``OffPolicyCollector`` with the 512-wide LayerNorm SAC actor writing into
+  a shared buffer: 1 worker x 16 envs on gymnasium, on EnvPool with 16 and 64 envs, with
+  ``lanes=2`` (policy overlapped with physics), and 2 workers x 16 envs;
+* ``actor_us_per_env``: the actor alone right after an EnvPool step and warm, per env.
 
-``actor_us_per_env`` times the actor alone (item 4 of issue 13): one call right after an EnvPool
-step of the same batch ("after_physics", caches holding the physics' data) against a second call
-straight after it ("warm"), at 16 and 64 envs, in microseconds per env.
+``--task ID`` (a MuJoCo Playground or Control Suite id: ``Go1JoystickFlatTerrain-v1``,
+``CheetahRun-v1``) measures that task only: EnvPool alone, ``EnvPoolEnv`` alone and the
+collector (1 worker x 16 envs, rows with ``"privileged"``), with
+``ratio_offpolicy_over_envpool`` against its target. ``--group lanes`` runs only the
+lanes comparison.
 
-``--group lanes`` runs only ``raw``, the EnvPool collector rows at 16 and 64 envs, the lanes rows
-and the actor probe (a few minutes).
+Run::
 
-``--task ID`` (a MuJoCo Playground or Control Suite id, e.g. ``Go1JoystickFlatTerrain-v1`` or
-``CheetahRun-v1``; issue 18) measures that task only: ``envpool`` (EnvPool alone: the same 16
-envs, one thread, random actions through its gymnasium API), ``envpool_env`` (our env alone) and
-``offpolicy_task`` (1 worker x 16 envs, the 512-wide LayerNorm SAC actor on ``"observation"``,
-rows, ``"privileged"`` included, into a shared replay buffer), with ``ratio_offpolicy_over_envpool``
-against the issue's target (Go1 0.85, CheetahRun 0.6) and the worker's breakdown.
+    python benchmarks/collector_throughput.py [--rounds 5] [--seconds 3] [--group all|lanes] [--task ID]
 
-Each worker also reports where its time goes (``breakdown_us_per_step``: physics,
-policy, bookkeeping, buffer write, in microseconds per env step).
-
-The configurations are measured in alternating rounds, every collector kept alive
-and paused between its rounds, so that slow drifts in a shared machine's speed
-weigh on all of them alike. Rates are medians over rounds; ratios are medians of
-the per-round ratios to ``raw``. Collector windows start and end on a batch
-boundary (``wait_for_frames``), so whole batches never skew a window. The load
-average at the start and end is printed beside the figures.
-
-Run: ``python benchmarks/collector_throughput.py [--rounds 5] [--seconds 3] [--group all|lanes] [--task ID]``
+It prints one JSON line: rates (medians over rounds), ``ratio_*_over_raw`` (medians of the
+per-round ratios), each worker's ``breakdown_us_per_step`` by phase, and the load average
+at the start and end. ``benchmarks/README.md`` lists every key; the figures the docs show
+are in ``benchmarks/results/collector/``.
 """
 
 from __future__ import annotations
@@ -146,10 +128,13 @@ class EnvPoolEnvAlone:
     def __init__(self, env_id: str = ENV) -> None:
         self.env = EnvPoolEnv(env_id, NUM_ENVS, seed=0)
         self.td = self.env.reset()
+        space = self.env.action_spec.space
+        self.low, self.width = space.low, space.high - space.low
 
     def __call__(self, seconds: float) -> float:
         def step():
-            self.td["action"] = self.env.action_spec.rand()
+            # Drawn as cheaply as EnvPoolAlone draws its own: action_spec.rand() costs ~100 us a batch (issue 45)
+            self.td["action"] = self.low + self.width * torch.rand(self.width.shape)
             _, self.td = self.env.step_and_maybe_reset(self.td)
 
         return timed_loop(step, NUM_ENVS, seconds)
@@ -179,17 +164,17 @@ class OffPolicy:
     """An OffPolicyCollector kept paused between measurement windows; it also sums the workers' phase times."""
 
     def __init__(self, num_workers: int, num_envs: int = NUM_ENVS, engine: str = "auto", lanes: int = 1,
-                 env_id: str = ENV) -> None:
+                 env_id: str = ENV, frames_per_batch: int = 1024, buffer_size: int = 200_000) -> None:
         self.num_workers = num_workers
-        options = dict(num_workers=num_workers, frames_per_batch=1024, replay_buffer=make_replay_buffer(200_000),
-                       seed=0)
+        options = dict(num_workers=num_workers, frames_per_batch=frames_per_batch,
+                       replay_buffer=make_replay_buffer(buffer_size), seed=0)
         if lanes > 1:
             env = functools.partial(EnvPoolEnv, env_id, num_envs, lanes=lanes)
             self.collector = OffPolicyCollector(env, sac_actor(env_id), **options)
         else:
             self.collector = OffPolicyCollector(env_id, sac_actor(env_id), num_envs=num_envs, engine=engine, **options)
         self.collector.start()
-        self.collector.wait_for_frames(2048 * num_workers, timeout=120)  # past process start-up
+        self.collector.wait_for_frames(2 * frames_per_batch * num_workers, timeout=120)  # past process start-up
         self._pause = self.collector.pause()
         self._pause.__enter__()
         self.phase_seconds: dict[str, float] = {}

@@ -1,77 +1,47 @@
 """Learner throughput: the recipe's SAC update against TorchRL's loop and the machine's limit, and end to end.
 
-In one run, on one torch thread unless said otherwise, batch 256, 256x256 networks, HalfCheetah-v5 sizes:
+Measures gradient updates per second (batch 256, 256x256 networks, HalfCheetah-v5 sizes,
+one torch thread unless a key says ``_2t``), the variants in alternating blocks (median
+block rate): TorchRL's sota SAC loop (``plain``), the recipe's update calling ``SACLoss``
+(``recipe_loss_module``) and with its tensor-level loss (``recipe``, ``recipe_2t``), the TD3
+recipe's update (``td3_recipe``) and the update under ``torch.compile``. Also the machine's
+limit (an update's matrix products, each at the best ``torch.mm`` rate: ``limit_ups_*`` and
+``recipe_fraction_of_limit_1t``), and end to end ``recipes/sac.py`` at ``utd_ratio=1``
+with ``optim.num_threads=auto`` and ``=1`` (``e2e_fps_*``) against Stable-Baselines3's SAC
+(``sb3_fps``; needs the ``bench`` extra). ``--profile`` adds where an update's milliseconds
+go, ``--prefetch`` a thread sampling the next batch, ``--checkpoint DIR`` the update from a
+trained run's state with and without flushing denormals.
 
-* ``plain``: the loop of TorchRL's ``sota-implementations/sac`` -- ``rb.sample()``,
-  ``SACLoss``, three ``Adam`` optimizers (actor, critic, alpha), ``SoftUpdate``;
-* ``recipe_loss_module``: the update of ``recipes/sac.py`` -- ``BufferSampler``, one fused Adam over
-  every parameter, ``SoftUpdate`` -- calling ``SACLoss`` itself;
-* ``recipe``: the same with the tensor-level loss (``fast_loss=True``, the default),
-  and ``recipe_2t`` on two threads;
-* ``td3_recipe``: the update of ``recipes/td3.py`` with its defaults ([400, 300], the
-  actor every second update);
-* ``recipe_compiled``: the same under ``torch.compile`` (``--no-compile`` skips it);
-* ``recipe_prefetch`` (``--prefetch``): the same with the next batch sampled by a
-  thread while the update runs, and ``sample_ms``, one batch's sampling: what
-  overlapping sampling with the update buys on a CPU;
-* the limit (issue 19): an update's matrix products (:func:`update_matmuls`), each at
-  the best rate ``torch.mm`` reaches on its shape, on 1 and 2 threads
-  (``limit_ups_*``), and the recipe's update as a fraction of it
-  (``recipe_fraction_of_limit_1t``, ``td3_fraction_of_limit_1t``); ``--profile``
-  adds where an update's milliseconds go (``profile_ms``);
-* ``--checkpoint DIR`` (a ``recipes/sac.py`` run's checkpoint, HalfCheetah-v5 sizes): the
-  recipe's update from that run's loss and optimizer state, with denormals flushed
-  (``optim.flush_denormal``, the recipes' default) and without, alternating
-  (``trained_ups_1t``, ``trained_flush_ups_1t``, ``trained_denormal_fraction``: the
-  optimizer state's denormal share);
-* ``e2e``: ``recipes/sac.py`` on HalfCheetah-v5 at ``utd_ratio=1``, env frames per
-  second once learning has started, with ``optim.num_threads=auto`` and ``=1`` in
-  alternating runs (``e2e_fps_auto``, ``e2e_fps_1t``);
-* ``sb3``: Stable-Baselines3's SAC on the same task and sizes, on every core
-  (``train_freq=1, gradient_steps=1``), frames per second once learning has
-  started (``sb3_fps``; skipped when ``stable-baselines3``, the ``bench`` extra,
-  is not installed).
+``--device cuda`` measures a learner on a GPU instead (collection stays on CPU workers):
+eager, compiled and CUDA-graph updates per second, with and without overlapping the next
+batch's sampling (``*_serial``), a batch through pinned memory (``sample_ms``), a weight
+publish from the GPU (``publish_ms``), and ``recipes/sac.py`` end to end with 1 and 2 workers.
+The anchor is LeanRL on an H100: CleanRL's SAC at 127 frames/s, 725 compiled with CUDA graphs.
 
-The update loops run in alternating blocks and report the median block rate,
-so that other load on the machine weighs on every variant alike. Prints one
-JSON line.
+Run::
 
     python benchmarks/learner_throughput.py [--blocks 12] [--block-updates 20] [--e2e-frames 3000]
                                             [--e2e-rounds 2] [--no-compile] [--no-sb3] [--prefetch] [--profile]
-
-``--device cuda`` measures a learner on a GPU instead (collection stays on CPU
-workers), the same update of ``recipes/sac.py`` with batches sampled through
-pinned memory:
-
-* ``eager``, ``compiled`` (``compile.compile=true``: torch.compile in
-  inductor's ``"reduce-overhead"`` mode, as TorchRL's sota scripts) and
-  ``compiled_cudagraphs`` (plus ``compile.cudagraphs=true``: tensordict's
-  ``CudaGraphModule``) updates per second;
-* ``*_serial``: the same with a ``torch.cuda.synchronize()`` after each update,
-  so that sampling the next batch cannot overlap the update on the GPU; the
-  ``overlap_gain_*`` ratios are what the overlap brings;
-* ``sample_ms`` (pinned) and ``sample_pageable_ms``: CPU time of one call of
-  the sampler; ``publish_ms``: one weight publish from the GPU to the shared
-  block, against ``publish_per_tensor_ms`` (one ``.cpu()`` per tensor first);
-* ``e2e_frames_per_s_{1,2}_workers``: ``recipes/sac.py`` on HalfCheetah-v5 at
-  ``utd_ratio=1`` with ``network.device=cuda``, compiled with CUDA graphs,
-  with 1 and 2 CPU workers.
-
     python benchmarks/learner_throughput.py --device cuda [--block-updates 200] [--e2e-frames 20000]
 
-LeanRL's figures on an H100 are the anchor: CleanRL's SAC at 127 frames/s (one
-update per env step), LeanRL's at 725 with torch.compile and CUDA graphs.
+It prints one JSON line; ``benchmarks/README.md`` lists every key. The figures the docs
+show are in ``benchmarks/results/learning/learner_throughput.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
+import importlib
 import json
 import math
+import os
+import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -146,10 +116,11 @@ def plain_loop(rb):
 
 def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False, cudagraphs: bool = False,
                 device: torch.device | str = "cpu", serial: bool = False, prefetch: bool = False,
-                trained: dict | None = None):
+                trained: dict | None = None, batch_size: int = BATCH):
     """The update of recipes/sac.py: BufferSampler, the (tensor-level) loss, one fused Adam, SoftUpdate.
 
-    On ``device``, compiled as the recipe's ``compile`` section would (``compile``, ``cudagraphs``);
+    On ``device``, compiled as the recipe's ``compile`` section would (``compile``, ``cudagraphs``),
+    on batches of ``batch_size`` rows;
     ``serial`` waits for the GPU after each update, so that the next batch is sampled after it;
     ``prefetch`` samples the next batch in a thread (into a second sampler) while the update runs;
     ``trained``: the ``modules`` of a SAC recipe checkpoint, whose loss module and optimizer state it starts from.
@@ -174,9 +145,9 @@ def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False, cudagraphs
         return {key: value.detach() for key, value in losses.items()}
 
     update = compile_update(update, cfg.compile, device)
-    sample = BufferSampler(rb, BATCH, device=device)
+    sample = BufferSampler(rb, batch_size, device=device)
     if prefetch:
-        samplers, pool = [sample, BufferSampler(rb, BATCH, device=device)], ThreadPoolExecutor(1)
+        samplers, pool = [sample, BufferSampler(rb, batch_size, device=device)], ThreadPoolExecutor(1)
         pending = {"which": 0, "next": pool.submit(sample)}
 
         def step():
@@ -211,22 +182,34 @@ def with_flush_denormal(step, flush: bool):
     return flagged
 
 
-def td3_loop(rb):
+def td3_loop(rb, *, device: torch.device | str = "cpu", compile: bool = False, cudagraphs: bool = False,
+             batch_size: int | None = None, hidden: tuple[int, ...] | None = None):
     """The update of recipes/td3.py with its defaults (``make_update``, its networks, the tensor-level loss):
-    the critics every call, the actor and targets every ``optim.policy_update_delay``-th."""
+    the critics every call, the actor and targets every ``optim.policy_update_delay``-th.
+
+    ``hidden`` and ``batch_size`` replace the config's ([400, 300], 256); on ``device``, compiled as the
+    recipe compiles it (``compile``, ``cudagraphs``: one compiled update per value of ``update_actor``).
+    """
     sys.path.insert(0, str(ROOT / "recipes"))
     from td3 import make_update  # noqa: PLC0415 - the recipe script, imported as a module
 
     cfg = OmegaConf.load(ROOT / "recipes" / "config" / "td3.yaml")
+    if hidden is not None:
+        cfg.network.hidden_sizes = list(hidden)
+    cfg.compile.compile, cfg.compile.cudagraphs = compile, cudagraphs
+    device = torch.device(device)
     torch.manual_seed(0)
-    nets = make_networks(cfg, "td3", EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT)))
+    nets = make_networks(cfg, "td3", EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT)), device=device)
     loss, target = make_loss_module(cfg, "td3", nets)
     update = make_update(loss, make_optimizer(cfg, loss), target, tensor_loss(loss))
-    sample, delay, calls = BufferSampler(rb, int(cfg.optim.batch_size)), int(cfg.optim.policy_update_delay), [0]
+    updates = {flag: compile_update(functools.partial(update, update_actor=flag), cfg.compile, device)
+               for flag in (False, True)}
+    sample = BufferSampler(rb, batch_size or int(cfg.optim.batch_size), device=device)
+    delay, calls = int(cfg.optim.policy_update_delay), [0]
 
     def step():
         calls[0] += 1
-        update(sample()[0], calls[0] % delay == 0)
+        updates[calls[0] % delay == 0](sample()[0])
     return step
 
 
@@ -385,28 +368,40 @@ def sgemm_limit(threads: int, algo: str = "sac", hidden: tuple[int, ...] = (HIDD
     return {"ups": 1.0 / seconds, "gflops": flops / seconds / 1e9, "update_mflop": flops / 1e6}
 
 
-def median_ms(call, repeats: int = 50, sync=lambda: None) -> float:
-    """Median milliseconds of ``call()`` (``sync`` after each, outside the timing)."""
+def call_times_ms(call, repeats: int = 50, sync=lambda: None) -> list[float]:
+    """Milliseconds of each of ``repeats`` calls of ``call()`` (``sync`` after each, outside the timing)."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         call()
-        times.append(time.perf_counter() - start)
+        times.append((time.perf_counter() - start) * 1e3)
         sync()
-    return statistics.median(times) * 1e3
+    return times
 
 
-def publish_figures(device: torch.device) -> dict:
-    """One weight publish of the SAC exploration policy from ``device`` to a shared block, batched and per tensor."""
+def median_ms(call, repeats: int = 50, sync=lambda: None) -> float:
+    """Median milliseconds of ``call()`` (``sync`` after each, outside the timing)."""
+    return statistics.median(call_times_ms(call, repeats, sync))
+
+
+def publish_times_ms(device: torch.device, repeats: int = 50) -> dict[str, list[float]]:
+    """Milliseconds of each weight publish of the SAC exploration policy from ``device`` to a shared block:
+    ``"batched"`` (one batched copy, the recipes' way) and ``"per_tensor"`` (one ``.cpu()`` per tensor first)."""
     nets = networks(device)
     weights = SharedWeights.create(nets.worker_policy)
     try:
         state = nets.policy.state_dict()
-        batched = median_ms(lambda: weights.publish(state))
-        per_tensor = median_ms(lambda: weights.publish({k: v.cpu() for k, v in state.items()}))
+        return {"batched": call_times_ms(lambda: weights.publish(state), repeats),
+                "per_tensor": call_times_ms(lambda: weights.publish({k: v.cpu() for k, v in state.items()}), repeats)}
     finally:
         weights.close()
-    return {"publish_ms": round(batched, 3), "publish_per_tensor_ms": round(per_tensor, 3)}
+
+
+def publish_figures(device: torch.device) -> dict:
+    """One weight publish of the SAC exploration policy from ``device`` to a shared block, batched and per tensor."""
+    times = publish_times_ms(device)
+    return {"publish_ms": round(statistics.median(times["batched"]), 3),
+            "publish_per_tensor_ms": round(statistics.median(times["per_tensor"]), 3)}
 
 
 def device_suite(args) -> dict:
@@ -455,28 +450,79 @@ def device_suite(args) -> dict:
 START_FRAMES = 1000  # random frames before learning starts, in both end-to-end runs
 
 
-def end_to_end(frames: int, threads: int | str, overrides: list[str] | tuple[str, ...] = ()) -> dict:
-    """recipes/sac.py on HalfCheetah-v5 at utd_ratio=1 (plus ``overrides``): env frames/s once learning has started."""
-    sys.path.insert(0, str(ROOT / "recipes"))
-    import sac  # noqa: PLC0415 - the recipe script, imported as a module
+def end_to_end(frames: int, threads: int | str, overrides: list[str] | tuple[str, ...] = (), *, recipe: str = "sac",
+               seconds: float | None = None, start_frames: int = START_FRAMES, log_every: int = 250) -> dict:
+    """recipes/sac.py (or ``recipe``) on HalfCheetah-v5 at utd_ratio=1 (plus ``overrides``): env frames/s once
+    learning has started.
 
-    start_frames = START_FRAMES
+    With ``seconds`` the run is bounded by time instead of ``frames``: it is stopped (SIGTERM, the recipe's
+    Ctrl-C: it saves and exits) ``seconds`` after its first log past ``start_frames`` random frames and two
+    log windows (where a compiled update compiles), and the figures are over that window, with
+    ``updates_per_s``, the workers and envs, and ``longest_stall_s`` (the run's longest learner stall,
+    compilation included) beside ``longest_stall_before_window_s`` (the same when the window began).
+    """
+    sys.path.insert(0, str(ROOT / "recipes"))
+    module = importlib.import_module(recipe)  # the recipe script, imported as a module
+
+    measured_from = start_frames + (2 * log_every if seconds is not None else log_every)
     with tempfile.TemporaryDirectory() as tmp:
         with initialize_config_dir(config_dir=str(ROOT / "recipes" / "config"), version_base="1.3"):
-            cfg = compose(config_name="sac", overrides=[
-                f"collector.total_frames={frames}", f"collector.init_random_frames={start_frames}",
-                "optim.utd_ratio=1.0", f"optim.num_threads={threads}", f"logger.log_dir={tmp}", "logger.log_every=250", "logger.eval_iter=0",
+            cfg = compose(config_name=recipe, overrides=[
+                f"collector.total_frames={frames if seconds is None else 10**12}",
+                f"collector.init_random_frames={start_frames}", "optim.utd_ratio=1.0", f"optim.num_threads={threads}",
+                f"logger.log_dir={tmp}", f"logger.log_every={log_every}", "logger.eval_iter=0",
                 "logger.checkpoint_every=0", "logger.progress_bar=false", "logger.num_eval_envs=1", *overrides,
             ])
-        summary = sac.main(cfg)
         exp = Path(tmp) / cfg.logger.exp_name / "scalars"
-        elapsed = [tuple(map(float, line.split(","))) for line in open(exp / "time" / "elapsed_s.csv")]
+        finished = threading.Event()
+        if seconds is not None:
+            threading.Thread(target=_stop_after, daemon=True,
+                             args=(exp / "time" / "elapsed_s.csv", measured_from, seconds, finished)).start()
+        try:
+            summary = module.main(cfg)
+        finally:
+            finished.set()
+        elapsed = _scalar_rows(exp / "time" / "elapsed_s.csv")
+        ups = dict(_scalar_rows(exp / "learner" / "updates_per_s.csv"))
+        stalls = dict(_scalar_rows(exp / "learner" / "longest_stall_s.csv"))
     # Frames per second between the first log after learning started and the last log.
-    after = [(f, t) for f, t in elapsed if f >= start_frames + 250]
+    after = [(f, t) for f, t in elapsed if f >= measured_from]
     (f0, t0), (f1, t1) = after[0], after[-1]
-    return {"frames": summary["frames"], "updates": summary["updates"], "frames_per_s": (f1 - f0) / (t1 - t0),
-            "utd_achieved": summary["utd_achieved"], "threads": summary["learner_threads"],
-            "thread_changes": summary["learner_thread_changes"]}
+    out = {"frames": summary["frames"], "updates": summary["updates"], "frames_per_s": (f1 - f0) / (t1 - t0),
+           "utd_achieved": summary["utd_achieved"], "threads": summary["learner_threads"],
+           "thread_changes": summary["learner_thread_changes"]}
+    if seconds is not None:
+        # each log's updates/s covers the time since the previous log
+        updates = sum(ups[f] * (t - t_prev) for (_, t_prev), (f, t) in zip(after, after[1:]) if f in ups)
+        out.update({"window_s": t1 - t0, "updates_per_s": updates / (t1 - t0),
+                    "num_workers": int(cfg.collector.num_workers),
+                    "envs_per_worker": int(cfg.collector.env_per_collector),
+                    "longest_stall_s": summary["longest_stall_s"],
+                    "longest_stall_before_window_s": stalls.get(f0)})
+    return out
+
+
+def _scalar_rows(path: Path) -> list[tuple[float, float]]:
+    """``(frames, value)`` rows of a csv scalar file of the recipes' logger (a line being written is skipped)."""
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else ():
+        try:
+            frames, value = map(float, line.split(","))
+        except ValueError:
+            continue
+        rows.append((frames, value))
+    return rows
+
+
+def _stop_after(elapsed_csv: Path, from_frames: int, seconds: float, finished: threading.Event) -> None:
+    """SIGTERMs this process ``seconds`` after ``elapsed_csv`` logs ``from_frames`` frames (if not ``finished``)."""
+    started = None
+    while not finished.wait(0.2):
+        if started is None and any(f >= from_frames for f, _ in _scalar_rows(elapsed_csv)):
+            started = time.monotonic()
+        if started is not None and time.monotonic() - started >= seconds:
+            os.kill(os.getpid(), signal.SIGTERM)  # the recipe's graceful stop, as a Ctrl-C
+            return
 
 
 def stable_baselines3(frames: int, threads: int) -> dict | None:
