@@ -1,67 +1,33 @@
-"""Learning benchmark: seeded trainings of the recipes, a results table and learning-curve plots.
+"""Learning benchmark: seeded trainings of the recipes, their evaluation returns, tables and learning curves.
 
-Suites (each run is ``recipes/<algo>.py`` called in-process with Hydra overrides):
+Each run is ``recipes/<algo>.py`` called in-process with Hydra overrides (or
+Stable-Baselines3's SAC/TD3 for the ``sb3_*`` sides), evaluated every few thousand
+frames by the recipe's ``EvalRunner`` (deterministic episodes from fixed seeds).
+Suites (:data:`SUITES`): ``pendulum`` (SAC, 15k frames, target -200), ``halfcheetah``
+(SAC and TD3, 100k frames, target 3000), ``robot`` (SAC on CheetahRun-v1 and
+WalkerWalk-v1, TD3 on Go1 with the privileged and the symmetric critic), ``td3`` and
+``sb3`` (the TD3 and SAC recipes against SB3's on HalfCheetah-v5, 100k frames;
+targets in :data:`SB3_TARGETS`). The SB3 suites need the ``bench`` extra; the
+100k-frame suites take hours on 2 CPU cores.
 
-* ``pendulum``: SAC on Pendulum-v1, 3 seeds, 15k frames; target: mean
-  deterministic eval return >= -200. About 7 minutes per seed on 2 CPU cores.
-* ``halfcheetah``: SAC and TD3 on HalfCheetah-v5, 3 seeds each, 100k frames;
-  target >= 3000. Hours on 2 CPU cores (the learner does ~40 updates/s).
-* ``robot`` (issue 18): SAC on the Control Suite's CheetahRun-v1 and WalkerWalk-v1,
-  100k frames, 2 seeds each; TD3 on MuJoCo Playground's Go1JoystickFlatTerrain-v1,
-  100k frames, 2 seeds, with the asymmetric critic (``network.critic_input=privileged``)
-  and with the symmetric one, the pair to compare. The Control Suite targets (300 and
-  400) are what published SAC curves reach around 100k frames, a reference for this
-  suite rather than a figure measured here; Go1 has none (the comparison is the result).
-  Hours on 2 CPU cores; run on 2026-12-02 with --set optim.num_threads=1, two or three runs side by side
-  (every task on seeds 0 and 1; docs: Robot tasks and privileged critics).
-* ``td3``: ``recipes/td3.py`` with its defaults against Stable-Baselines3's
-  TD3 with its defaults (``learning_starts`` set to the recipe's
-  ``collector.init_random_frames``), HalfCheetah-v5, 100k frames, 3 seeds,
-  both evaluated every 10k frames by the recipe's ``EvalRunner`` (5
-  deterministic episodes from the same seeds). Targets: the recipe's mean
-  return >= SB3's at every 10k mark from 30k on, and at 100k within 10% of
-  SB3's mean or above (``td3_vs_sb3.md``; ``td3_vs_sb3.png``: each side's mean
-  and band over seeds). Hours on 2 CPU cores; needs the
-  ``bench`` extra.
-* ``sb3`` (issue 19): ``recipes/sac.py`` with its defaults against
-  Stable-Baselines3's SAC at one update per frame (``train_freq=1,
-  gradient_steps=1``) with the recipe's network sizes, batch size and
-  ``learning_starts``, HalfCheetah-v5, 100k frames, 3 seeds, evaluated as in
-  ``td3``. Targets: the recipe's mean return >= SB3's at every 10k mark from
-  50k on, and SB3's mean return at 100k reached by the recipe's mean curve in
-  at most 1/1.5 of SB3's wall-clock (``sac_vs_sb3.md``, ``sac_vs_sb3.png``; both
-  suites also write ``<algo>_vs_sb3_table.rst``, the docs' per-seed table).
-  Run the sides one after the other on a quiet machine: the wall-clock is
-  the result. Hours on 2 CPU cores; needs the ``bench`` extra.
+Run::
 
-Each run's figures are kept as ``result.json`` in its directory; ``--reuse``
-takes a run from there instead of training it again (when its frames match), so
-that the two sides of a suite, or its seeds, can run as separate commands
-(``--algo``) and one last call with ``--reuse`` writes the tables. With
-``--reruns``, other ``--out`` directories holding runs of the same seeds, the
-``td3`` and ``sb3`` suites also write ``<algo>_reruns.md``: the return targets
-applied to each run against SB3 and against each other run, i.e. how often the
-recipe meets them against itself.
+    python benchmarks/learning.py --suite pendulum [--seeds 0 1 2]
+    python benchmarks/learning.py --suite td3 --algo td3 --seeds 0       # one side, one seed (--algo sb3_td3)
+    python benchmarks/learning.py --suite td3 --reuse --seeds 0 1 2      # the tables from the runs already done
+    python benchmarks/learning.py --suite td3 --reuse --reruns DIR2 DIR3 # the targets against other runs too
+    python benchmarks/learning.py --suite robot --task CheetahRun --seeds 0 --set optim.num_threads=1
 
-Writes ``results.md`` and ``results.csv`` (final and best eval return per
-run, their means over seeds -- a task passes on the mean final return --,
-frames and wall-clock time) and ``<suite>_<algo>.png`` (eval return
-against frames and against wall-clock minutes, one line per seed),
-``<suite>_<algo>_<env>_table.rst`` (the docs' table: each seed and the mean at
-every 10k mark, a task's variants, such as the robot suite's two Go1 critics,
-side by side) and, for a task with variants, ``<suite>_<algo>_<env>_sides.png``
-(each variant's mean and band) to ``--out``, keeps each run's directory under ``--out/runs``, and prints one
-JSON line per task.
+``--set`` adds Hydra overrides to every recipe run; ``--reuse`` takes a run from
+``--out/runs`` (its ``result.json``) instead of training it again, so the sides
+and seeds of a suite can run as separate commands.
 
-    python benchmarks/learning.py --suite pendulum [--seeds 0 1 2] [--out benchmarks/results/learning]
-    python benchmarks/learning.py --suite robot    # seeds 0 1 (the suite's own) unless --seeds is given
-    python benchmarks/learning.py --suite robot --seeds 1 --set optim.num_threads=1   # beside --seeds 0, same --set
-    python benchmarks/learning.py --suite robot --task CheetahRun --reuse   # one task's table from its saved runs
-    python benchmarks/learning.py --suite td3 --seeds 0      # one seed of each side
-    python benchmarks/learning.py --suite td3 --algo sb3_td3 --seeds 1    # one side, one seed
-    python benchmarks/learning.py --suite td3 --reuse        # the table from the runs already done
-    python benchmarks/learning.py --suite td3 --reuse --reruns DIR2 DIR3   # and against other runs of the seeds
-    python benchmarks/learning.py --suite sb3 --seeds 0      # issue 19: SAC against SB3's SAC
+It prints one JSON line per task (final and best return, their means over seeds,
+frames, minutes) and writes to ``--out``: ``results.md``/``results.csv``, the
+learning curves (``*.png``), each task's per-seed table (``*_table.rst``) and,
+for the SB3 suites, ``<algo>_vs_sb3.md`` (each mark's difference and its 90 %
+interval over seeds, SB3's band, the targets). The figures the docs show are kept
+in ``benchmarks/results/learning/`` and ``robot/`` (``benchmarks/report.py``).
 """
 
 from __future__ import annotations
@@ -105,7 +71,7 @@ class Task:
         return "_".join(filter(None, (self.algo, self.env, self.label)))
 
 
-#: The Go1 runs in docs/guide/robot_tasks.rst collected with 4 envs per worker, the TD3 recipe's default before
+#: The Go1 runs in docs/results/robot_tasks.rst collected with 4 envs per worker, the TD3 recipe's default before
 #: issue 22 made it one env (measured on HalfCheetah-v5).
 GO1_COLLECTION = ["collector.env_per_collector=4", "collector.frames_per_batch=64"]
 

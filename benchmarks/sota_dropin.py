@@ -1,118 +1,33 @@
 """TorchRL's own off-policy scripts and trainers, run with ``OffPolicyCollector`` swapped in.
 
-Issue 17: prove the drop-in claim against TorchRL's files rather than against
-our copies of them. Given a pytorch/rl checkout, this runs each off-policy
-script of its ``sota-implementations`` (and the config-driven trainers) for a
-few thousand frames with the collector class replaced by
-:class:`torchrl_unilab.OffPolicyCollector`, and prints one line per script:
-``ok``, or the first error.
+Given a pytorch/rl checkout, this runs each off-policy script of its
+``sota-implementations`` (``sac``, ``sac-async``, ``td3``, ``ddpg``, ``tqc``,
+``crossq``, ``redq``, ``iql_online``, ``cql_online``, ``discrete_sac``, ``sac_prb``)
+and the ``sac``/``td3``/``ddpg`` trainers for a few thousand frames, with the
+collector class replaced by :class:`torchrl_unilab.OffPolicyCollector` in a
+temporary copy (never in the checkout, never copied into this project), each in a
+subprocess of its own with a timeout. It measures whether each script runs: ``ok``,
+or the first error. ``--stock`` runs the same commands without the swap, a control
+that tells TorchRL's own failures from ours.
 
 Run::
 
     python benchmarks/sota_dropin.py --rl-root ~/src/rl                      # a work tree of pytorch/rl
     python benchmarks/sota_dropin.py --rl-root /path/to/rl.git               # a bare git dir: HEAD is used
     python benchmarks/sota_dropin.py --rl-root ~/src/rl --only sac,td3,sac_trainer --frames 3000 -v
-    python benchmarks/sota_dropin.py --rl-root ~/src/rl --only td3 --frames 40000 --envs 8 --utd 1 \
-        --timeout 3000 --keep --set collector.init_random_frames=10000 logger.eval_iter=10000 logger.backend=csv
+    python benchmarks/sota_dropin.py --rl-root ~/src/rl --only td3 --frames 40000 --set logger.eval_iter=10000 --keep
 
-``--set`` takes hydra overrides applied after the budget's (a learning run of
-the script rather than a smoke test); ``--keep`` keeps its logs.
-
-``--rl-root`` is either a work tree (a directory holding ``sota-implementations/``)
-or a bare git repository, whose ``HEAD:sota-implementations`` is extracted with
-``git archive`` into a temporary directory. The first lines printed are the
-torchrl version, the checkout's commit (``git rev-parse HEAD``; ``unknown`` for a
-plain copy) and the ``torchrl_unilab`` under test (this repository: its root is
-put first on the scripts' ``PYTHONPATH``, so an editable install elsewhere does
-not shadow it). Then one line per script, and a last JSON line::
+``--set`` takes hydra overrides applied after the budget's; ``--keep`` keeps the logs.
+It prints the torchrl version, the checkout's commit and the ``torchrl_unilab``
+under test, one line per script, then one JSON line (results go to
+``benchmarks/results/dropin/``)::
 
     sac/sac.py: ok (95 s)
     ddpg/ddpg.py: FAILED: ValueError: ... (the exception line of the last traceback)
     {"benchmark": "sota_dropin", "torchrl": "0.14.1", "commit": "...", "results": {...}}
 
-The exit code is 0 only if every script passed.
-
-What is substituted (the only changes to TorchRL's code, made in a temporary copy
-of each script's folder, never in the checkout, and never copied into this project):
-
-* **The collector class.** Every ``from torchrl.collectors import ...`` of the
-  folder's ``.py`` files that imports a collector class used to build a collector
-  (``Collector``, ``AsyncCollector``, ``MultiSyncCollector``,
-  ``MultiAsyncCollector`` and their legacy names ``SyncDataCollector``,
-  ``aSyncDataCollector``, ``MultiSyncDataCollector``, ``MultiaSyncDataCollector``)
-  gets, on the same line (so that tracebacks keep the checkout's line numbers),
-  ``; from torchrl_unilab import OffPolicyCollector as <name>``: the script's own
-  constructor call then builds our collector with its own arguments. Names used
-  only for types (``BaseCollector``) are left alone.
-* **REDQ** builds its collector through ``torchrl.trainers.helpers``'
-  ``sync_sync_collector`` / ``sync_async_collector``, which pick TorchRL's class
-  inside TorchRL's package; their import line in ``redq/utils.py`` is followed, on
-  the same line, by a rebinding of both names to that module's own
-  ``_make_collector`` with ``OffPolicyCollector`` as the class: the helper's
-  argument handling is kept, only the class changes.
-* **The trainers** (``*_trainer/train.py``) take no code change: the hydra
-  override ``collector._target_=torchrl_unilab.OffPolicyCollector``, or, with
-  ``--trainer-collector NAME`` (no dot), the config-store option ``collector=NAME``:
-  a name that hydra finds by itself (registered by TorchRL or by a ``hydra_plugins``
-  module). A name that only an import registers takes ``--trainer-import MODULE``:
-  the module is imported first and the script then run with :func:`runpy.run_path`.
-* **sac/sac-async.py** needs four more, printed when applied, each for a bug of
-  TorchRL's script that no override reaches. It builds its exploration policy on
-  the hard-coded device ``"cuda:1"`` (``collector.device`` and ``network.device``
-  are configurable, this one is not, and no environment variable maps a CUDA
-  device to the CPU), so ``"cuda:1"`` in ``sac-async.py`` becomes ``"cpu"``. It
-  reads ``compile_mode_collector``, which it sets only when ``compile.compile`` is
-  true (an ``UnboundLocalError`` otherwise; with compile on, a CPU run would spend
-  minutes compiling), so ``compile_mode = None`` becomes
-  ``compile_mode = compile_mode_collector = None``. Its training loop runs a
-  hard-coded ``total_iter * num_updates = 1000 * 1000`` updates whatever the
-  config says, so ``total_iter = 1000`` becomes ``total_iter = 1`` (1,000
-  updates); the collector itself stops at ``collector.total_frames``. And
-  ``_, eval_env = make_environment(...)`` discards a seeded ``ParallelEnv``
-  without closing it, so the interpreter waits at exit for that env's processes,
-  forever, whichever collector ran (a ten-line script of TorchRL's classes alone
-  hangs the same way): the discarded env is closed on the same line.
-* **sac_prb** (``sac/sac.py`` with ``replay_buffer.prb=1``) needs one: the script
-  calls ``update_priority(sampled_tensordict)``, which takes ``(index, priority)``
-  (a ``TypeError`` with TorchRL's own collector too, ``--stock``), so it becomes
-  ``update_tensordict_priority(sampled_tensordict)``.
-
-Everything else is a hydra override (``-v`` prints each command line): a few
-thousand frames (``--frames``: total frames; a third of them random; batches of a
-sixth), the logger off (``logger.backend=``; ``trainer.logger=null`` for the
-trainers), CPU devices (plus ``CUDA_VISIBLE_DEVICES=`` in the environment),
-compile and CUDA graphs off, a replay buffer of twice the frames, evaluation at
-half the frames (so that each script's eval path runs), fewer updates per frame
-(``--utd``), and batched envs of at most ``--envs`` workers where the stock
-config asks for more (8 or 16 env processes do not fit a 2-core machine), and
-``env.library=gymnasium`` where the stock config says ``gym`` (``crossq``,
-``discrete_sac``: the pre-gymnasium ``gym`` package is not a TorchRL dependency,
-and gymnasium runs the same tasks). REDQ keeps its stock prioritized buffer, and
-``sac_prb`` runs ``sac/sac.py`` with ``replay_buffer.prb=1``: both sample with
-TorchRL's ``PrioritizedSampler`` on its C++ segment trees (which load with the
-torch 2.14 this package pins). REDQ's recorder env renders
-pixels whatever ``logger.video`` says (its ``video_tag`` turns ``from_pixels`` on), so
-REDQ needs a headless OpenGL: the benchmark runs it with ``MUJOCO_GL=egl`` unless
-``MUJOCO_GL`` is set (Debian: ``apt-get install libegl1``; or ``libosmesa6`` with
-``MUJOCO_GL=osmesa``).
-``--stock`` runs the same commands without any collector swap: a control that
-tells TorchRL's own failures from ours.
-
-Why subprocesses: each script is a hydra program that expects to own its process
-(``hydra.main`` changes directory, parses ``sys.argv`` and exits on error), TorchRL's
-stock pieces can hang at interpreter exit, and a crash or a leaked worker must not
-take the benchmark with it. Each run gets its own process group (its own session)
-and a timeout (``--timeout``), after which the whole group is killed:
-multiprocessing's resource tracker last, so that it unlinks the semaphores and
-shared memory the killed processes held. Before that, each Python process of the
-group prints its threads' stacks into the log (``PYTHONFAULTHANDLER=1`` and a
-SIGABRT), which shows where a hang sits. A process of the group still alive 10 s
-after the script exits is reported and killed; an entry of ``/dev/shm`` made during
-the run that no live process holds any more is reported (not removed: on a shared
-machine another job may have made it). The temporary
-directories are removed at the end unless ``--keep`` is given (each script's
-output is then in ``<dir>/<name>/sota_dropin.log``). This script itself writes
-nothing to ``/dev/shm``.
+The exit code is 0 only if every script passed. What is substituted in each
+script is in :func:`prepare`'s docstring, how the subprocesses run in :func:`run_one`'s.
 """
 
 from __future__ import annotations
@@ -585,7 +500,74 @@ class Result:
 
 
 def prepare(script: Script, sota: Path, workdir: Path, stock: bool) -> tuple[Path, list[str], list[str]]:
-    """Copies the script's folder under ``workdir`` and substitutes there: ``(folder, swaps, edits)``."""
+    """Copies the script's folder under ``workdir`` and substitutes there: ``(folder, swaps, edits)``.
+
+    What is substituted (the only changes to TorchRL's code, made in a temporary copy
+    of each script's folder, never in the checkout, and never copied into this project):
+
+    * **The collector class.** Every ``from torchrl.collectors import ...`` of the
+      folder's ``.py`` files that imports a collector class used to build a collector
+      (``Collector``, ``AsyncCollector``, ``MultiSyncCollector``,
+      ``MultiAsyncCollector`` and their legacy names ``SyncDataCollector``,
+      ``aSyncDataCollector``, ``MultiSyncDataCollector``, ``MultiaSyncDataCollector``)
+      gets, on the same line (so that tracebacks keep the checkout's line numbers),
+      ``; from torchrl_unilab import OffPolicyCollector as <name>``: the script's own
+      constructor call then builds our collector with its own arguments. Names used
+      only for types (``BaseCollector``) are left alone.
+    * **REDQ** builds its collector through ``torchrl.trainers.helpers``'
+      ``sync_sync_collector`` / ``sync_async_collector``, which pick TorchRL's class
+      inside TorchRL's package; their import line in ``redq/utils.py`` is followed, on
+      the same line, by a rebinding of both names to that module's own
+      ``_make_collector`` with ``OffPolicyCollector`` as the class: the helper's
+      argument handling is kept, only the class changes.
+    * **The trainers** (``*_trainer/train.py``) take no code change: the hydra
+      override ``collector._target_=torchrl_unilab.OffPolicyCollector``, or, with
+      ``--trainer-collector NAME`` (no dot), the config-store option ``collector=NAME``:
+      a name that hydra finds by itself (registered by TorchRL or by a ``hydra_plugins``
+      module). A name that only an import registers takes ``--trainer-import MODULE``:
+      the module is imported first and the script then run with :func:`runpy.run_path`.
+    * **sac/sac-async.py** needs four more, printed when applied, each for a bug of
+      TorchRL's script that no override reaches. It builds its exploration policy on
+      the hard-coded device ``"cuda:1"`` (``collector.device`` and ``network.device``
+      are configurable, this one is not, and no environment variable maps a CUDA
+      device to the CPU), so ``"cuda:1"`` in ``sac-async.py`` becomes ``"cpu"``. It
+      reads ``compile_mode_collector``, which it sets only when ``compile.compile`` is
+      true (an ``UnboundLocalError`` otherwise; with compile on, a CPU run would spend
+      minutes compiling), so ``compile_mode = None`` becomes
+      ``compile_mode = compile_mode_collector = None``. Its training loop runs a
+      hard-coded ``total_iter * num_updates = 1000 * 1000`` updates whatever the
+      config says, so ``total_iter = 1000`` becomes ``total_iter = 1`` (1,000
+      updates); the collector itself stops at ``collector.total_frames``. And
+      ``_, eval_env = make_environment(...)`` discards a seeded ``ParallelEnv``
+      without closing it, so the interpreter waits at exit for that env's processes,
+      forever, whichever collector ran (a ten-line script of TorchRL's classes alone
+      hangs the same way): the discarded env is closed on the same line.
+    * **sac_prb** (``sac/sac.py`` with ``replay_buffer.prb=1``) needs one: the script
+      calls ``update_priority(sampled_tensordict)``, which takes ``(index, priority)``
+      (a ``TypeError`` with TorchRL's own collector too, ``--stock``), so it becomes
+      ``update_tensordict_priority(sampled_tensordict)``.
+
+    Everything else is a hydra override (``-v`` prints each command line): a few
+    thousand frames (``--frames``: total frames; a third of them random; batches of a
+    sixth), the logger off (``logger.backend=``; ``trainer.logger=null`` for the
+    trainers), CPU devices (plus ``CUDA_VISIBLE_DEVICES=`` in the environment),
+    compile and CUDA graphs off, a replay buffer of twice the frames, evaluation at
+    half the frames (so that each script's eval path runs), fewer updates per frame
+    (``--utd``), and batched envs of at most ``--envs`` workers where the stock
+    config asks for more (8 or 16 env processes do not fit a 2-core machine), and
+    ``env.library=gymnasium`` where the stock config says ``gym`` (``crossq``,
+    ``discrete_sac``: the pre-gymnasium ``gym`` package is not a TorchRL dependency,
+    and gymnasium runs the same tasks). REDQ keeps its stock prioritized buffer, and
+    ``sac_prb`` runs ``sac/sac.py`` with ``replay_buffer.prb=1``: both sample with
+    TorchRL's ``PrioritizedSampler`` on its C++ segment trees (which load with the
+    torch 2.14 this package pins). REDQ's recorder env renders
+    pixels whatever ``logger.video`` says (its ``video_tag`` turns ``from_pixels`` on), so
+    REDQ needs a headless OpenGL: the benchmark runs it with ``MUJOCO_GL=egl`` unless
+    ``MUJOCO_GL`` is set (Debian: ``apt-get install libegl1``; or ``libosmesa6`` with
+    ``MUJOCO_GL=osmesa``).
+    ``--stock`` runs the same commands without any collector swap: a control that
+    tells TorchRL's own failures from ours.
+    """
     folder = workdir / script.name
     shutil.copytree(sota / script.folder, folder)
     edits = [done for done in (edit.apply(folder) for edit in script.edits) if done]
@@ -633,6 +615,22 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
             trainer_collector: str, trainer_import: str | None, stock: bool, extra: Sequence[str] = (),
             hide_gpus: bool = True) -> Result:
     """Runs one script in its own process group; never raises for the script's failures.
+
+    Why subprocesses: each script is a hydra program that expects to own its process
+    (``hydra.main`` changes directory, parses ``sys.argv`` and exits on error), TorchRL's
+    stock pieces can hang at interpreter exit, and a crash or a leaked worker must not
+    take the benchmark with it. Each run gets its own process group (its own session)
+    and a timeout (``--timeout``), after which the whole group is killed:
+    multiprocessing's resource tracker last, so that it unlinks the semaphores and
+    shared memory the killed processes held. Before that, each Python process of the
+    group prints its threads' stacks into the log (``PYTHONFAULTHANDLER=1`` and a
+    SIGABRT), which shows where a hang sits. A process of the group still alive 10 s
+    after the script exits is reported and killed; an entry of ``/dev/shm`` made during
+    the run that no live process holds any more is reported (not removed: on a shared
+    machine another job may have made it). The temporary
+    directories are removed at the end unless ``--keep`` is given (each script's
+    output is then in ``<dir>/<name>/sota_dropin.log``). This script itself writes
+    nothing to ``/dev/shm``.
 
     ``hide_gpus=False`` leaves ``CUDA_VISIBLE_DEVICES`` as it is, for a run on a GPU
     (``benchmarks/gpu_check.py``, with ``network.device=cuda`` in ``extra``).

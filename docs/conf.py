@@ -11,10 +11,15 @@ from __future__ import annotations
 import doctest
 import os
 import sys
+from pathlib import Path
 
 # The package is installed editable; this keeps a plain checkout working too.
 sys.path.insert(0, os.path.abspath(".."))
 os.environ.setdefault("MUJOCO_GL", "disable")
+# torch 2.14 creates its inductor cache dir (``<tempdir>/torchinductor_<user>``) as soon as torch._dynamo is
+# imported, here and in every process the examples start. The examples run with TMPDIR set to a directory that
+# tests/test_docs.py checks for leftovers, and that cache is torch's, not an example's: keep it with the user's caches.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "torchinductor"))
 
 import torchrl_unilab  # noqa: E402
 
@@ -30,7 +35,10 @@ extensions = [
     "sphinx.ext.viewcode",
 ]
 
-exclude_patterns = ["_build", "performance_figures.rst", "td3_vs_sb3.rst", "sac_vs_sb3.rst"]
+# results/generated/: tables that benchmarks/report.py writes from benchmarks/results/, included by the results pages.
+exclude_patterns = ["_build", "results/generated"]
+# Figures quoted in prose (``|main_job_minutes|``), from the same results files.
+rst_prolog = (Path(__file__).parent / "results" / "generated" / "figures.rst").read_text()
 templates_path: list[str] = []
 
 # -- HTML ---------------------------------------------------------------------

@@ -1,0 +1,659 @@
+"""Turn the saved results (``benchmarks/results/<topic>/*.json``) into README's and the docs' tables and plots.
+
+Each figure lives in one results file, with the date, command, machine and torch
+version of the run that measured it. This script is the only writer of:
+
+* README.md's headline table, between ``<!-- report:headline -->`` and
+  ``<!-- /report:headline -->``, and its main-job sentence (``report:main-job``);
+* ``docs/results/generated/*.rst``: the tables that the results pages include,
+  and ``figures.rst``, the substitutions (``|main_job_minutes|``) that any page may use;
+* ``docs/_static/results/*.png``: the learning curves, where per-seed data exists.
+
+Run::
+
+    python benchmarks/report.py           # rewrite them all
+    python benchmarks/report.py --check   # exit 1 and name each stale file; writes nothing
+
+``tests/test_report.py`` regenerates the text in memory and fails on a stale file.
+Results of topics not measured yet (``gpu/``, ``conformance/``) render as "not yet measured".
+
+Examples:
+    >>> import importlib.util, pathlib
+    >>> spec = importlib.util.spec_from_file_location("report", pathlib.Path("benchmarks/report.py"))
+    >>> report = importlib.util.module_from_spec(spec); spec.loader.exec_module(report)
+    >>> sorted(p.name for p in report.outputs() if p.suffix == ".md")
+    ['README.md']
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+GENERATED = ROOT / "docs" / "results" / "generated"
+PLOTS = ROOT / "docs" / "_static" / "results"
+NOT_MEASURED = "not yet measured"
+
+Results = dict[str, dict]  # "topic/name.json" -> its content
+
+
+# ------------------------------------------------------------------ loading
+def load(results: Path = RESULTS) -> Results:
+    """Every results file under ``results``, keyed by its path relative to it (``"ray/ray_scaling.json"``)."""
+    return {p.relative_to(results).as_posix(): json.loads(p.read_text()) for p in sorted(results.glob("*/*.json"))}
+
+
+def topic(res: Results, name: str) -> list[dict]:
+    """The files of one topic directory, oldest first (by their ``date``, then name)."""
+    files = [(key, data) for key, data in res.items() if key.split("/")[0] == name]
+    return [data for _, data in sorted(files, key=lambda kd: (str(kd[1].get("date", "")), kd[0]))]
+
+
+# ------------------------------------------------------------------ formatting
+def fmt(x: float | int | None, digits: int = 0) -> str:
+    """``12,345``, ``0.98``; ``-`` for a missing figure."""
+    if x is None:
+        return "-"
+    if digits == 0:  # half up, as the tables these figures come from were rounded
+        return f"{math.floor(x + 0.5):,}"
+    return f"{x:,.{digits}f}"
+
+
+def signed(x: float) -> str:
+    """``+468``, ``-1,141``: a difference, rounded half up."""
+    return f"{math.floor(x + 0.5):+,}"
+
+
+def list_table(header: list[str], rows: list[list[str]], widths: list[int] | None = None) -> str:
+    """An rst ``list-table`` of ``rows`` under ``header``."""
+    lines = [".. list-table::", "   :header-rows: 1"]
+    if widths:
+        lines.append("   :widths: " + " ".join(map(str, widths)))
+    lines.append("")
+    for row in [header, *rows]:
+        lines.append(f"   * - {row[0]}")
+        lines += [f"     - {cell}" for cell in row[1:]]
+    return "\n".join(lines) + "\n"
+
+
+def provenance(data: dict) -> str:
+    """The line under each table: command, date, machine, torch."""
+    return (f"``{data['command']}``; measured {data['date']} on a {data['machine']}; torch {data['torch']}. "
+            f"Data: ``benchmarks/results/{data['_file']}``.\n")
+
+
+def marks_header(marks: list[int]) -> list[str]:
+    """``[10000, 20000]`` -> ``['10k', '20k']``."""
+    return [f"{m // 1000}k" for m in marks]
+
+
+def mean_curve(runs: dict[str, dict]) -> list[float]:
+    """The mean over seeds at each mark (of the rounded per-seed figures: prefer a file's printed ``means``)."""
+    return [statistics.mean(r["returns"][i] for r in runs.values()) for i in range(len(next(iter(runs.values()))["returns"]))]
+
+
+def side_mean(data: dict, key: str) -> list[float]:
+    """A side's mean curve as the benchmark printed it (from unrounded returns), else the mean of the seeds."""
+    return data.get("means", {}).get(key) or mean_curve(data[key])
+
+
+def groups(task: dict) -> dict[str, dict[str, dict]]:
+    """A robot task's runs by variant (``"privileged"``, ``"symmetric"``; one group when it has none)."""
+    out = {}
+    for name in task["means"]:
+        out[name] = {k: v for k, v in task["runs"].items() if k.startswith(name + ",") or "," not in k}
+    return out
+
+
+# ------------------------------------------------------------------ collector speed
+COLLECTOR_ROWS = [
+    ("raw", "raw single-process gymnasium loop, random actions"),
+    ("bare_mujoco", "bare MuJoCo: 16 ``MjData``, ``mj_step(nstep=5)`` in a Python loop"),
+    ("envpool", "EnvPool alone, 16 envs, 1 thread, random actions"),
+    ("envpool_env", "``EnvPoolEnv`` alone, 16 envs, random actions"),
+    ("torchrl_collector", "TorchRL ``Collector`` over ``GymEnv(num_envs=16)``"),
+    ("offpolicy_gymnasium", "``OffPolicyCollector``, 1 worker x 16 envs, ``engine=\"gymnasium\"``"),
+    ("offpolicy_envpool_16", "``OffPolicyCollector``, 1 worker x 16 envs, EnvPool (default)"),
+    ("offpolicy_envpool_64", "``OffPolicyCollector``, 1 worker x 64 envs, EnvPool"),
+    ("offpolicy_lanes_16", "``OffPolicyCollector``, 1 worker x 16 envs, EnvPool, ``lanes=2``"),
+    ("offpolicy_lanes_64", "``OffPolicyCollector``, 1 worker x 64 envs, EnvPool, ``lanes=2``"),
+    ("offpolicy_envpool_2w", "``OffPolicyCollector``, 2 workers x 16 envs, EnvPool"),
+]
+
+
+def collector_tables(res: Results) -> str:
+    """collector_throughput on HalfCheetah-v5: rates and ratios to the raw loop, then each worker's phases."""
+    (data,) = topic(res, "collector")
+    rows = []
+    for key, label in COLLECTOR_ROWS:
+        ratio = fmt(data["ratio_over_raw"][key], 2)
+        if key == "offpolicy_envpool_16":
+            low, high = data["ratio_envpool_16_over_raw_range"]
+            ratio += f" (rounds {low:.2f} to {high:.2f})"
+        if key == "offpolicy_envpool_2w":
+            ratio += f" ({data['ratio_2w_over_1w']:.2f} x 1 worker)"
+        target = data["targets"].get(key, "")
+        rows.append([label, f"``{key}``", fmt(data["steps_per_s"][key]), ratio, target])
+    out = list_table(["configuration", "JSON key", "steps/s", "ratio to raw", "target"], rows, [40, 18, 10, 20, 12])
+    out += "\n" + provenance(data) + "\n"
+    phases = ["env_step", "policy", "buffer_write", "weight_check", "other"]
+    labels = dict(COLLECTOR_ROWS)
+    rows = [[labels[k]] + [fmt(v[p], 1) for p in phases] for k, v in data["breakdown_us_per_step"].items()]
+    out += "A worker's time per batched step, in microseconds (``breakdown_us_per_step``):\n\n"
+    out += list_table(["configuration", "env step", "policy", "buffer write", "weight check", "other"], rows)
+    return out
+
+
+# ------------------------------------------------------------------ drop-in
+def dropin_tables(res: Results) -> str:
+    """dropin_speedup: frames/s of TorchRL's collector and ours in TorchRL's two SAC patterns."""
+    speed = next(d for d in topic(res, "dropin") if d["benchmark"] == "dropin_speedup")
+    labels = {"pattern1": "1: iterate over batches (``sac.py``)",
+              "pattern2": "2: workers fill a shared ``ReplayBuffer`` (``sac-async.py``)",
+              "fast_path": "2, a gymnasium id instead of the stack (our fast path)"}
+    rows = []
+    for key, label in labels.items():
+        fps = speed["fps"][key]
+        ratio = f"**{speed[f'ratio_{key}']:.2f}**"
+        if key in speed["targets"]:
+            low, high = speed["ratio_rounds"][key]
+            ratio += f" (target {speed['targets'][key]}; rounds {low:.2f} to {high:.2f})"
+        rows.append([label, fmt(fps["torchrl"]), fmt(fps["ours"]), ratio])
+    out = list_table(["pattern", "TorchRL ``MultiAsyncCollector`` frames/s", "``OffPolicyCollector`` frames/s",
+                      "ratio"], rows, [40, 18, 18, 24])
+    return out + "\n" + provenance(speed)
+
+
+def sota_table(res: Results) -> str:
+    """sota_dropin: each TorchRL script's latest result (a later run of a script replaces its row)."""
+    runs = [d for d in topic(res, "dropin") if d["benchmark"] == "sota_dropin"]
+    latest: dict[str, tuple[dict, dict]] = {}
+    for run in runs:  # oldest first: a later run of a script replaces its row
+        for script, result in run["results"].items():
+            latest[script] = (run, result)
+    rows = []
+    for script, (run, result) in latest.items():
+        status = result["status"]
+        if result.get("variant"):
+            status += f" ({result['variant']})"
+        if result.get("error"):
+            status += f": ``{result['error']}``"
+        if result.get("substituted"):
+            status += f"; substituted: {result['substituted']}"
+        rows.append([f"``{script}``", status, fmt(result["seconds"]), run["date"]])
+    out = list_table(["script", "result", "seconds", "date"], rows, [26, 54, 8, 12])
+    ok = sum(1 for _, r in latest.values() if r["status"] == "ok")
+    out += f"\n{ok} of {len(latest)} rows ok. "
+    for run in runs:
+        out += provenance(run).rstrip("\n") + " "
+    return out.rstrip() + "\n"
+
+
+def conformance_table(res: Results) -> str:
+    """torchrl_conformance: passed/failed/skipped per side, or 'not yet measured' without a results file."""
+    runs = topic(res, "conformance")
+    if not runs:
+        return (f"TorchRL's own collector tests (``test/test_collectors.py``) with ``OffPolicyCollector`` in place of "
+                f"``MultiAsyncCollector``: **{NOT_MEASURED}** (``python benchmarks/torchrl_conformance.py --rl-root "
+                f"<pytorch/rl checkout> --out benchmarks/results/conformance/<name>.json``).\n")
+    rows = []
+    for run in runs:
+        for side in ("stock", "ours"):
+            # a stock side reused from a saved stock run ("from") is that run's row already
+            if isinstance(run.get(side), dict) and "from" not in run[side]:
+                s = run[side]
+                rows.append([run.get("date", "-"), side, str(s.get("passed", "-")), str(s.get("failed", "-")),
+                             str(s.get("skipped", "-")), str(len(s.get("crashed") or []))])
+        if run.get("pass_stock_not_ours") is not None and rows:
+            rows[-1].append(str(len(run["pass_stock_not_ours"])))
+    if not rows:
+        return f"TorchRL's own collector tests: **{NOT_MEASURED}** (no side's counts in ``benchmarks/results/conformance/``).\n"
+    width = max(len(r) for r in rows)
+    rows = [r + ["-"] * (width - len(r)) for r in rows]
+    header = ["date", "collector", "passed", "failed", "skipped", "crashed", "pass with stock, not ours"][:width]
+    commit = runs[-1].get("commit", "?")
+    out = (list_table(header, rows) + f"\nAgainst pytorch/rl ``{commit[:9]}``, torchrl {runs[-1].get('torchrl', '?')}, "
+           f"torchrl_unilab ``{str(runs[-1].get('unilab_commit', '?'))[:7]}``. "
+           "Data: ``benchmarks/results/conformance/``.\n")
+    failing = runs[-1].get("pass_stock_not_ours") or []
+    if failing:
+        errors = runs[-1].get("first_errors") or {}
+        out += "\nCases TorchRL's class passes and ours does not, with the first error:\n\n"
+        for node in failing:
+            error = " ".join(str(errors.get(node, "")).split())[:160].replace("`", "'")
+            out += f"* ``{node.split('::', 1)[-1]}``" + (f": {error}" if error else "") + "\n"
+    return out
+
+
+# ------------------------------------------------------------------ learning against SB3
+def learning_table(data: dict, sides: list[tuple[str, str]]) -> str:
+    """Each seed's return at every mark, then each side's mean, and the minutes per run."""
+    marks = data["marks"]
+    rows = []
+    for key, label in sides:
+        runs = data[key]
+        for seed, run in runs.items():
+            rows.append([f"{label}, seed {seed}", *map(fmt, run["returns"]), fmt(run["minutes"], 1)])
+        rows.append([f"**{label}, mean of {len(runs)}**", *map(fmt, side_mean(data, key)),
+                     fmt(statistics.mean(r["minutes"] for r in runs.values()), 1)])
+    return list_table(["run", *marks_header(marks), "min"], rows)
+
+
+def sac_tables(res: Results) -> str:
+    """SAC against SB3: the per-seed table and the wall-clock to SB3's 100k return."""
+    data = res["learning/sac_vs_sb3.json"]
+    out = learning_table(data, [("recipe", "``recipes/sac.py``"), ("sb3_sac", "SB3 SAC")])
+    t = data["time_to_sb3_return"]
+    out += (f"\nSB3's mean return at 100k frames, {fmt(t['sb3_return_100k'])}, is reached by the recipe's mean curve "
+            f"at {t['recipe_frames'] // 1000}k frames in {t['recipe_min']} min, against SB3's {t['sb3_min']} min "
+            f"(**{t['ratio']:.2f}** of SB3's wall-clock; target at most {data['targets']['time_ratio_at_most']}).\n\n")
+    return out + provenance(data)
+
+
+def td3_tables(res: Results) -> str:
+    """TD3 against SB3: the means, their difference and its 90 % interval at each mark."""
+    data = res["learning/td3_vs_sb3.json"]
+    recipe, sb3 = side_mean(data, "recipe"), side_mean(data, "sb3_td3")
+    rows = []
+    for i, mark in enumerate(data["marks"]):
+        low, high = data["interval_90"][str(mark)]
+        rows.append([f"{mark // 1000}k", fmt(recipe[i]), fmt(sb3[i]), signed(data["difference"][i]),
+                     f"{signed(low)} to {signed(high)}"])
+    n = len(data["recipe"])
+    out = list_table(["frames", f"recipe mean ({n} seeds)", f"SB3 mean ({len(data['sb3_td3'])} seeds)",
+                      "recipe - SB3", "90 % interval over seeds"], rows)
+    p = data["pooled_seeds_0_2"]
+    a = p["at_100k"]
+    out += (f"\nSeeds 0-2, the issue's measure, three runs pooled ({p['runs']} runs): {signed(p['from_30k_to_90k'][0])} "
+            f"to {signed(p['from_30k_to_90k'][1])} against SB3 from 30k to 90k, {fmt(a['recipe'])} against "
+            f"{fmt(a['sb3'])} at 100k ({a['percent']:+.1f} %).\n\n")
+    return out + provenance(data)
+
+
+def td3_seeds_table(res: Results) -> str:
+    """TD3 against SB3: each seed's return at every mark."""
+    data = res["learning/td3_vs_sb3.json"]
+    return learning_table(data, [("recipe", "``recipes/td3.py``"), ("sb3_td3", "SB3 TD3")])
+
+
+def learner_table(res: Results) -> str:
+    """learner_throughput: updates/s against TorchRL's loop and the machine's limit, and end to end."""
+    d = res["learning/learner_throughput.json"]
+    rows = [
+        ["TorchRL's sota SAC loop (``SACLoss``, three ``Adam``), one thread", "``plain_ups_1t``", fmt(d["plain_ups_1t"], 1)],
+        ["the recipe's update (tensor-level loss), one / two threads", "``recipe_ups_1t`` / ``_2t``",
+         f"{d['recipe_ups_1t']} / {d['recipe_ups_2t']}"],
+        ["the limit: every matrix product at the best sgemm rate, one / two threads", "``limit_ups_1t`` / ``_2t``",
+         f"{d['limit_ups_1t']} / {d['limit_ups_2t']}"],
+        ["fraction of the limit, one thread", "``recipe_fraction_of_limit_1t``",
+         f"**{d['recipe_fraction_of_limit_1t']}** (target {d['targets']['recipe_fraction_of_limit_1t']})"],
+        ["TD3's update ([400, 300]): recipe, limit, fraction", "``td3_*``",
+         f"{d['td3']['recipe_ups_1t']}, {d['td3']['limit_ups_1t']}, {d['td3']['fraction']}"],
+        ["the same SAC update under ``torch.compile`` (CPU)", "``recipe_compiled_ups``", fmt(d["recipe_compiled_ups"], 1)],
+        ["``recipes/sac.py`` end to end, ``optim.num_threads=auto`` / ``1``: env frames/s", "``e2e_fps_auto`` / ``_1t``",
+         f"{d['e2e_fps_auto']} / {d['e2e_fps_1t']} (**{d['e2e_auto_over_1t']:.2f}x**)"],
+        ["Stable-Baselines3's SAC on both cores: env frames/s", "``sb3_fps``",
+         f"{d['sb3_fps']} (the recipe: {d['e2e_auto_over_sb3']:.2f}x)"],
+    ]
+    out = list_table(["figure (updates/s unless said)", "JSON key", "value"], rows, [56, 24, 20])
+    p = d["profile_ms"]
+    out += (f"\nOne update's {p['total']} ms (``--profile``): loss forward {p['loss_forward']}, backward {p['backward']}, "
+            f"optimiser {p['optimizer']}, target update {p['target_update']}, sampling {p['sample']}; matrix products "
+            f"{p['matmul']} of it.\n\n")
+    return out + provenance(d)
+
+
+# ------------------------------------------------------------------ robot tasks
+def robot_tables(res: Results) -> str:
+    """The robot suite: each task's per-seed returns and each variant's mean."""
+    data = res["robot/learning.json"]
+    out = ""
+    for task, t in data["tasks"].items():
+        rows = [[name, *map(fmt, run["returns"]), fmt(run["minutes"])] for name, run in t["runs"].items()]
+        for group, runs in groups(t).items():
+            rows.append([f"**{group}, mean of {len(runs)}**", *map(fmt, t["means"][group]),
+                         fmt(statistics.mean(r["minutes"] for r in runs.values()))])
+        ref = f"; reference return at 100k: {t['reference']}" if "reference" in t else ""
+        out += f"``{task}``, ``recipes/{t['algo']}.py``{ref}:\n\n"
+        out += list_table(["run", *marks_header(data["marks"]), "min"], rows) + "\n"
+        if "mean_episode_steps_30k_100k" in t:
+            steps = ", ".join(f"{k} {v}" for k, v in t["mean_episode_steps_30k_100k"].items())
+            out += f"Mean evaluation episode length from 30k to 100k frames, in steps: {steps}.\n\n"
+    return out + provenance(data)
+
+
+def robot_speed_table(res: Results) -> str:
+    """collector_throughput --task: the collector against EnvPool alone on the robot tasks."""
+    data = res["robot/collector_speed.json"]
+    rows = []
+    for task, t in data["tasks"].items():
+        b = t["breakdown_us_per_step"]
+        rows.append([f"``{task}``", fmt(t["envpool"]), fmt(t["envpool_env"]), fmt(t["offpolicy"]),
+                     f"**{t['ratio_offpolicy_over_envpool']:.2f}** (target {t['target']})",
+                     f"{b['env_step']} / {b['policy']} / {b['buffer_write']}"])
+    out = list_table(["task", "EnvPool alone", "``EnvPoolEnv`` alone", "collector", "collector / EnvPool",
+                      "us per env step: physics / policy / buffer"], rows)
+    return out + "\n" + provenance(data)
+
+
+# ------------------------------------------------------------------ faults
+RESIDUE = {"dev_shm": "``/dev/shm`` blocks", "fds": "file descriptors", "threads": "threads",
+           "children": "child processes", "temp_dirs": "temp dirs"}
+
+def fault_tables(res: Results) -> str:
+    """faults: the injected faults and what the learner saw, then the recipe soaks."""
+    f = res["faults/faults.json"]
+    b, w, c = f["buffer_kills"], f["worker_kills"], f["cycles"]
+    lk, st = f["learner_kill"], f["recipe_sigterm"]
+    rows = [
+        [f"{b['kills']} SIGKILLs of a process writing {fmt(b['batch_rows'])}-row batches into a full buffer "
+         f"({b['inside_write']} inside a write), the learner sampling",
+         f"longest ``sample()`` {b['max_sample_s']} s (limit {b['limit_s']} s); torn rows {b['torn_rows']} in "
+         f"{fmt(b['samples'])} samples"],
+        [f"{w['kills']} SIGKILLs of an ``OffPolicyCollector`` worker, the learner sampling",
+         f"hangs {w['hangs']}; ``WorkerError`` within {w['max_error_s']} s; longest ``sample()`` "
+         f"{w['max_sample_s']} s; torn rows {w['torn_rows']}"],
+        [f"{c['cycles']} create / collect / shutdown cycles",
+         "residue: " + ", ".join(f"{v} {RESIDUE.get(k, k)}" for k, v in c["residue"].items())],
+        ["SIGKILL of the learner during collection",
+         f"workers gone {lk['workers_gone_s']} s later; its leftovers removed when the next collector starts"],
+        ["SIGTERM of ``recipes/sac.py``",
+         f"exit {st['exit_code']} after {st['exit_s']} s with a checkpoint, no residue; ``resume=`` restores the buffer exactly"],
+    ]
+    out = list_table(["fault", "result"], rows, [50, 50]) + "\n" + provenance(f) + "\n"
+    s = res["faults/soak.json"]
+    r, y = s["recipe_soak"], s["ray_soak"]
+    rows = [
+        [f"local, {r['workers']} workers, {fmt(r['frames'])} frames, {r['minutes']} min (undisturbed {r['undisturbed_minutes']})",
+         f"{r['kills']} / {r['restarts']}", str(r["frames_lost"]), str(r["torn_rows"]),
+         f"{r['max_stall_s']} s (undisturbed {r['undisturbed_max_stall_s']})",
+         f"{fmt(r['final_return'])} (undisturbed {fmt(r['undisturbed_final_return'])})", r["residue"]],
+        [f"Ray, {y['nodes']} nodes, {fmt(y['frames'])} frames, {y['minutes']} min", f"{y['kills']} / {y['restarts']}",
+         str(y["frames_lost"]), str(y["torn_rows"]), f"{y['max_stall_s']} s", fmt(y["final_return"]), y["residue"]],
+    ]
+    out += "The SAC recipe with a worker (or a Ray node actor) SIGKILLed again and again, restarts on:\n\n"
+    out += list_table(["soak", "kills / restarts", "frames lost", "torn rows", "longest learner stall", "final return",
+                       "residue"], rows)
+    return out + "\n" + provenance(s)
+
+
+# ------------------------------------------------------------------ Ray
+def ray_table(res: Results) -> str:
+    """ray_scaling: the Ray path against the local collector at each batch size."""
+    d = res["ray/ray_scaling.json"]
+    rows = []
+    for fpb, r in d["by_frames_per_batch"].items():
+        low, high = r["ray_rounds"]
+        rows.append([fpb, fmt(r["local_fps"]), fmt(r["ray_fps"]), f"**{r['ray_over_local']:.2f}** (rounds {low:.2f}-{high:.2f})",
+                     f"{r['ray_buffer_over_local']:.2f}", str(r["receive_us_per_frame"]), str(r["wire_bytes_per_frame"])])
+    out = list_table(["``--frames-per-batch``", "local frames/s", "Ray frames/s (learner receives)",
+                      f"Ray / local (target {d['target_ray_over_local']})", "Ray, nodes write a ``RayReplayBuffer``, / local",
+                      "learner receive, us/frame", "bytes/frame on the wire"], rows)
+    return out + "\n" + provenance(d)
+
+
+# ------------------------------------------------------------------ GPU
+def flatten(data: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """``{"a": {"b": 1}}`` -> ``[("a.b", 1)]``: the scalar leaves of a results file, private keys left out."""
+    out = []
+    for key, value in data.items():
+        if key.startswith("_"):
+            continue
+        if isinstance(value, dict):
+            out += flatten(value, f"{prefix}{key}.")
+        elif isinstance(value, (int, float, str)):
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+def gpu_table(res: Results) -> str:
+    """gpu_check's results (its ``--quick`` dry runs left out), or 'not yet measured' without a results file."""
+    runs = [run for run in topic(res, "gpu") if not run.get("quick")]
+    if not runs:
+        return (f"**No GPU figures: {NOT_MEASURED}.** No GPU has been lent to this project yet. On a machine with one, "
+                "``python benchmarks/gpu_check.py`` measures them and saves its results to ``benchmarks/results/gpu/``; "
+                "``python benchmarks/report.py`` then fills this table.\n")
+    out = ""
+    for run in runs:
+        rows = [[f"``{k}``", str(v)] for k, v in flatten(run)]
+        out += list_table(["key", "value"], rows) + f"\nData: ``benchmarks/results/{run['_file']}``.\n\n"
+    return out
+
+
+# ------------------------------------------------------------------ README
+def headline_rows(res: Results) -> list[tuple[str, str, str, str]]:
+    """README's headline table: (measure, figure, command, date), at most eight rows."""
+    c = res["collector/halfcheetah.json"]
+    r, s = c["ratio_over_raw"], c["steps_per_s"]
+    d = res["dropin/dropin_speedup.json"]
+    sac = res["learning/sac_vs_sb3.json"]
+    t = sac["time_to_sb3_return"]
+    td3 = res["learning/td3_vs_sb3.json"]
+    rec, sb3 = side_mean(td3, "recipe"), side_mean(td3, "sb3_td3")
+    f, soak = res["faults/faults.json"], res["faults/soak.json"]["recipe_soak"]
+    ray = res["ray/ray_scaling.json"]
+    ray512 = ray["by_frames_per_batch"]["512"]
+    robot, rspeed = res["robot/learning.json"], res["robot/collector_speed.json"]
+    cheetah = robot["tasks"]["CheetahRun-v1"]["means"]["recipes/sac.py"][-1]
+    walker = robot["tasks"]["WalkerWalk-v1"]["means"]["recipes/sac.py"][-1]
+    go1 = rspeed["tasks"]["Go1JoystickFlatTerrain-v1"]["ratio_offpolicy_over_envpool"]
+    return [
+        ("Collector vs a raw gymnasium loop (HalfCheetah-v5)",
+         f"**{r['offpolicy_envpool_64']:.2f}x** (1 worker x 64 envs), {r['offpolicy_envpool_2w']:.2f}x (2 workers)",
+         c["command"], c["date"]),
+        ("Collector vs TorchRL's `Collector` (16 envs, same run)",
+         f"**{s['offpolicy_envpool_16'] / s['torchrl_collector']:.1f}x** ({fmt(s['offpolicy_envpool_16'])} against "
+         f"{fmt(s['torchrl_collector'])} steps/s)", c["command"], c["date"]),
+        ("Drop-in: TorchRL's SAC scripts, only the class changed",
+         f"**{d['ratio_pattern1']:.2f}x** (batches), **{d['ratio_pattern2']:.2f}x** (shared buffer)", d["command"], d["date"]),
+        ("SAC: wall-clock to SB3's 100k return",
+         f"**{t['ratio']:.2f}** of SB3's ({t['recipe_min']} against {t['sb3_min']} min, 3 seeds)", sac["command"], sac["date"]),
+        (f"TD3 vs SB3's TD3, {len(td3['recipe'])} seeds, 100k frames",
+         f"{fmt(rec[-1])} against {fmt(sb3[-1])} ({(rec[-1] / sb3[-1] - 1) * 100:+.1f} %)",
+         "python benchmarks/learning.py --suite td3 --seeds 0 1 2 3 4 5 6 7 8 9", td3["date"]),
+        ("Faults survived",
+         f"{f['worker_kills']['kills']} worker and {f['buffer_kills']['kills']} writer SIGKILLs: 0 hangs, 0 torn rows; "
+         f"SAC soak: {soak['kills']} kills, {soak['restarts']} restarts, {soak['frames_lost']} frames lost",
+         f["command"] + " (and --soak-minutes)", f"{f['date']}, soak {res['faults/soak.json']['date']}"),
+        ("Ray vs local collector (2 nodes, same cores)",
+         f"**{ray512['ray_over_local']:.2f}** at 512 frames per batch", ray["command"], ray["date"]),
+        ("Robot tasks (Control Suite, Playground)",
+         f"SAC 100k: CheetahRun {fmt(cheetah)}, WalkerWalk {fmt(walker)}; Go1 collector {go1:.2f} of EnvPool",
+         "python benchmarks/learning.py --suite robot", robot["date"]),
+    ]
+
+
+def readme_headline(res: Results) -> str:
+    """README's headline table in Markdown."""
+    lines = ["| measure | figure | command | date |", "| --- | --- | --- | --- |"]
+    lines += [f"| {m} | {fig} | `{cmd}` | {date} |" for m, fig, cmd, date in headline_rows(res)]
+    return "\n".join(lines) + "\n"
+
+
+def readme_main_job(res: Results) -> str:
+    """README's main-job clause: the stated minutes and where they were measured."""
+    m = res["main_job/sac.json"]
+    return (f"about {m['stated_minutes']} minutes on a 2-core CPU ({m['frames'] // 1000}k frames; measured "
+            f"{m['date']} on a fresh clone)")
+
+
+README_BLOCKS: dict[str, Callable[[Results], str]] = {"headline": readme_headline, "main-job": readme_main_job}
+
+
+def render_readme(text: str, res: Results) -> str:
+    """``text`` with each ``<!-- report:NAME -->...<!-- /report:NAME -->`` block regenerated."""
+    for name, make in README_BLOCKS.items():
+        start, end = f"<!-- report:{name} -->", f"<!-- /report:{name} -->"
+        if start not in text or end not in text:
+            raise ValueError(f"README.md: the marked block {start} ... {end} is missing; accepted blocks: "
+                             f"{sorted(README_BLOCKS)}")
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        body = make(res)
+        sep = "\n" if body.endswith("\n") else ""
+        text = head + start + ("\n" if sep else "") + body + end + tail
+    return text
+
+
+# ------------------------------------------------------------------ docs
+def figures_rst(res: Results) -> str:
+    """Substitutions for figures quoted in prose; ``docs/conf.py`` puts them in every page's prolog."""
+    m = res["main_job/sac.json"]
+    return (f".. |main_job_minutes| replace:: {m['stated_minutes']}\n"
+            f".. |main_job_date| replace:: {m['date']}\n")
+
+
+DOCS_TABLES: dict[str, Callable[[Results], str]] = {
+    "collector.rst": collector_tables,
+    "dropin.rst": dropin_tables,
+    "sota_dropin.rst": sota_table,
+    "conformance.rst": conformance_table,
+    "sac_vs_sb3.rst": sac_tables,
+    "td3_vs_sb3.rst": td3_tables,
+    "td3_seeds.rst": td3_seeds_table,
+    "learner.rst": learner_table,
+    "robot_learning.rst": robot_tables,
+    "robot_speed.rst": robot_speed_table,
+    "faults.rst": fault_tables,
+    "ray.rst": ray_table,
+    "gpu.rst": gpu_table,
+    "figures.rst": figures_rst,
+}
+HEADER = ".. Generated by benchmarks/report.py from benchmarks/results/: do not edit, run the script.\n\n"
+
+
+def outputs(results: Path = RESULTS, readme: Path = README) -> dict[Path, str]:
+    """Every generated text file and its content, computed from ``results`` (nothing is written)."""
+    res = load(results)
+    for key, data in res.items():
+        data["_file"] = key
+    out = {GENERATED / name: HEADER + make(res) for name, make in DOCS_TABLES.items()}
+    out[readme] = render_readme(readme.read_text(), res)
+    return out
+
+
+def stale(results: Path = RESULTS, readme: Path = README) -> list[Path]:
+    """The generated files whose content on disk differs from what ``results`` gives."""
+    return [p for p, text in outputs(results, readme).items() if not p.exists() or p.read_text() != text]
+
+
+# ------------------------------------------------------------------ plots
+def plot_learning(path: Path, title: str, sides: list[tuple[str, dict, list[float]]], marks: list[int]) -> None:
+    """Mean deterministic eval return against frames, one line per side, its band from the lowest to the highest seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, runs, mean in sides:
+        curves = [r["returns"] for r in runs.values()]
+        ax.plot(marks, mean, marker=".", label=f"{label} (mean of {len(runs)})")
+        ax.fill_between(marks, [min(c) for c in zip(*curves)], [max(c) for c in zip(*curves)], alpha=0.2)
+    ax.set(title=title, xlabel="frames", ylabel="deterministic eval return")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def plot_bars(path: Path, title: str, labels: list[str], groups: dict[str, list[float]], xlabel: str) -> None:
+    """Horizontal bars: one row per label, one bar per group (``{"TorchRL": [...], "ours": [...]}``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(labels) * max(1, len(groups)) + 1.2))
+    height = 0.8 / len(groups)
+    for g, (name, values) in enumerate(groups.items()):
+        ys = [i + g * height for i in range(len(labels))]
+        ax.barh(ys, values, height=height, label=name if len(groups) > 1 else None)
+    ax.set_yticks([i + height * (len(groups) - 1) / 2 for i in range(len(labels))], labels)
+    ax.invert_yaxis()
+    ax.set(title=title, xlabel=xlabel)
+    ax.grid(alpha=0.3, axis="x")
+    if len(groups) > 1:
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def plots(results: Path = RESULTS) -> list[Path]:
+    """Writes the learning curves under ``docs/_static/results/``; returns their paths."""
+    res = load(results)
+    sac, td3, robot = res["learning/sac_vs_sb3.json"], res["learning/td3_vs_sb3.json"], res["robot/learning.json"]
+    made = []
+
+    def plot(name, title, sides, marks):
+        plot_learning(PLOTS / name, title, sides, marks)
+        made.append(PLOTS / name)
+
+    plot("sac_vs_sb3.png", "SAC HalfCheetah-v5: recipe against SB3",
+         [("recipes/sac.py", sac["recipe"], side_mean(sac, "recipe")),
+          ("SB3 SAC", sac["sb3_sac"], side_mean(sac, "sb3_sac"))], sac["marks"])
+    plot("td3_vs_sb3.png", "TD3 HalfCheetah-v5: recipe against SB3",
+         [("recipes/td3.py", td3["recipe"], side_mean(td3, "recipe")),
+          ("SB3 TD3", td3["sb3_td3"], side_mean(td3, "sb3_td3"))], td3["marks"])
+    for task, t in robot["tasks"].items():
+        sides = [(name, runs, t["means"][name]) for name, runs in groups(t).items()]
+        plot(f"robot_{task}.png", f"{t['algo'].upper()} {task}", sides, robot["marks"])
+
+    c = res["collector/halfcheetah.json"]
+    short = {"raw": "raw gymnasium loop", "bare_mujoco": "bare MuJoCo", "envpool": "EnvPool alone",
+             "envpool_env": "EnvPoolEnv alone", "torchrl_collector": "TorchRL Collector",
+             "offpolicy_gymnasium": "ours, 16 envs, gymnasium", "offpolicy_envpool_16": "ours, 16 envs",
+             "offpolicy_envpool_64": "ours, 64 envs", "offpolicy_lanes_16": "ours, 16 envs, lanes=2",
+             "offpolicy_lanes_64": "ours, 64 envs, lanes=2", "offpolicy_envpool_2w": "ours, 2 workers x 16 envs"}
+    plot_bars(PLOTS / "collector.png", f"HalfCheetah-v5 env steps/s ({c['date']})", list(short.values()),
+              {"steps/s": [c["steps_per_s"][k] for k in short]}, "env steps per second")
+    d = res["dropin/dropin_speedup.json"]
+    keys = {"pattern1": "1: iterate over batches", "pattern2": "2: shared buffer", "fast_path": "2, gymnasium id"}
+    plot_bars(PLOTS / "dropin.png", f"TorchRL's SAC patterns, frames/s ({d['date']})", list(keys.values()),
+              {"TorchRL MultiAsyncCollector": [d["fps"][k]["torchrl"] for k in keys],
+               "OffPolicyCollector": [d["fps"][k]["ours"] for k in keys]}, "collected frames per second")
+    r = res["ray/ray_scaling.json"]["by_frames_per_batch"]
+    plot_bars(PLOTS / "ray.png", f"Ray against the local collector ({res['ray/ray_scaling.json']['date']})",
+              [f"{k} frames per batch" for k in r],
+              {"local": [v["local_fps"] for v in r.values()], "Ray": [v["ray_fps"] for v in r.values()]},
+              "frames per second")
+    made += [PLOTS / "collector.png", PLOTS / "dropin.png", PLOTS / "ray.png"]
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line: rewrite every generated file (and the plots), or ``--check`` them."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="name the stale files and exit 1; write nothing")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNGs (they need matplotlib)")
+    args = parser.parse_args(argv)
+    if args.check:
+        bad = stale()
+        for path in bad:
+            print(f"stale: {path.relative_to(ROOT)} (run python benchmarks/report.py)")
+        return 1 if bad else 0
+    for path, text in outputs().items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(ROOT)}")
+    if not args.no_plots:
+        for path in plots():
+            print(f"plotted {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The tables of README and the docs are generated from ``benchmarks/results/`` and are current.
+
+``benchmarks/report.py`` writes README's headline table and the docs' result tables
+from the results files. These tests regenerate them in memory and compare with the
+files on disk, so a figure changed in a results file but not regenerated (or a
+generated table edited by hand) fails here. Run ``python benchmarks/report.py`` to fix.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_report():
+    spec = importlib.util.spec_from_file_location("report", ROOT / "benchmarks" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+report = load_report()
+
+
+def test_generated_tables_are_current():
+    stale = [str(p.relative_to(ROOT)) for p in report.stale()]
+    assert not stale, f"stale against benchmarks/results/: {stale}; run python benchmarks/report.py"
+
+
+def test_every_generated_docs_file_is_included_by_a_page():
+    pages = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*.rst") if "generated" not in p.parts)
+    unused = [name for name in report.DOCS_TABLES if name != "figures.rst" and f"generated/{name}" not in pages]
+    assert not unused, f"generated tables no docs page includes: {unused}"
+
+
+@pytest.fixture
+def results_copy(tmp_path) -> Path:
+    copy = tmp_path / "results"
+    shutil.copytree(report.RESULTS, copy)
+    return copy
+
+
+def test_a_changed_figure_makes_its_tables_stale(results_copy):
+    path = results_copy / "ray" / "ray_scaling.json"
+    data = json.loads(path.read_text())
+    data["by_frames_per_batch"]["512"]["ray_over_local"] = 0.93
+    path.write_text(json.dumps(data))
+    stale = {p.name for p in report.stale(results_copy)}
+    assert stale == {"README.md", "ray.rst"}
+    assert "**0.93** at 512 frames per batch" in report.outputs(results_copy)[report.README]
+
+
+def test_a_hand_edited_table_is_stale(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(report.README.read_text().replace("| Faults survived |", "| Faults we survived |"))
+    assert readme in report.stale(readme=readme)
+
+
+def test_readme_headline_table():
+    text = report.README.read_text()
+    block = text.split("<!-- report:headline -->")[1].split("<!-- /report:headline -->")[0]
+    rows = [line for line in block.strip().splitlines()[2:]]
+    assert 1 <= len(rows) <= 8
+    for row in rows:
+        measure, figure, command, date = [cell.strip() for cell in row.strip("|").split(" | ")]
+        assert command.startswith("`python benchmarks/"), row
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}.*", date), row
+        assert re.search(r"\d", figure), row
+
+
+def test_topics_not_measured_yet_say_so(results_copy):
+    shutil.rmtree(results_copy / "conformance", ignore_errors=True)
+    shutil.rmtree(results_copy / "gpu", ignore_errors=True)
+    out = {p.name: text for p, text in report.outputs(results_copy).items()}
+    assert report.NOT_MEASURED in out["conformance.rst"] and report.NOT_MEASURED in out["gpu.rst"]
+
+    (results_copy / "conformance").mkdir()
+    (results_copy / "conformance" / "ours.json").write_text(json.dumps({
+        "date": "2026-12-05", "commit": "ae9719f17b15", "torchrl": "0.14.1",
+        "stock": {"passed": 90, "failed": 0, "skipped": 53, "crashed": []},
+        "ours": {"passed": 88, "failed": 2, "skipped": 53, "crashed": []},
+        "pass_stock_not_ours": ["a", "b"]}))
+    table = report.outputs(results_copy)[report.GENERATED / "conformance.rst"]
+    assert report.NOT_MEASURED not in table
+    assert "     - 88\n     - 2\n     - 53\n     - 0\n     - 2\n" in table
+
+
+def test_gpu_results_fill_the_gpu_table(results_copy):
+    (results_copy / "gpu").mkdir(exist_ok=True)
+    (results_copy / "gpu" / "h100.json").write_text(json.dumps({
+        "benchmark": "gpu_check", "date": "2026-12-05T10:00:00+00:00", "device": "cuda", "quick": False,
+        "learner": {"eager_ups": 812.5, "gpu": "NVIDIA H100"}}))
+    (results_copy / "gpu" / "dry_run.json").write_text(json.dumps({"benchmark": "gpu_check", "quick": True,
+                                                                    "date": "2026-12-05", "learner": {"eager_ups": 1.0}}))
+    table = report.outputs(results_copy)[report.GENERATED / "gpu.rst"]
+    assert report.NOT_MEASURED not in table
+    assert "``learner.eager_ups``\n     - 812.5" in table and "1.0" not in table and "h100.json" in table
