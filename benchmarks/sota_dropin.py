@@ -485,6 +485,44 @@ def _mapped_shm() -> set[str]:
 
 
 @dataclasses.dataclass
+class GroupRun:
+    """How a command run by :func:`run_in_own_group` ended."""
+
+    returncode: int
+    seconds: float
+    timed_out: bool
+    dumped: int  # processes whose stacks were written to the log at the timeout
+    leftovers: dict[int, str]  # processes of its group still alive 10 s after it exited (killed since)
+
+
+def run_in_own_group(cmd: Sequence[str], cwd: Path, env: dict[str, str], log_path: Path,
+                     timeout: float) -> GroupRun:
+    """Runs ``cmd`` in a session of its own, its output into ``log_path``.
+
+    At ``timeout`` the stacks of its process group go into the log and the group
+    is killed; after it exits, what of its group is still alive 10 s later (a
+    clean exit may leave a resource tracker a moment to finish) is killed too.
+    """
+    start = time.monotonic()
+    timed_out, dumped = False, 0
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            dumped = _dump_stacks(proc.pid)
+            _kill_group(proc.pid)
+            proc.wait()
+    seconds = time.monotonic() - start
+    leftovers = _wait_for(proc.pid, 10.0, lambda members: not members)
+    if leftovers:
+        _kill_group(proc.pid, grace=2.0)
+    return GroupRun(proc.returncode, seconds, timed_out, dumped, leftovers)
+
+
+@dataclasses.dataclass
 class Result:
     status: str  # "ok" or "failed"
     seconds: float
@@ -654,24 +692,8 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     (folder / "tmp").mkdir(exist_ok=True)
     log_path = folder / "sota_dropin.log"
     shm_before = _shm()
-    start = time.monotonic()
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            dumped = _dump_stacks(proc.pid)
-            _kill_group(proc.pid)
-            proc.wait()
-    seconds = time.monotonic() - start
-    # A clean exit may leave the resource tracker a moment to finish; anything still
-    # there after 10 s was left behind.
-    leftovers = _wait_for(proc.pid, 10.0, lambda m: not m)
-    if leftovers:
-        _kill_group(proc.pid, grace=2.0)
+    run = run_in_own_group(cmd, folder, env, log_path, timeout)
+    seconds, timed_out, dumped, leftovers = run.seconds, run.timed_out, run.dumped, run.leftovers
     # What the script printed, without the stack dumps of a timeout.
     output = log_path.read_text(errors="replace").split("Fatal Python error: Aborted")[0]
     result = Result("ok", seconds, swaps=swaps, edits=edits, command=" ".join(cmd))
@@ -685,9 +707,9 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
         else:
             result.error = f"timeout after {timeout:.0f} s (killed; last output: {last[-300:]!r})"
         result.notes.append(f"the stacks of its {dumped} process(es) at the timeout are in its log (--keep)")
-    elif proc.returncode != 0:
+    elif run.returncode != 0:
         result.status = "failed"
-        result.error = error or f"exit code {proc.returncode} (last output: {last[-300:]!r})"
+        result.error = error or f"exit code {run.returncode} (last output: {last[-300:]!r})"
     elif error:
         result.notes.append(f"exit 0, but the output holds a traceback: {error[:300]}")
     if leftovers and not timed_out:

@@ -104,7 +104,7 @@ from typing import Any
 # that the benchmarks' own module names shadow nothing.
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
-from sota_dropin import REPO_ROOT, _dump_stacks, _git, _kill_group, _mapped_shm, _shm, _wait_for  # noqa: E402
+from sota_dropin import REPO_ROOT, _git, _mapped_shm, _shm, run_in_own_group  # noqa: E402
 
 BENCHMARKS = Path(__file__).resolve().parent
 PLUGIN = Path(__file__).stem
@@ -651,24 +651,11 @@ def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout
     env = _pytest_env(side, events_path, tmp, rebind, verify, plugin_dir)
     notes: list[str] = []
     shm_before = _shm()
-    start = time.monotonic()
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(_pytest_cmd(root, args), cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _dump_stacks(proc.pid)
-            _kill_group(proc.pid)
-            proc.wait()
-    seconds = time.monotonic() - start
-    leftovers = _wait_for(proc.pid, 10.0, lambda m: not m)
-    if leftovers:
-        _kill_group(proc.pid, grace=2.0)
-        notes.append(f"{len(leftovers)} process(es) of its group alive 10 s after pytest exited, killed: "
-                     + "; ".join(f"{pid}: {cmd[:100]}" for pid, cmd in sorted(leftovers.items())))
+    run = run_in_own_group(_pytest_cmd(root, args), root, env, log_path, timeout)
+    seconds, timed_out = run.seconds, run.timed_out
+    if run.leftovers:
+        notes.append(f"{len(run.leftovers)} process(es) of its group alive 10 s after pytest exited, killed: "
+                     + "; ".join(f"{pid}: {cmd[:100]}" for pid, cmd in sorted(run.leftovers.items())))
     shutil.rmtree(tmp, ignore_errors=True)
     events = read_events(events_path)
     finished = any(e["event"] == "finish" for e in events)
@@ -679,14 +666,14 @@ def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout
     if timed_out:
         where = f"in {current}" if current else ("at exit, after its last case" if finished else "outside a case")
         crash = f"hung: no exit within {timeout:.0f} s ({where}; killed)"
-    elif proc.returncode < 0:
+    elif run.returncode < 0:
         try:
-            name = signal.Signals(-proc.returncode).name
+            name = signal.Signals(-run.returncode).name
         except ValueError:
-            name = f"signal {-proc.returncode}"
+            name = f"signal {-run.returncode}"
         crash = f"died: {name}" + (f" in {current}" if current else "")
-    elif not finished or proc.returncode == 3:
-        crash = f"died: exit code {proc.returncode}" + (f" in {current}" if current else "") + (
+    elif not finished or run.returncode == 3:
+        crash = f"died: exit code {run.returncode}" + (f" in {current}" if current else "") + (
             "" if finished else " before pytest finished")
     # multiprocessing's named semaphores (sem.mp-*) come and go with every job on the machine: not counted.
     left = {e for e in _shm() - shm_before - _mapped_shm() if not e.startswith("sem.mp-")}

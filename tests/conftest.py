@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import multiprocessing as mp
 import os
 import shutil
@@ -134,6 +135,18 @@ def torch_state():
     after = torch.is_grad_enabled()
     torch.set_grad_enabled(before)
     assert after == before, f"the test left torch.is_grad_enabled() == {after}"
+
+
+@pytest.fixture
+def unilab_log():
+    """The records of the collector's logger (a child of TorchRL's, which does not propagate to the root)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("torchrl.unilab")
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import io
-import logging
 
 import pytest
 import torch
@@ -18,18 +17,6 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 from torchrl_unilab import OffPolicyCollector, make_replay_buffer
 
 TRAJ = ("collector", "traj_ids")
-
-
-@pytest.fixture
-def unilab_log():
-    """The records of the collector's logger (a child of TorchRL's, which does not propagate to the root)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = logging.getLogger("torchrl.unilab")
-    logger.addHandler(handler)
-    yield records
-    logger.removeHandler(handler)
 
 
 def pendulum(**kwargs) -> OffPolicyCollector:

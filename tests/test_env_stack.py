@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import multiprocessing as mp
 import re
 import time
@@ -17,7 +16,6 @@ import gymnasium as gym
 import pytest
 import torch
 from conftest import child_pids, linear_policy
-from tensordict.nn import TensorDictModule
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.envs import (
     Compose,
@@ -255,18 +253,6 @@ def test_privileged_simulator_state_keeps_the_stack():
 
 
 # --------------------------------------------------------------------------------------------- the collector
-@pytest.fixture
-def unilab_log():
-    """The records of the collector's logger (a child of TorchRL's, which does not propagate to the root)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = logging.getLogger("torchrl.unilab")
-    logger.addHandler(handler)
-    yield records
-    logger.removeHandler(handler)
-
-
 def sota_env_factory(num_envs: int = 2):
     return TransformedEnv(SerialEnv(num_envs, EnvCreator(cheetah)), sota_transforms())
 

@@ -6,9 +6,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import inspect
 import logging
-import multiprocessing as mp
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,6 +25,15 @@ from torchrl.envs.utils import ExplorationType, RandomPolicy
 from torchrl.modules import set_exploration_modules_spec_from_env
 from torchrl.weight_update import WeightSyncScheme
 
+from torchrl_unilab.collectors._arguments import (
+    CPU_PARAMS,
+    check_cpu,
+    check_int,
+    check_torchrl_kwargs,
+    exploration_type_of,
+    frames_per_batch_of,
+    round_total_frames,
+)
 from torchrl_unilab.collectors._batches import BatchSlots, FeedThread
 from torchrl_unilab.collectors._control import FrameControl, split_random_frames
 from torchrl_unilab.collectors._processes import (
@@ -59,40 +66,6 @@ from torchrl_unilab.weight_update.torchrl_schemes import as_seqlock_scheme
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme, resolve_weight_names
 
 __all__ = ["OffPolicyCollector", "WorkerError"]
-
-_TORCHRL_PARAMS = inspect.signature(MultiAsyncCollector.__mro__[1].__init__).parameters
-
-#: ``MultiAsyncCollector`` parameters this collector takes only at some values: name -> (accepted values, why).
-_RESTRICTED = {
-    "reset_at_each_iter": ((False,), "workers keep their episodes running across batches; bound episodes "
-                                      "with max_frames_per_traj"),
-    "reset_when_done": ((True,), "off-policy transitions need episodes that reset when done"),
-    "compile_policy": ((None, False), "workers act on CPU through a fast tensor path; torch.compile does not speed "
-                                      "it up there"),
-    "cudagraph_policy": ((None, False), "workers act on CPU, where CUDA graphs do not exist"),
-    "collector_class": ((None,), "OffPolicyCollector runs its own worker loop"),
-    "weight_updater": ((None,), "pass weight_sync_schemes={'policy': SeqlockWeightSyncScheme()} (the default)"),
-    "weight_recv_schemes": ((None,), "workers receive weights through the SeqlockWeightSyncScheme"),
-    "preemptive_threshold": ((None,), "preemption applies to synchronous collectors; this one is asynchronous"),
-    "num_threads": ((None,), "the learner's thread count is yours to set with torch.set_num_threads; workers "
-                             "take num_sub_threads"),
-    "compact_obs": ((False,), "rows store observation and next observation in full"),
-    "auto_register_policy_transforms": ((None, False), "the policy is used as given"),
-    # TorchRL's single-process ``Collector`` (its trainer configs' ``collector: sync``) takes these too.
-    "backend": ((None, "direct", "process"), "workers are local processes; for a Ray cluster use "
-                                             "torchrl_unilab.RayOffPolicyCollector"),
-    "backend_options": ((None,), "workers are local processes"),
-    "sync": ((None, False), "this collector is asynchronous: each batch comes from whichever worker has one"),
-    "track_traj_ids": ((True,), "rows always carry ('collector', 'traj_ids')"),
-    "return_same_td": ((False,), "each batch is a new TensorDict"),
-    "interruptor": ((None,), "preemption applies to synchronous collectors; this one is asynchronous"),
-}
-#: Parameters of TorchRL's ``Collector`` that ``MultiAsyncCollector`` does not have, with their defaults.
-_COLLECTOR_PARAMS = {"backend": None, "backend_options": None, "sync": None, "track_traj_ids": True,
-                     "return_same_td": False, "interruptor": None}
-#: Accepted, with no effect on how this collector works (the docstring says why).
-_ACCEPTED = ("set_truncated", "use_buffers", "cat_results", "no_cuda_sync", "trust_policy", "worker_idx")
-_CPU_PARAMS = ("device", "storing_device", "env_device", "policy_device")
 
 # A child of TorchRL's logger: its handler prints our one line beside TorchRL's own.
 _log = logging.getLogger("torchrl.unilab")
@@ -322,32 +295,32 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._probe_given: EnvBase | None = None
         self._env_specs: dict[str, Any] = {}
         self._given_envs: list[EnvBase] = []
-        _check_torchrl_kwargs(torchrl_kwargs)
-        for name, value in zip(_CPU_PARAMS, (device, storing_device, env_device, policy_device)):
-            _check_cpu(name, value)
+        check_torchrl_kwargs(torchrl_kwargs)
+        for name, value in zip(CPU_PARAMS, (device, storing_device, env_device, policy_device)):
+            check_cpu(name, value)
         if nonfinite not in NONFINITE_MODES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
-        exploration_type = _exploration_type(exploration_type)
+        exploration_type = exploration_type_of(exploration_type)
         if num_collectors is not None:  # TorchRL's Collector(backend="process") names the workers so
             if num_workers is not None and num_workers != num_collectors:
                 raise ValueError(f"num_collectors={num_collectors} and num_workers={num_workers} disagree; pass one")
             num_workers = num_collectors
-        self.max_worker_restarts = _check_int("max_worker_restarts", max_worker_restarts, 0)
+        self.max_worker_restarts = check_int("max_worker_restarts", max_worker_restarts, 0)
         process_context(start_method)  # refuses an unknown method here, before any work
         self.start_method = start_method
-        self.metrics_window = _check_int("metrics_window", metrics_window, 1)
-        self.num_sub_threads = _check_int("num_sub_threads", num_sub_threads, 1)
+        self.metrics_window = check_int("metrics_window", metrics_window, 1)
+        self.num_sub_threads = check_int("num_sub_threads", num_sub_threads, 1)
         if max_frames_per_traj is not None:
-            max_frames_per_traj = _check_int("max_frames_per_traj", max_frames_per_traj, -(2**62))
+            max_frames_per_traj = check_int("max_frames_per_traj", max_frames_per_traj, -(2**62))
             # TorchRL reads 0 or less as "no limit" (REDQ's helpers pass -1).
             max_frames_per_traj = max_frames_per_traj if max_frames_per_traj > 0 else None
         if total_frames is not None and total_frames < 0 and total_frames != -1:
             raise ValueError(f"total_frames must be -1 (no limit) or an int >= 1, got {total_frames!r}")
         if init_random_frames is None or (isinstance(init_random_frames, int) and init_random_frames < 0):
             init_random_frames = 0  # TorchRL reads None and values below 0 as none (its examples pass -1)
-        init_random_frames = _check_int("init_random_frames", init_random_frames, 0)
-        trajs_per_batch = None if trajs_per_batch is None else _check_int("trajs_per_batch", trajs_per_batch, 1)
-        trajs_per_write = None if trajs_per_write is None else _check_int("trajs_per_write", trajs_per_write, 1)
+        init_random_frames = check_int("init_random_frames", init_random_frames, 0)
+        trajs_per_batch = None if trajs_per_batch is None else check_int("trajs_per_batch", trajs_per_batch, 1)
+        trajs_per_write = None if trajs_per_write is None else check_int("trajs_per_write", trajs_per_write, 1)
         traj_format = _validate_traj_format(traj_format, trajs_per_batch, has_replay_buffer=replay_buffer is not None)
         # Some buffers are extended by this process rather than by the workers: why, or None for the fast path.
         written_here = local_write_reason(replay_buffer, trajs_per_batch)
@@ -359,7 +332,7 @@ class OffPolicyCollector(MultiAsyncCollector):
                 f"got {type(privileged).__name__}"
             )
         gym_ids = dict(num_envs=num_envs, env_kwargs=env_kwargs, stagger_resets=stagger_resets,
-                       engine=check_engine(engine), threads=_check_int("threads_per_worker", threads_per_worker, 1))
+                       engine=check_engine(engine), threads=check_int("threads_per_worker", threads_per_worker, 1))
         self._worker_envs, self.num_workers, self._engines, self._given_envs, probe = _resolve_envs(
             create_env_fn, num_workers, gym_ids, create_env_kwargs, max_frames_per_traj, privileged,
         )
@@ -371,7 +344,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         probe = as_batched_env(probe)
         self._probe_env = probe
         self.num_envs = probe.batch_size[0]
-        frames_per_batch = _frames_per_batch(frames_per_batch, self.num_workers)
+        frames_per_batch = frames_per_batch_of(frames_per_batch, self.num_workers)
         if frames_per_batch % self.num_envs:
             rounded = -(-frames_per_batch // self.num_envs) * self.num_envs
             warnings.warn(
@@ -405,7 +378,7 @@ class OffPolicyCollector(MultiAsyncCollector):
                 row = postproc(row.unsqueeze(0))[0]
             on_error.pop_all()
         self._row = row
-        self.total_frames = _round_total_frames(total_frames, self.frames_per_batch)
+        self.total_frames = round_total_frames(total_frames, self.frames_per_batch)
         self.init_random_frames = min(init_random_frames, self.total_frames)
         self.exploration_type = exploration_type
         self.policy = policy
@@ -1236,68 +1209,7 @@ def _cap(frames: int | float) -> int | None:
     return None if frames == float("inf") else int(frames)
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _exploration_type(value: ExplorationType | str) -> ExplorationType:
-    if isinstance(value, ExplorationType):
-        return value
-    names = [member.name for member in ExplorationType]
-    if isinstance(value, str) and value.upper() in names:
-        return ExplorationType[value.upper()]
-    raise ValueError(f"exploration_type must be an ExplorationType or one of {names}, got {value!r}")
-
-
-def _check_cpu(name: str, value: Any) -> None:
-    if value is None:
-        return
-    values = value if isinstance(value, (list, tuple)) else [value]
-    for v in values:
-        if torch.device(v).type != "cpu":
-            raise ValueError(
-                f"{name} must be a CPU device (or None), got {value!r}: workers act and store on CPU. Keep the "
-                "learner on CUDA and pass its weights to update_policy_weights_(), which copies them to the "
-                "shared CPU block"
-            )
-
-
 def _no_op() -> None:
     pass
 
 
-def _frames_per_batch(value: int | Sequence[int], num_workers: int) -> int:
-    """Frames per batch. A sequence holds one value per worker, as TorchRL's multi-process collectors take it;
-    ``MultiAsyncCollector`` then makes each batch (one worker's) their sum, and so does this collector."""
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        values = list(value)
-        if len(values) != num_workers or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
-                                                 for v in values):
-            raise ValueError(f"frames_per_batch must be an int >= 1 or a list of num_workers={num_workers} of them "
-                             f"(one per worker), got {value!r}")
-        return sum(values)
-    return _check_int("frames_per_batch", value, 1)
-
-
-def _round_total_frames(total_frames: int | None, frames_per_batch: int) -> int | float:
-    if total_frames is None or total_frames < 0:
-        return float("inf")
-    _check_int("total_frames", total_frames, 1)
-    return -(-total_frames // frames_per_batch) * frames_per_batch
-
-
-def _check_torchrl_kwargs(kwargs: Mapping[str, Any]) -> None:
-    for name, value in kwargs.items():
-        if name not in _TORCHRL_PARAMS and name not in _COLLECTOR_PARAMS:
-            raise TypeError(f"OffPolicyCollector() got an unexpected keyword argument {name!r}")
-        if name in _ACCEPTED:
-            continue
-        default = _COLLECTOR_PARAMS[name] if name in _COLLECTOR_PARAMS else _TORCHRL_PARAMS[name].default
-        accepted, why = _RESTRICTED.get(name, ((default,), "not supported"))
-        if not any(value is a or (type(value) is type(a) and value == a) for a in accepted):
-            raise ValueError(
-                f"OffPolicyCollector takes the TorchRL collector parameter {name!r} only as one of "
-                f"{list(accepted)}, got {value!r}: {why}"
-            )
