@@ -346,10 +346,15 @@ PART_FUNCTIONS: dict[str, Callable[[Settings, Emit], None]] = {
 
 
 # ------------------------------------------------------------ running parts
-def _child(name: str, settings: Settings, path: str) -> None:
-    """A part's process: its own session (its group is killed at the timeout), figures appended to ``path``."""
+def _child(name: str, settings: Settings, path: str, tmp: str) -> None:
+    """A part's process: its own session (its group is killed at the timeout), figures appended to ``path``.
+
+    Its temporary files go to ``tmp``, which the parent removes: the part ends with ``os._exit`` (no
+    finalisers run in a forked copy of this process), and a part killed at its timeout cleans nothing.
+    """
     os.setsid()
     os.dup2(2, 1)  # what the part prints goes to stderr: stdout holds the one JSON line
+    os.environ["TMPDIR"] = tempfile.tempdir = tmp  # its collectors' workers inherit it too
     with open(path, "a") as out:
         def emit(where: tuple[str, ...], value: object) -> None:
             out.write(json.dumps({"at": list(where), "value": value}) + "\n")
@@ -370,8 +375,10 @@ def run_part(name: str, settings: Settings, timeout: float) -> dict:
     if torch.cuda.is_initialized():  # every part after this one would fail on the GPU
         raise RuntimeError("gpu_check: CUDA was initialised in the parent process; parts must be forked before")
     figures: dict = {}
-    with tempfile.NamedTemporaryFile("r", prefix=f"gpu_check_{name}_", suffix=".jsonl") as lines:
-        process = mp.get_context("fork").Process(target=_child, args=(name, settings, lines.name), daemon=False)
+    with tempfile.NamedTemporaryFile("r", prefix=f"gpu_check_{name}_", suffix=".jsonl") as lines, \
+            tempfile.TemporaryDirectory(prefix=f"gpu_check_{name}_tmp_", ignore_cleanup_errors=True) as tmp:
+        process = mp.get_context("fork").Process(target=_child, args=(name, settings, lines.name, tmp),
+                                                 daemon=False)
         sys.stdout.flush()  # else the fork would print what is buffered a second time
         sys.stderr.flush()
         start = time.monotonic()
