@@ -311,6 +311,20 @@ def learner_table(res: Results) -> str:
     return out + provenance(d)
 
 
+def ab_table(res: Results, key: str, what: str) -> str:
+    """An ``ab_rounds.py`` result: each compared figure on side A and side B, and B over A within rounds."""
+    d = res.get(key)
+    if d is None:
+        return f"{what}: **{NOT_MEASURED}** (``python benchmarks/ab_rounds.py``, see ``benchmarks/README.md``).\n"
+    names = [k[len("ratio_"):] for k in d if k.startswith("ratio_")]
+    side = {s: f"torch {d[s]['torch']}, ``{d[s]['commit']}``" for s in ("a", "b")}
+    rows = [[f"``{n}``", fmt(d[f"{n}_a"], 1), fmt(d[f"{n}_b"], 1), f"**{d[f'ratio_{n}']:.3f}**"] for n in names]
+    out = list_table(["figure", f"A: {side['a']}", f"B: {side['b']}", "B / A (median over rounds)"], rows)
+    return out + (f"\n{what}. ``python benchmarks/ab_rounds.py ... --benchmark {d['measures']} -- "
+                  f"{' '.join(d['args'])}``, {d['rounds']} alternating rounds, measured {d['date']} "
+                  f"(A from ``{d['a']['repo']}``, B from ``{d['b']['repo']}``). Data: ``benchmarks/results/{key}``.\n")
+
+
 # ------------------------------------------------------------------ robot tasks
 def robot_tables(res: Results) -> str:
     """The robot suite: each task's per-seed returns and each variant's mean."""
@@ -520,6 +534,10 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "td3_vs_sb3.rst": td3_tables,
     "td3_seeds.rst": td3_seeds_table,
     "learner.rst": learner_table,
+    "torch_versions.rst": lambda res: ab_table(res, "learning/torch_2.13_vs_2.14.1.json",
+                                               "The learner's update rates on torch 2.13.0 (CPU build) and 2.14.1"),
+    "collector_before_after.rst": lambda res: ab_table(res, "collector/before_after_issue43.json",
+                                                       "Collection before and after issue 43's changes"),
     "robot_learning.rst": robot_tables,
     "robot_speed.rst": robot_speed_table,
     "faults.rst": fault_tables,
