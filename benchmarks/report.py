@@ -131,7 +131,7 @@ COLLECTOR_ROWS = [
 
 def collector_tables(res: Results) -> str:
     """collector_throughput on HalfCheetah-v5: rates and ratios to the raw loop, then each worker's phases."""
-    (data,) = topic(res, "collector")
+    data = res["collector/halfcheetah.json"]
     rows = []
     for key, label in COLLECTOR_ROWS:
         ratio = fmt(data["ratio_over_raw"][key], 2)
