@@ -21,7 +21,7 @@ from tensordict import TensorDict
 from test_recipes import RECIPES, run_recipe, saved_counters
 
 from torchrl_unilab import OffPolicyCollector, make_replay_buffer
-from torchrl_unilab.collectors import offpolicy_collector
+from torchrl_unilab.collectors import _policy
 from torchrl_unilab.data import BufferSampler
 from torchrl_unilab.modules.models import make_actor
 from torchrl_unilab.trainers import checkpoint
@@ -145,7 +145,7 @@ def test_collector_publishes_the_original_of_a_policy_it_had_to_copy_to_cpu(monk
         copies.append(copy.deepcopy(policy))
         return copies[-1]
 
-    monkeypatch.setattr(offpolicy_collector, "_on_cpu", always_copy)
+    monkeypatch.setattr(_policy, "_on_cpu", always_copy)
     actor = make_actor("td3", 3, 1, hidden_dim=8)
     with OffPolicyCollector("Pendulum-v1", actor, num_envs=2, frames_per_batch=32, total_frames=64,
                             replay_buffer=make_replay_buffer(256)) as collector:
@@ -162,7 +162,7 @@ def test_collector_publishes_the_original_of_a_policy_it_had_to_copy_to_cpu(monk
 
 def test_what_module_to_leaves_behind_is_moved_too_and_the_actor_still_acts():
     actor = make_actor("sac", 3, 1, hidden_dim=8, action_low=-2.0, action_high=2.0)
-    moved = offpolicy_collector._attributes_to_cpu(copy.deepcopy(actor))  # noqa: SLF001
+    moved = _policy._attributes_to_cpu(copy.deepcopy(actor))  # noqa: SLF001
     kwargs = moved.module[-1].distribution_kwargs
     assert kwargs["tanh_loc"] is False and torch.equal(kwargs["high"], torch.tensor([2.0]))
     assert moved.spec["action"].space.low.device.type == "cpu"
@@ -174,7 +174,7 @@ def test_what_module_to_leaves_behind_is_moved_too_and_the_actor_still_acts():
 def test_a_cuda_policy_given_to_the_collector_is_copied_to_the_cpu_bounds_and_specs_included(no_leaks):
     with torch.device("cuda"):  # bounds and spec made on the GPU, as make_networks does for a GPU learner
         actor = make_actor("sac", 3, 1, hidden_dim=8, action_low=-2.0, action_high=2.0)
-    cpu = offpolicy_collector._on_cpu(actor)
+    cpu = _policy._on_cpu(actor)
     tensors = [*cpu.parameters(), *cpu.buffers(), *cpu.module[-1].distribution_kwargs.values()]
     assert all(t.device.type == "cpu" for t in tensors if isinstance(t, torch.Tensor))
     assert cpu.spec["action"].space.low.device.type == "cpu"

@@ -90,7 +90,8 @@ def test_sync_pattern_yields_torchrl_batches(parallel, no_leaks):
     train_env = make_train_env(parallel=parallel)
     actor, actor_model_explore = td3_explore(train_env)
     collector = OffPolicyCollector(train_env, actor_model_explore, init_random_frames=100, frames_per_batch=100,
-                                   total_frames=400, device="cpu", compile_policy=False, cudagraph_policy=False)
+                                   total_frames=400, device="cpu", compile_policy=False, cudagraph_policy=False,
+                                   track_policy_version=True)
     assert collector._pool is None, "workers start lazily"  # noqa: SLF001
     assert collector.set_seed(42) == 44
     replay_buffer = ReplayBuffer(storage=LazyTensorStorage(1000))
@@ -98,9 +99,9 @@ def test_sync_pattern_yields_torchrl_batches(parallel, no_leaks):
     versions = []
     for i, tensordict in enumerate(collector):
         collector.update_policy_weights_()
-        assert tensordict.numel() == 100
+        assert tensordict.numel() == 100 and tensordict.names == [None, "time"], "[envs, time], as TorchRL's"
         assert TORCHRL_KEYS <= set(tensordict.keys(include_nested=True, leaves_only=True))
-        versions.append(tensordict["policy_version"])
+        versions.append(tensordict["policy_version"].reshape(-1))
         replay_buffer.extend(tensordict.reshape(-1))
     with pytest.raises(RuntimeError, match="before collection starts"):
         collector.set_seed(0)
@@ -125,7 +126,7 @@ def test_workers_start_from_the_policy_as_it_is_when_collection_starts(update_at
     iterator does."""
     policy = linear_policy(3, 1)
     collector = OffPolicyCollector("Pendulum-v1", policy, num_envs=2, frames_per_batch=64, total_frames=256,
-                                   update_at_each_batch=update_at_each_batch)
+                                   update_at_each_batch=update_at_each_batch, track_policy_version=True)
     with torch.no_grad():
         for weight in policy.parameters():
             weight.zero_()
@@ -246,7 +247,7 @@ def test_inherited_api_works_or_says_why(no_leaks):
         assert state["frames"] == 64 and state["iter"] == 0 and "worker0" in state
         collector.load_state_dict({**state, "frames": 128, "iter": 1})
         assert collector.stats()["frames"] == 128
-        for call, name in [(collector.reset, "reset"), (lambda: collector.map_fn("stats"), "map_fn"),
+        for call, name in [(collector.reset, "reset"),
                            (collector.enable_profile, "profile"), (collector.receive_weights, "receive"),
                            (lambda: collector.getattr_env("unwrapped_envs"), "getattr_env")]:
             with pytest.raises(NotImplementedError):
@@ -288,9 +289,10 @@ def test_multistep_postproc_sums_rewards_along_each_envs_trajectory(into_buffer,
     gamma = 0.9
     rb = make_replay_buffer(1024) if into_buffer else None
     with OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_envs=2, frames_per_batch=64, total_frames=256,
-                            replay_buffer=rb, postproc=MultiStep(gamma=gamma, n_steps=3)) as collector:
+                            replay_buffer=rb, postproc=MultiStep(gamma=gamma, n_steps=3),
+                            max_frames_per_traj=200) as collector:  # Pendulum's own limit; rows get step_count
         batches = [batch for batch in collector]
-    rows = rb[:] if into_buffer else torch.cat([batch.clone() for batch in batches])
+    rows = rb[:] if into_buffer else torch.cat([batch.reshape(-1) for batch in batches])
     assert rows.shape == torch.Size([256])
     reward = {(int(t), int(s)): float(r) for t, s, r in zip(rows["collector", "traj_ids"], rows["step_count"],
                                                            rows["next", "original_reward"])}
@@ -360,7 +362,7 @@ def test_num_workers_from_a_list_of_factories_and_module_ids(tmp_path, monkeypat
                             create_env_kwargs=[{}, {"num_envs": 2}]) as collector:
         assert collector.num_workers == 2
         batches = list(collector)
-    ids = torch.cat([b["collector", "traj_ids"] for b in batches])
+    ids = torch.cat([b["collector", "traj_ids"].reshape(-1) for b in batches])
     # each worker owns one random batch, reserved for it: both deliver
     assert len(batches) == 4 and {int(i) % 2 for i in ids} == {0, 1}, "both workers delivered batches"
 

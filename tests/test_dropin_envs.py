@@ -167,7 +167,8 @@ def test_rows_keep_what_the_policy_writes(case, no_leaks):
         wanted = written if isinstance(source, str) else expected
         assert wanted <= leaf_keys(batch), (source, wanted - leaf_keys(batch))
         if case == "recurrent":
-            assert batch["next", "hidden"].shape == (8, 4) and batch["next", "hidden"].abs().sum() > 0
+            assert batch.numel() == 8 and batch["next", "hidden"].shape == (*batch.shape, 4)
+            assert batch["next", "hidden"].abs().sum() > 0
         else:
             assert (batch["scale"] > 0).all()
 

@@ -45,7 +45,7 @@ def test_frames_per_batch_as_a_list_makes_each_batch_their_sum(no_leaks):
     with pendulum(frames_per_batch=[8, 8], total_frames=64) as collector:
         shapes = [batch.shape for batch in collector]
         assert collector.frames_per_batch == collector.frames_per_batch_worker() == 16
-    assert shapes == [torch.Size([16])] * 4
+    assert shapes == [torch.Size([2, 8])] * 4, "[envs, time], as TorchRL lays a batch out"
 
 
 @pytest.mark.parametrize("value", [[8], [8, 0], [8, "8"]])
@@ -58,7 +58,8 @@ def test_a_bad_frames_per_batch_list_names_the_argument(value):
 @pytest.mark.parametrize("value", [-1, None])
 def test_init_random_frames_below_zero_or_none_means_none(value, no_leaks):
     """TorchRL reads them so (its own examples pass -1). Before: ``init_random_frames must be an int >= 0``."""
-    with pendulum(policy=linear_policy(3, 1), init_random_frames=value, total_frames=64) as collector:
+    with pendulum(policy=linear_policy(3, 1), init_random_frames=value, total_frames=64,
+                  track_policy_version=True) as collector:
         rows = torch.cat(list(collector))
         assert collector.init_random_frames == 0 and collector.metrics()["random_frames"] == 0
     assert (rows["policy_version"] >= 1).all(), "no row acted at random"

@@ -148,7 +148,8 @@ def test_a_worker_killed_after_its_write_and_before_its_count_loses_no_frame(tmp
 def test_a_worker_killed_after_handing_a_batch_over_and_before_its_count_loses_no_frame(tmp_path, no_leaks):
     """Iteration without a buffer: the batch is in the worker's slot (or already yielded) and not counted; the
     parent finds it there and counts it, so no frame is lost and the replacement does not collect it again."""
-    collector = pendulum_collector(None, post_collect_hook=die_after_its_first_write(str(tmp_path / "died")))
+    collector = pendulum_collector(None, post_collect_hook=die_after_its_first_write(str(tmp_path / "died")),
+                                   max_frames_per_traj=200)  # Pendulum's own limit; yielded rows get step_count
     try:
         batches = [batch.clone() for batch in collector]
         metrics = collector.metrics()

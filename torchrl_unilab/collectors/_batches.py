@@ -29,9 +29,32 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
-__all__ = ["BatchSlots", "FeedThread", "SlotWriter"]
+__all__ = ["BatchSlots", "FeedThread", "SlotWriter", "torchrl_layout"]
 
 _FREE, _FILLED = 0, 1
+
+
+def torchrl_layout(rows: TensorDictBase, num_envs: int, env_batch_size: torch.Size) -> TensorDictBase:
+    """A worker's step-major rows laid out as TorchRL's collectors yield a batch: the env's batch dims, then time.
+
+    Workers write rows flat, step ``t`` of env ``e`` at ``t * num_envs + e``, which is what a
+    replay buffer takes. A ``MultiAsyncCollector`` yields ``[*env.batch_size, T]`` with the last
+    dimension named ``"time"`` (``[T]`` for an unbatched env), and scripts and postprocs
+    (``MultiStep``, ``split_trajectories``) index it so.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> rows = TensorDict({"t": torch.arange(3).repeat_interleave(2)}, [6])  # 3 steps of 2 envs
+        >>> batch = torchrl_layout(rows, 2, torch.Size([2]))
+        >>> batch["t"].tolist(), batch.names
+        ([[0, 1, 2], [0, 1, 2]], [None, 'time'])
+        >>> torchrl_layout(rows[::2], 1, torch.Size([])).names
+        ['time']
+    """
+    out = rows.reshape(-1, num_envs).transpose(0, 1)
+    out = out.reshape(*env_batch_size, -1) if env_batch_size.numel() == num_envs else out
+    out.names = [None] * (out.batch_dims - 1) + ["time"]
+    return out
 
 
 class BatchSlots:

@@ -9,6 +9,7 @@ flat transitions into the shared replay buffer at a time.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import multiprocessing as mp
@@ -28,6 +29,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from torchrl_unilab.collectors._batches import BatchSlots, SlotWriter
 from torchrl_unilab.collectors._control import FrameControl
+from torchrl_unilab.collectors._policy import PolicyFromFactory
 from torchrl_unilab.collectors._processes import (
     report_error,
     restore_stderr,
@@ -50,6 +52,57 @@ RANDOM_VERSION = -1
 
 #: Every env of the batch.
 _ALL = slice(None)
+
+
+class ActionEntry:
+    """Where an env takes its action: one key (a tensor), or several (TorchRL's multi-key envs: a TensorDict of them).
+
+    Examples:
+        >>> from torchrl.envs import GymEnv
+        >>> entry = ActionEntry(GymEnv("Pendulum-v1"))
+        >>> entry.key, entry.shape
+        ('action', (1,))
+    """
+
+    def __init__(self, env: EnvBase) -> None:
+        keys = list(env.action_keys)
+        self.keys = keys
+        #: the one action key, or None for several
+        self.key = keys[0] if len(keys) == 1 else None
+        self.spec = env.full_action_spec[self.key] if self.key is not None else env.full_action_spec
+        self.shape = tuple(self.spec.shape)
+
+    def get(self, td: TensorDictBase):
+        """The action(s) in ``td``: a tensor, or a TensorDict of every action key; ``None`` if one is missing."""
+        if self.key is not None:
+            return td.get(self.key, None)
+        return td.select(*self.keys) if all(key in td.keys(True) for key in self.keys) else None
+
+    def set(self, td: TensorDictBase, action) -> None:
+        if self.key is not None:
+            td.set(self.key, action)
+        else:
+            td.update(action)
+
+    def fits(self, action, shape: tuple) -> bool:
+        """Whether ``action`` has the env's shape, with ``shape`` (the batch ``[n]``) in front."""
+        if self.key is not None:
+            return tuple(action.shape) == (*shape, *self.shape[len(shape):])
+        return tuple(action.batch_size[:len(shape)]) == shape and all(
+            tuple(action.get(key).shape[len(shape):]) == tuple(self.spec[key].shape[len(shape):])
+            for key in self.keys)
+
+    def describe(self, action, skip: int) -> str:
+        if action is None:
+            return "no action"
+        if self.key is not None:
+            return str(tuple(action.shape)[skip:])
+        return str({str(key): tuple(action.get(key).shape)[skip:] for key in self.keys})
+
+    def describe_spec(self, skip: int) -> str:
+        if self.key is not None:
+            return str(self.shape[skip:])
+        return str({str(key): tuple(self.spec[key].shape)[skip:] for key in self.keys})
 #: A seed stream's trajectories are numbered from ``stream << _STREAM_TRAJ_BITS``.
 _STREAM_TRAJ_BITS = 32
 
@@ -203,8 +256,8 @@ class WorkerLoop:
         # TorchRL's collectors (a RandomPolicy or spec-shaped module built from the env's unbatched spec).
         self.unbatched = isinstance(env, BatchOfOne)
         self.fast_policy = None
-        self.action_key = env.action_key
-        if (cfg.exploration_type == ExplorationType.RANDOM and not self.unbatched and self.action_key == "action"
+        self.action = ActionEntry(env)
+        if (cfg.exploration_type == ExplorationType.RANDOM and not self.unbatched and self.action.key == "action"
                 and _reads_env_keys_only(policy, env)):
             self.fast_policy = tensor_policy(policy)
         self.policy_keys = [] if cfg.policy_row is None else list(cfg.policy_row.keys(True, True))
@@ -222,8 +275,6 @@ class WorkerLoop:
         self.next_traj = first + n
         self.ep_return = torch.zeros(n, dtype=torch.float64)
         # The env's own keys, nested ones included (TorchRL's multi-agent and nested envs).
-        self._action_spec = env.full_action_spec[self.action_key]
-        self._action_shape = tuple(self._action_spec.shape)
         self._done_key, self._terminated_key = _done_entry(env, "done"), _done_entry(env, "terminated")
         self._reward_key = ("next", *_as_tuple(env.reward_keys[0]))
         self._policy_zeros = (None if cfg.policy_row is None else
@@ -271,13 +322,13 @@ class WorkerLoop:
                         policy_td = self.policy(policy_td[0]).unsqueeze(0)
                     else:
                         policy_td = self.policy(policy_td)
-                    action = policy_td.get(self.action_key)
+                    action = self.action.get(policy_td)
                     self._carry_policy_state(policy_td, envs)
                 outputs = policy_td
-            if tuple(action.shape) != (n, *self._action_shape[1:]):
+            if action is None or not self.action.fits(action, (n,)):
                 raise ValueError(
-                    f"policy returned an action of shape {tuple(action.shape)}, the env's action_spec is "
-                    f"{self._action_shape}"
+                    f"policy returned an action of shape {self.action.describe(action, 0)}, the env's action_spec "
+                    f"is {self.action.describe_spec(0)}"
                 )
             action = action.detach().clone()
         else:
@@ -287,12 +338,12 @@ class WorkerLoop:
             self._version_rows = (self.version, torch.full((n_all,), self.version, dtype=torch.int64))
         version = self._version_rows[1][envs]  # stored in every row as is: replaced, never modified in place
         if n_random:
-            random_action = self._action_spec.rand()[envs]
+            random_action = self.action.spec.rand()[envs]
             action = random_action if action is None else torch.cat([random_action[:n_random], action[n_random:]])
             self.random_left -= n_random
             version = version.clone()
             version[:n_random] = RANDOM_VERSION
-        td.set(self.action_key, action)
+        self.action.set(td, action)
         # What the policy wrote goes into the root the env steps, as TorchRL's collectors put it there.
         for key in self.policy_keys:
             td.set(key, self._policy_zeros.get(key)[envs] if outputs is None else outputs[key])
@@ -636,6 +687,8 @@ def worker_main(worker_idx: int, cfg: WorkerConfig, env_sources: list, policy_by
         source = env_sources[worker_idx]
         env = as_batched_env(cloudpickle.loads(source)() if in_process else source)
         policy = cloudpickle.loads(policy_bytes)
+        if isinstance(policy, PolicyFromFactory):  # the user's policy_factory, called here as TorchRL's workers do
+            policy = policy(env)
         hooks = LoopHooks(before_batch=extras.get("pre_collect_hook"), postproc=extras.get("postproc"),
                           after_batch=extras.get("post_collect_hook"))
         if isinstance(sink, BatchSlots):
@@ -705,6 +758,15 @@ def probe_step(env: EnvBase, policy, exploration_type: ExplorationType,
         >>> row["action"].shape, row["next", "observation"].shape, list(policy_row.keys())
         (torch.Size([1]), torch.Size([3]), [])
     """
+    dynamic = sorted(str(key) for spec in (env.full_observation_spec, env.full_action_spec, env.full_reward_spec,
+                                           env.full_done_spec, env.full_state_spec)
+                     for key in spec.keys(True, True) if -1 in spec[key].shape)
+    if dynamic:
+        raise ValueError(
+            f"the env's specs have dimensions of varying size (-1) at {dynamic}: heterogeneous (lazy-stacked) or "
+            "dynamic-shaped entries. OffPolicyCollector's rows are fixed-shape tensors in shared memory; pad these "
+            "entries to a fixed shape (TorchRL's MultiAsyncCollector pickles such rows instead)"
+        )
     truncated = _truncated_keys(env) if set_truncated else []
     if set_truncated and not truncated:
         raise RuntimeError(
@@ -719,20 +781,20 @@ def probe_step(env: EnvBase, policy, exploration_type: ExplorationType,
             out = policy(policy_td[0]).unsqueeze(0)
         else:
             out = policy(policy_td)
-    action = out.get(env.action_key)
-    expected = tuple(env.full_action_spec[env.action_key].shape)
-    if action is None or tuple(action.shape) != expected:
+    entry = ActionEntry(env)
+    action = entry.get(out)
+    if action is None or not entry.fits(action, (n,)):
         # Shown as the policy sees them: without the batch dimension of one an unbatched env is given.
         skip, what = (1, "the unbatched env's row") if isinstance(env, BatchOfOne) else (0, "the whole batch of envs")
-        wrote = "no action" if action is None else tuple(action.shape)[skip:]
+        wanted = entry.key if entry.key is not None else [str(key) for key in entry.keys]
         raise ValueError(
-            f"policy's action shape {wrote} differs from the env's action spec shape {expected[skip:]} (key "
-            f"{env.action_key!r}); the policy must write {env.action_key!r} for {what}"
+            f"policy's action shape {entry.describe(action, skip)} differs from the env's action spec shape "
+            f"{entry.describe_spec(skip)} (key {wanted!r}); the policy must write {wanted!r} for {what}"
         )
     given = set(td.keys(True, True))
     keys = [key for key in out.keys(True, True)
-            if key not in given and key not in (env.action_key, "is_init") and not _is_private(key)]
-    td.set(env.action_key, action.clone())
+            if key not in given and key not in (*entry.keys, "is_init") and not _is_private(key)]
+    entry.set(td, action.clone())
     for key in keys:
         td.set(key, out.get(key))
     transition, _ = env.step_and_maybe_reset(td)
@@ -743,6 +805,33 @@ def probe_step(env: EnvBase, policy, exploration_type: ExplorationType,
     zeros = torch.zeros(n, dtype=torch.int64)
     add_collector_keys(transition, zeros.unsqueeze(-1), zeros, zeros)
     return transition[0].clone(), out.select(*keys)[0].clone().zero_()
+
+
+def probe_in_process(env_source: EnvBase | Callable[[], EnvBase], make_policy: PolicyFromFactory,
+                     exploration_type: ExplorationType, set_truncated: bool = False) -> tuple[TensorDict, TensorDict]:
+    """:func:`probe_step` with a policy built by ``make_policy`` from the user's ``policy_factory``, in a spawned
+    process of its own when ``env_source`` is a callable (the workers are processes, and TorchRL's collectors never
+    call the factory in the parent); in this process for an env instance, whose workers are threads of it anyway.
+
+    The spawn costs what starting a worker does (imports, a few seconds); it happens only for a
+    ``policy_factory`` given without ``policy``, whose outputs cannot be known otherwise.
+    """
+    if isinstance(env_source, EnvBase):
+        return probe_step(env_source, make_policy(as_batched_env(env_source)), exploration_type, set_truncated)
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        job = pool.submit(_probe_built_here, cloudpickle.dumps((env_source, make_policy)), exploration_type,
+                          set_truncated)
+        return job.result()
+
+
+def _probe_built_here(payload: bytes, exploration_type: ExplorationType, set_truncated: bool,
+                      ) -> tuple[TensorDict, TensorDict]:
+    env_fn, make_policy = cloudpickle.loads(payload)
+    env = as_batched_env(env_fn())
+    try:
+        return probe_step(env, make_policy(env), exploration_type, set_truncated)
+    finally:
+        env.close(raise_if_closed=False)
 
 
 def probe_row(env: EnvBase, policy, exploration_type: ExplorationType) -> TensorDict:

@@ -14,15 +14,15 @@ from typing import Any
 
 import cloudpickle
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.collectors import MultiAsyncCollector
+from torchrl.collectors import _constants as torchrl_constants
 from torchrl.collectors.utils import _validate_traj_format, split_trajectories
-from torchrl.data import ReplayBuffer, TensorSpec
+from torchrl.data import ReplayBuffer
 from torchrl.envs import EnvBase
-from torchrl.envs.utils import ExplorationType, RandomPolicy
-from torchrl.modules import set_exploration_modules_spec_from_env
+from torchrl.envs.utils import ExplorationType
 from torchrl.weight_update import WeightSyncScheme
 
 from torchrl_unilab.collectors._arguments import (
@@ -34,7 +34,7 @@ from torchrl_unilab.collectors._arguments import (
     frames_per_batch_of,
     round_total_frames,
 )
-from torchrl_unilab.collectors._batches import BatchSlots, FeedThread
+from torchrl_unilab.collectors._batches import BatchSlots, FeedThread, torchrl_layout
 from torchrl_unilab.collectors._control import FrameControl, split_random_frames
 from torchrl_unilab.collectors._processes import (
     RestartPolicy,
@@ -45,22 +45,26 @@ from torchrl_unilab.collectors._processes import (
 )
 from torchrl_unilab.collectors._worker import (
     _STREAM_TRAJ_BITS,
+    NEXT_STEP_KEY,
     NONFINITE_MODES,
     STEP_KEY,
     TRAJ_KEY,
+    VERSION_KEY,
     WorkerConfig,
     apply_postproc,
     as_batched_env,
+    probe_in_process,
     probe_step,
     worker_main,
 )
+from torchrl_unilab.collectors._policy import PolicyFromFactory, PolicyRecipe
+from torchrl_unilab.collectors._worker_view import WorkerView
 from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.data.local_writer import LocalBufferWriter, local_write_reason
 from torchrl_unilab.data.replay_buffer import holds_row, init_storage, storage_keys, writer_keys
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
 from torchrl_unilab.envs.resolve import _resolve_envs
 from torchrl_unilab.envs.torchrl_stack import check_engine
-from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.weight_update.torchrl_schemes import as_seqlock_scheme
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme, resolve_weight_names
@@ -87,10 +91,15 @@ class OffPolicyCollector(MultiAsyncCollector):
     :meth:`allow_frames` or :meth:`wait_for_frames`, so :meth:`set_seed` may be
     called after construction, as TorchRL's scripts do.
 
-    Each row holds the env's keys (``"observation"``, ``("next", "reward")``,
-    ``("next", "terminated")``, ..., and whatever its transforms add), ``"action"``,
-    ``("collector", "traj_ids")`` (unique across workers), ``"step_count"`` /
-    ``("next", "step_count")`` and ``"policy_version"`` (``-1`` for uniformly random actions).
+    A yielded batch is laid out as ``MultiAsyncCollector``'s: ``[*env.batch_size, T]``, its
+    last dimension named ``"time"``, with the env's keys (``"observation"``,
+    ``("next", "reward")``, ..., and whatever its transforms add), what the policy
+    writes (``"action"``, ...) and ``("collector", "traj_ids")`` (unique across
+    workers); ``"policy_version"`` with ``track_policy_version=True``, ``"step_count"``
+    with ``max_frames_per_traj``, as TorchRL's options add them. Rows written into
+    a replay buffer are flat, and always carry ``"step_count"`` / ``("next", "step_count")``
+    and ``"policy_version"`` (``-1`` for uniformly random actions), which the
+    sampler and the frame accounting read.
 
     Args:
         create_env_fn: a gymnasium id (``"HalfCheetah-v5"``, or ``"module:Env-vN"``), or a MuJoCo
@@ -172,9 +181,11 @@ class OffPolicyCollector(MultiAsyncCollector):
             so a worker or its replacement starts in a fraction of a second. ``"spawn"``:
             each imports them itself (about 7 s on 2 cores), and sees environment variables
             set after the first start. Both re-import the main script.
-        policy_factory: TorchRL's argument: a callable building the policy when
-            ``policy`` is ``None``. It is called once, here; the workers run
-            copies of what it built, and weights reach them by name as usual.
+        policy_factory: TorchRL's argument: a callable building the policy each
+            worker runs, called in the workers, never here. ``policy``, if also
+            given, is the source of the weights each publish sends (and is never
+            pickled); without it, the factory is also called once in a spawned
+            process of its own, whose one env step lays the rows out.
         create_env_kwargs: keyword arguments for ``create_env_fn`` (one dict, or one per worker).
         max_frames_per_traj: truncate episodes after this many steps; ``None``, or ``0`` or less as
             TorchRL reads them, for no limit.
@@ -230,9 +241,13 @@ class OffPolicyCollector(MultiAsyncCollector):
         >>> with OffPolicyCollector("Pendulum-v1", policy, num_envs=4, frames_per_batch=64,
         ...                         total_frames=128) as collector:
         ...     batches = [batch for batch in collector]
-        >>> [batch.shape for batch in batches]
-        [torch.Size([64]), torch.Size([64])]
+        >>> [batch.shape for batch in batches], batches[0].names  # [envs, time], as TorchRL's collectors
+        ([torch.Size([4, 16]), torch.Size([4, 16])], [None, 'time'])
     """
+
+    #: Yield batches as TorchRL's collectors do (``[*env.batch_size, T]``, TorchRL's keys); a subclass that
+    #: forwards the workers' flat rows with their bookkeeping (the Ray node collector) turns it off.
+    _yields_torchrl_batches = True
 
     def __init__(
         self,
@@ -341,6 +356,8 @@ class OffPolicyCollector(MultiAsyncCollector):
         # getattr_env answers for the env as given (an unbatched env's specs have no batch dimension, as with
         # TorchRL's collectors); the workers step it with one.
         self._env_specs, self._probe_given = _spec_snapshot(probe), probe
+        self._env_batch_size = probe.batch_size
+        given_step_count = STEP_KEY in probe.observation_spec.keys()
         probe = as_batched_env(probe)
         self._probe_env = probe
         self.num_envs = probe.batch_size[0]
@@ -353,31 +370,35 @@ class OffPolicyCollector(MultiAsyncCollector):
             )
             frames_per_batch = rounded
         self.frames_per_batch = self.requested_frames_per_batch = frames_per_batch
-        if policy is None and policy_factory is not None:
-            policy = policy_factory()
-        if policy is None:
-            policy = _RandomActions(self._probe_given.full_action_spec)
-        if isinstance(policy, nn.Module):
-            # As TorchRL's collectors do: exploration modules built with spec=None take the env's.
-            set_exploration_modules_spec_from_env(policy, probe)
-        self._user_policy = policy
-        cpu_policy = _on_cpu(policy)
-        # Training moves the user's (CUDA) policy, not this copy: publishes read the original.
-        self._acts_on_copy = cpu_policy is not policy
-        policy, self.obs_norm = make_collector_policy(
-            cpu_policy, algo, probe.action_spec_unbatched, obs_norm=obs_norm,
-            obs_dim=probe.observation_spec["observation"].shape[-1] if obs_norm is True else None,
-            td3_noise=td3_noise, td3_std_min=td3_std_min, td3_std_max=td3_std_max, td3_std=td3_std,
-        )
+        recipe = PolicyRecipe(algo, bool(torchrl_kwargs.get("trust_policy")), obs_norm,
+                              dict(td3_noise=td3_noise, td3_std_min=td3_std_min, td3_std_max=td3_std_max,
+                                   td3_std=td3_std))
+        # As TorchRL's collectors: a policy_factory is called in the workers only. Given alone, it is also
+        # called once in a spawned process of its own, for the row a worker will write (probe_in_process).
+        self._worker_policy = None if policy_factory is None else PolicyFromFactory(policy_factory, recipe)
+        policy_factory_only = policy is None and policy_factory is not None
+        built = recipe.build(policy, self._probe_given, probe)
+        self._user_policy, self._acts_on_copy, self.obs_norm = built.given, built.on_copy, built.obs_norm
+        policy = built.acting
         with contextlib.ExitStack() as on_error:
             on_error.callback(self._close_probe)
-            row, self._policy_row = probe_step(probe, policy, exploration_type,
-                                               set_truncated=bool(torchrl_kwargs.get("set_truncated")))
+            set_truncated = bool(torchrl_kwargs.get("set_truncated"))
+            if self._worker_policy is not None and policy_factory_only:
+                row, self._policy_row = probe_in_process(self._worker_envs[0], self._worker_policy,
+                                                         exploration_type, set_truncated)
+            else:
+                row, self._policy_row = probe_step(probe, policy, exploration_type, set_truncated=set_truncated)
             if postproc is not None and replay_buffer is not None and written_here is None:
                 # Workers apply postproc before their buffer writes; yielded batches get it here instead.
                 row = postproc(row.unsqueeze(0))[0]
             on_error.pop_all()
         self._row = row
+        non_tensor = sorted(str(key) for key in row.keys(True) if is_non_tensor(row.get(key)))
+        if non_tensor:  # the one documented difference in what rows hold (docs/guide/dropin.rst)
+            warnings.warn(
+                f"the env writes non-tensor entries {non_tensor}; OffPolicyCollector's rows live in shared tensors "
+                "and leave them out (TorchRL's collectors pickle them). Encode them as tensors to keep them",
+                stacklevel=2)
         self.total_frames = round_total_frames(total_frames, self.frames_per_batch)
         self.init_random_frames = min(init_random_frames, self.total_frames)
         self.exploration_type = exploration_type
@@ -399,6 +420,12 @@ class OffPolicyCollector(MultiAsyncCollector):
         self.update_at_each_batch = update_at_each_batch
         self.max_frames_per_traj = max_frames_per_traj or 0
         self.track_policy_version = track_policy_version
+        # Rows carry these for the buffer's bookkeeping; a yielded batch has them only where TorchRL's own
+        # options would write them (track_policy_version; max_frames_per_traj's StepCounter).
+        self._rows_only_keys = [key for key, kept in ((VERSION_KEY, track_policy_version),
+                                                      (STEP_KEY, self.max_frames_per_traj or given_step_count),
+                                                      (NEXT_STEP_KEY, self.max_frames_per_traj or given_step_count))
+                                if not kept]
         self.split_trajs = bool(split_trajs)
         if self.split_trajs and replay_buffer is not None:
             raise ValueError(
@@ -427,8 +454,9 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._iter = -1
         self._running_free = False
         self._started = False
-        self._weight_sync_schemes = self._setup_scheme(weight_sync_schemes)
-        self._scheme = self._weight_sync_schemes["policy"]
+        self._scheme = self._setup_scheme(weight_sync_schemes)
+        # As TorchRL's collectors: the schemes as given (ours by default); an adapter of TorchRL's runs in _scheme.
+        self._weight_sync_schemes = {"policy": getattr(self._scheme, "scheme", None) or self._scheme}
         self._metrics = CollectorMetrics(self.num_workers, self.metrics_window)
         self._set_frame_control()
         self.frames_lost = 0
@@ -490,7 +518,7 @@ class OffPolicyCollector(MultiAsyncCollector):
             )
         return [names[str(k)] for k in have]
 
-    def _setup_scheme(self, schemes: Mapping[str, Any] | None) -> dict[str, SeqlockWeightSyncScheme]:
+    def _setup_scheme(self, schemes: Mapping[str, Any] | None) -> SeqlockWeightSyncScheme:
         schemes = dict(schemes or {})
         unknown = sorted(set(schemes) - {"policy"})
         if unknown:
@@ -498,7 +526,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         # TorchRL's own schemes are kept to their contract on our transport (weight_update.torchrl_schemes).
         scheme = as_seqlock_scheme(schemes.get("policy"))
         scheme.init_on_sender(model_id="policy", context=self, model=self.policy)
-        return {"policy": scheme}
+        return scheme
 
     def _ensure_started(self) -> None:
         """Starts the workers on first use: iteration, start(), allow_frames() or wait_for_frames()."""
@@ -525,7 +553,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         if not all(in_thread):
             self._close_probe()  # the processes build their own envs
         sources = [env if isinstance(env, EnvBase) else cloudpickle.dumps(env) for env in self._worker_envs]
-        worker_policy = self.policy
+        worker_policy = self.policy if self._worker_policy is None else self._worker_policy
         extras = dict(init_fn=self.init_fn, pre_collect_hook=self._pre_collect_hook,
                       post_collect_hook=self._post_collect_hook,
                       postproc=self.postproc if self._workers_write else None)
@@ -591,15 +619,22 @@ class OffPolicyCollector(MultiAsyncCollector):
         fpb = self.frames_per_batch
         self._allow_ahead()
         while self._frames < self.total_frames:
+            idle_limit = _idle_limit()
             if self.replay_buffer is None:
-                out = self._take_batch()
+                out = self._take_batch(idle_limit, yielded=self._yields_torchrl_batches)
+                arrived = out is not None
             elif self._local is not None and self._feed is None:
-                self._write_local(self._take_batch())
-                out = None
+                batch, out = self._take_batch(idle_limit), None
+                arrived = batch is not None
+                if arrived:
+                    self._write_local(batch)
             else:  # the workers, or the feed thread after start(), write the buffer
                 target = self._frames - self._restored + fpb
-                self._wait(lambda: self._buffer_frames >= target)
-                out = None
+                arrived, out = self._wait(lambda: self._buffer_frames >= target, idle_limit), None
+            if not arrived:
+                raise RuntimeError(  # TorchRL's MultiAsyncCollector's words
+                    f"Failed to gather all collector output within {idle_limit} seconds. "
+                    "Increase the MAX_IDLE_COUNT environment variable to bypass this error.")
             self._frames += fpb
             self._iter += 1
             if self.update_at_each_batch:
@@ -607,19 +642,29 @@ class OffPolicyCollector(MultiAsyncCollector):
             self._allow_ahead()
             yield out
 
-    def _take_batch(self, timeout: float | None = None) -> TensorDictBase | None:
-        """The oldest batch a worker handed over, made ready to yield or write; ``None`` after ``timeout`` seconds.
+    def _take_batch(self, timeout: float | None = None, yielded: bool = False,
+                    raise_failures: bool = True) -> TensorDictBase | None:
+        """The oldest batch a worker handed over, made ready to write, or to yield as TorchRL's collectors do
+        (``yielded``); ``None`` after ``timeout`` seconds.
 
-        With a timeout (the feed thread), a failed worker is left to the user's thread to raise.
+        The feed thread leaves a failed worker to the user's thread to raise (``raise_failures=False``).
         """
-        out = self._slots.take(timeout=timeout, on_poll=self._raise_if_failed if timeout is None else _no_op)
+        out = self._slots.take(timeout=timeout, on_poll=self._raise_if_failed if raise_failures else _no_op)
         if out is None:
             return None
         self._handed_over += self.frames_per_batch
+        if yielded:
+            out = out.exclude(*self._rows_only_keys)
+            if self.track_policy_version:  # TorchRL's PolicyVersion transform writes it on both sides
+                out.set(("next", VERSION_KEY), out.get(VERSION_KEY))
         if self.split_trajs:
             # A batch is step-major over the worker's envs; a stable sort by trajectory id makes each
             # trajectory one run of consecutive steps, which is what split_trajectories expects.
             out = split_trajectories(out[torch.argsort(out.get(TRAJ_KEY), stable=True)], prefix="collector")
+            if self.postproc is not None:
+                out = self.postproc(out)
+        elif yielded and len(out) == self.frames_per_batch:
+            out = torchrl_layout(out, self.num_envs, self._env_batch_size)
             if self.postproc is not None:
                 out = self.postproc(out)
         elif self.postproc is not None and len(out) == self.frames_per_batch:
@@ -636,7 +681,7 @@ class OffPolicyCollector(MultiAsyncCollector):
     def _start_feed(self) -> None:
         """A local buffer is fed by a thread of this process while collection runs in the background."""
         if self._local is not None and self._feed is None:
-            self._feed = FeedThread(self._take_batch, self._write_local)
+            self._feed = FeedThread(functools.partial(self._take_batch, raise_failures=False), self._write_local)
 
     @property
     def _workers_write(self) -> bool:
@@ -1022,16 +1067,37 @@ class OffPolicyCollector(MultiAsyncCollector):
         """One batch of zeroed rows with every key a worker writes (for laying out a storage)."""
         return self._row.select(*self._row_keys).expand(self.num_envs).clone().zero_()
 
-    def map_fn(self, method_name: str, list_of_args=None, list_of_kwargs=None) -> list[Any]:
-        """Not supported: workers run our loop, not TorchRL collectors with methods to call."""
-        raise NotImplementedError(
-            "OffPolicyCollector workers run a batched loop, not TorchRL collectors; read metrics() or "
-            "stats('per_worker') for per-worker figures"
-        )
+    def map_fn(self, method_name: str, list_of_args: list[tuple] | None = None,
+               list_of_kwargs: list[dict] | None = None) -> list[Any]:
+        """Calls the method at the dotted path ``method_name`` for each worker, one entry of arguments each.
+
+        As with TorchRL's collectors, e.g. ``map_fn("replay_buffer.__len__")``. It is answered in
+        this process from what each worker shares with it (its ``worker_idx``, the
+        ``replay_buffer``, the ``policy`` as published):
+        our workers run a batched loop with no command channel.
+
+        Examples:
+            >>> from torchrl.envs.utils import RandomPolicy
+            >>> from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv
+            >>> collector = OffPolicyCollector([ContinuousActionVecMockEnv] * 2,
+            ...                                RandomPolicy(ContinuousActionVecMockEnv().action_spec),
+            ...                                frames_per_batch=16, total_frames=32)
+            >>> collector.map_fn("get_distant_attr", list_of_args=[("worker_idx",), ("worker_idx",)])
+            [0, 1]
+            >>> collector.shutdown()
+        """
+        list_of_args, list_of_kwargs = self._normalize_worker_calls(list_of_args, list_of_kwargs)
+        return [view.get_distant_attr(method_name)(*args, **kwargs)
+                for view, args, kwargs in zip(self._worker_views(), list_of_args, list_of_kwargs)]
 
     def get_distant_attr(self, attr: str) -> list[Any]:
-        """Not supported: see :meth:`map_fn`."""
-        return self.map_fn("get_distant_attr")
+        """The attribute at the dotted path ``attr`` for each worker, e.g. ``"replay_buffer.write_count"``
+        (see :meth:`map_fn`)."""
+        return [view.get_distant_attr(attr) for view in self._worker_views()]
+
+    def _worker_views(self) -> list[WorkerView]:
+        self._raise_if_failed()
+        return [WorkerView(idx, self.replay_buffer, self._user_policy) for idx in range(self.num_workers)]
 
     def enable_profile(self, **kwargs: Any) -> None:
         """Not supported: use the worker trace and per-phase timings instead."""
@@ -1148,52 +1214,19 @@ class _EnvAttributes:
         return f"{type(self).__name__}(batch_size={self._collector.getattr_env('batch_size')})"
 
 
-class _RandomActions(nn.Module):
-    """TorchRL's ``RandomPolicy`` as a module (with no weights), so that it syncs like any policy.
-
-    The spec is the env's own (unbatched for an unbatched env, whose rows the policy sees without a batch
-    dimension), as TorchRL's collectors give ``RandomPolicy``.
-    """
-
-    def __init__(self, action_spec) -> None:
-        super().__init__()
-        self.random = RandomPolicy(action_spec)
-
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return self.random(tensordict)
-
-
-def _on_cpu(policy: nn.Module) -> nn.Module:
-    """``policy``, or a CPU copy of it if any of its tensors lives elsewhere (workers act on CPU)."""
-    tensors = list(policy.parameters()) + list(policy.buffers()) if isinstance(policy, nn.Module) else []
-    if all(t.device.type == "cpu" for t in tensors):
-        return policy
-    return _attributes_to_cpu(copy.deepcopy(policy).to("cpu"))
-
-
-def _attributes_to_cpu(policy: nn.Module) -> nn.Module:
-    """Moves what ``.to()`` leaves behind to the CPU: distribution keyword arguments and specs, in place.
-
-    A ProbabilisticActor's distribution keyword arguments (a TanhNormal's action bounds) and specs are
-    plain attributes, not buffers: left on the GPU, every worker would initialise CUDA to act.
-    """
-    for module in policy.modules():
-        kwargs = getattr(module, "distribution_kwargs", None)
-        if isinstance(kwargs, dict):
-            module.distribution_kwargs = {key: value.cpu() if isinstance(value, torch.Tensor) else value
-                                          for key, value in kwargs.items()}
-        for name, value in list(vars(module).items()):
-            if isinstance(value, TensorSpec):  # a Composite may say device=None and hold CUDA leaves
-                vars(module)[name] = value.to("cpu")
-    return policy
-
-
 #: EnvBase attributes getattr_env answers after the envs moved to the workers.
 _SPEC_ATTRS = tuple(
     f"{prefix}{kind}_spec{suffix}"
     for prefix in ("", "full_") for kind in ("observation", "action", "reward", "done", "state")
     for suffix in ("", "_unbatched")
 ) + ("batch_size", "specs", "action_keys", "reward_keys", "done_keys")
+
+
+def _idle_limit() -> float | None:
+    """Seconds the iterator waits for a batch before it raises, as TorchRL's collectors do: ``MAX_IDLE_COUNT``
+    (read by TorchRL when it is imported) times TorchRL's poll interval; ``None`` (no limit) by default."""
+    limit = torchrl_constants._MAX_IDLE_COUNT * torchrl_constants._TIMEOUT
+    return None if limit >= torch.iinfo(torch.int64).max else limit
 
 
 def _spec_snapshot(env: EnvBase) -> dict[str, Any]:

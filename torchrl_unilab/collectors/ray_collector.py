@@ -194,6 +194,9 @@ class RayNodeCollector(OffPolicyCollector):
                          replay_buffer=None, **kwargs)
         self.worker_idx = 0 if worker_idx is None else int(worker_idx)
 
+    #: The driver (RayOffPolicyCollector) reads the rows' policy versions and trajectory ids.
+    _yields_torchrl_batches = False
+
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """Yields each batch of ``frames_per_batch`` transitions (``None`` once written to a ``RayReplayBuffer``)."""
         error = None

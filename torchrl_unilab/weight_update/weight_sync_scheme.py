@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 from torch import nn
-from torchrl.weight_update import WeightSyncScheme
+from torchrl.weight_update import SharedMemWeightSyncScheme
 
 from torchrl_unilab.weight_update.weight_sync import SharedWeights
 
@@ -85,7 +85,7 @@ def resolve_weight_names(policy: nn.Module, weights: Any) -> dict[str, torch.Ten
     )
 
 
-class SeqlockWeightSyncScheme(WeightSyncScheme):
+class SeqlockWeightSyncScheme(SharedMemWeightSyncScheme):
     """Learner → worker weight sync through one seqlock-protected shared-memory block.
 
     The sender copies the policy's weights into a :class:`~torchrl_unilab.SharedWeights`
@@ -102,6 +102,10 @@ class SeqlockWeightSyncScheme(WeightSyncScheme):
     noise) stay with each worker (:mod:`torchrl_unilab.weight_update.weight_sync`).
     A policy with no weights (TorchRL's ``RandomPolicy``, any callable) has
     nothing to sync: only the version travels.
+
+    It is a ``SharedMemWeightSyncScheme`` (TorchRL's default for multi-process
+    collectors, which ``isinstance`` checks in users' code expect), with its own
+    transport: none of that class's queues or background threads run.
 
     :meth:`shutdown` (which TorchRL's ``WeightSyncScheme.__del__`` calls) may run
     at any time and in any order with the garbage collector: it never reads
