@@ -316,7 +316,7 @@ def ab_table(res: Results, key: str, what: str) -> str:
     d = res.get(key)
     if d is None:
         return f"{what}: **{NOT_MEASURED}** (``python benchmarks/ab_rounds.py``, see ``benchmarks/README.md``).\n"
-    names = [k[len("ratio_"):] for k in d if k.startswith("ratio_")]
+    names = [k[len("ratio_"):] for k in d if k.startswith("ratio_") and f"{k[len('ratio_'):]}_a" in d]
     side = {s: f"torch {d[s]['torch']}, ``{d[s]['commit']}``" for s in ("a", "b")}
     rows = [[f"``{n}``", fmt(d[f"{n}_a"], 1), fmt(d[f"{n}_b"], 1), f"**{d[f'ratio_{n}']:.3f}**"] for n in names]
     out = list_table(["figure", f"A: {side['a']}", f"B: {side['b']}", "B / A (median over rounds)"], rows)
@@ -538,6 +538,9 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
                                                "The learner's update rates on torch 2.13.0 (CPU build) and 2.14.1"),
     "collector_before_after.rst": lambda res: ab_table(res, "collector/before_after_issue43.json",
                                                        "Collection before and after issue 43's changes"),
+    "dropin_before_after.rst": lambda res: ab_table(res, "dropin/before_after_issue43.json",
+                                                    "The drop-in speed-ups before and after issue 43's changes "
+                                                    "(each a ratio to TorchRL's collector in the same run)"),
     "robot_learning.rst": robot_tables,
     "robot_speed.rst": robot_speed_table,
     "faults.rst": fault_tables,

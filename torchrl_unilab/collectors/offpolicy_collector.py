@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import logging
@@ -57,11 +56,12 @@ from torchrl_unilab.collectors._worker import (
     probe_step,
     worker_main,
 )
+from torchrl_unilab.collectors._env_view import EnvView
 from torchrl_unilab.collectors._policy import PolicyFromFactory, PolicyRecipe
 from torchrl_unilab.collectors._worker_view import WorkerView
 from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.data.local_writer import LocalBufferWriter, local_write_reason
-from torchrl_unilab.data.replay_buffer import holds_row, init_storage, storage_keys, writer_keys
+from torchrl_unilab.data.replay_buffer import holds_row, prepare_storage
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
 from torchrl_unilab.envs.resolve import _resolve_envs
 from torchrl_unilab.envs.torchrl_stack import check_engine
@@ -308,7 +308,6 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._scheme: SeqlockWeightSyncScheme | None = None
         self._probe_env: EnvBase | None = None
         self._probe_given: EnvBase | None = None
-        self._env_specs: dict[str, Any] = {}
         self._given_envs: list[EnvBase] = []
         check_torchrl_kwargs(torchrl_kwargs)
         for name, value in zip(CPU_PARAMS, (device, storing_device, env_device, policy_device)):
@@ -355,7 +354,8 @@ class OffPolicyCollector(MultiAsyncCollector):
             probe = self._worker_envs[0] if isinstance(self._worker_envs[0], EnvBase) else self._worker_envs[0]()
         # getattr_env answers for the env as given (an unbatched env's specs have no batch dimension, as with
         # TorchRL's collectors); the workers step it with one.
-        self._env_specs, self._probe_given = _spec_snapshot(probe), probe
+        self._probe_given = probe
+        self._env_view = EnvView(probe, self._live_env)
         self._env_batch_size = probe.batch_size
         given_step_count = STEP_KEY in probe.observation_spec.keys()
         probe = as_batched_env(probe)
@@ -407,7 +407,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         self.seed = seed
         self.nonfinite = nonfinite
         self.replay_buffer = replay_buffer
-        self._row_keys = self._prepare_buffer(replay_buffer, row, local=written_here is not None)
+        self._row_keys = prepare_storage(replay_buffer, row, self.frames_per_batch, local=written_here is not None)
         self._local: LocalBufferWriter | None = None
         if written_here is not None:
             self._local = LocalBufferWriter(replay_buffer, self.num_envs, trajs=trajs_per_batch is not None,
@@ -478,45 +478,6 @@ class OffPolicyCollector(MultiAsyncCollector):
     def _total_to_write(self) -> int | float:
         """``total_frames`` less the frames restored by :meth:`load_state_dict`: what these workers write."""
         return self.total_frames - self._restored
-
-    def _prepare_buffer(self, replay_buffer: ReplayBuffer | None, row: TensorDictBase, local: bool) -> list:
-        """Lays out (or checks) the buffer's storage; returns the keys each worker writes.
-
-        A buffer this process extends (``local``) is laid out by its first ``extend``, as TorchRL does.
-        """
-        all_keys = list(row.keys(include_nested=True, leaves_only=True))
-        if replay_buffer is None:
-            return all_keys
-        if not isinstance(replay_buffer, ReplayBuffer):
-            raise TypeError(f"replay_buffer must be a torchrl ReplayBuffer, got {type(replay_buffer).__name__}")
-        capacity = replay_buffer.storage.max_size
-        if capacity < self.frames_per_batch:
-            raise ValueError(
-                f"replay_buffer capacity {capacity} is below one batch (frames_per_batch={self.frames_per_batch}); "
-                "use a capacity >= frames_per_batch"
-            )
-        have = storage_keys(replay_buffer)
-        if have is None and local:
-            return all_keys
-        if have is None:
-            init_storage(replay_buffer, row)
-            if not replay_buffer.storage._storage.is_shared() and not replay_buffer.storage._storage.is_memmap():
-                replay_buffer.storage._storage.share_memory_()
-            return all_keys
-        # A buffer laid out by the user (TorchRL's own pre-initialisation) gets the
-        # keys it has; a key it needs that the rows lack is an error, not a zero,
-        # unless the buffer's own writer fills it in (TensorDictReplayBuffer's "index").
-        names = {str(k): k for k in all_keys}
-        filled = set(writer_keys(replay_buffer))
-        have = [k for k in have if str(k) not in filled]
-        missing = sorted(str(k) for k in have if str(k) not in names)
-        if missing:
-            raise ValueError(
-                f"replay_buffer's storage is laid out with keys the collector's rows do not have: {missing}; "
-                f"the rows have {sorted(names)}. Lay the storage out from the same env and policy, or pass an "
-                "empty buffer and let the collector lay it out"
-            )
-        return [names[str(k)] for k in have]
 
     def _setup_scheme(self, schemes: Mapping[str, Any] | None) -> SeqlockWeightSyncScheme:
         schemes = dict(schemes or {})
@@ -1028,17 +989,12 @@ class OffPolicyCollector(MultiAsyncCollector):
         attributes live in the worker processes (an env instance stepped by a
         thread of this process answers them all).
         """
-        if attr in self._env_specs:
-            return self._env_specs[attr]
-        env = self._probe_given
-        if env is None and isinstance(self._worker_envs[0], EnvBase):
-            env = self._worker_envs[0]
-        if env is None:
-            raise _EnvAttributeElsewhere(
-                f"getattr_env({attr!r}): the envs live in the worker processes; specs and batch_size are "
-                "available here, other attributes are not"
-            )
-        return getattr(env, attr)
+        return self._env_view.get(attr)
+
+    def _live_env(self) -> EnvBase | None:
+        if self._probe_given is not None:
+            return self._probe_given
+        return self._worker_envs[0] if isinstance(self._worker_envs[0], EnvBase) else None
 
     @property
     def env(self) -> Any:
@@ -1055,7 +1011,7 @@ class OffPolicyCollector(MultiAsyncCollector):
             ...     collector.env.action_spec_unbatched.shape
             torch.Size([1])
         """
-        return _EnvAttributes(self)
+        return self._env_view
 
     def getattr_rb(self, attr: str) -> Any:
         """An attribute of the replay buffer."""
@@ -1194,48 +1150,11 @@ class OffPolicyCollector(MultiAsyncCollector):
         return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in fields.items())}, frames_written={written})"
 
 
-class _EnvAttributeElsewhere(NotImplementedError, AttributeError):
-    """An env attribute this process cannot read. An ``AttributeError`` too, so that ``hasattr(collector.env, name)``
-    is ``False`` and ``getattr(collector.env, name, default)`` gives the default, as for a missing attribute."""
-
-
-class _EnvAttributes:
-    """``OffPolicyCollector.env`` while the envs live in the workers: attribute reads go to ``getattr_env``."""
-
-    def __init__(self, collector: OffPolicyCollector) -> None:
-        self._collector = collector
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return self._collector.getattr_env(attr)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(batch_size={self._collector.getattr_env('batch_size')})"
-
-
-#: EnvBase attributes getattr_env answers after the envs moved to the workers.
-_SPEC_ATTRS = tuple(
-    f"{prefix}{kind}_spec{suffix}"
-    for prefix in ("", "full_") for kind in ("observation", "action", "reward", "done", "state")
-    for suffix in ("", "_unbatched")
-) + ("batch_size", "specs", "action_keys", "reward_keys", "done_keys")
-
-
 def _idle_limit() -> float | None:
     """Seconds the iterator waits for a batch before it raises, as TorchRL's collectors do: ``MAX_IDLE_COUNT``
     (read by TorchRL when it is imported) times TorchRL's poll interval; ``None`` (no limit) by default."""
     limit = torchrl_constants._MAX_IDLE_COUNT * torchrl_constants._TIMEOUT
     return None if limit >= torch.iinfo(torch.int64).max else limit
-
-
-def _spec_snapshot(env: EnvBase) -> dict[str, Any]:
-    out = {}
-    for attr in _SPEC_ATTRS:
-        with contextlib.suppress(AttributeError, KeyError):
-            value = getattr(env, attr)
-            out[attr] = value.clone() if hasattr(value, "clone") else copy.copy(value)
-    return out
 
 
 def _cap(frames: int | float) -> int | None:

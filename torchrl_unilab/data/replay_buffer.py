@@ -28,8 +28,8 @@ from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 from torchrl_unilab._residue import sweep_stale
 from torchrl_unilab.data.buffer_writer import CommitWriter
 
-__all__ = ["buffer_lock", "holds_row", "make_replay_buffer", "init_storage", "storage_keys", "owned_scratch_dir",
-           "writer_keys"]
+__all__ = ["buffer_lock", "holds_row", "make_replay_buffer", "init_storage", "prepare_storage", "storage_keys",
+           "owned_scratch_dir", "writer_keys"]
 
 _OWNED_DIR_ATTR = "_torchrl_unilab_owned_dir"
 #: Temporary scratch directories are named ``{prefix}{pid}_...`` after their creator.
@@ -143,6 +143,59 @@ def writer_keys(replay_buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
     if isinstance(replay_buffer._writer, _INDEXING_WRITERS):  # noqa: SLF001 - TorchRL keeps the writer private
         return {"index": torch.zeros((), dtype=torch.long)}
     return {}
+
+
+def prepare_storage(replay_buffer: ReplayBuffer | None, row: TensorDictBase, frames_per_batch: int,
+                    local: bool = False) -> list:
+    """Lays out (or checks) the storage a collector's workers write; returns the keys each row holds.
+
+    An empty buffer is laid out from ``row`` (:func:`init_storage`) and shared; a
+    buffer this process extends (``local``) is laid out by its first ``extend``,
+    as TorchRL does. A buffer laid out by the user (TorchRL's own
+    pre-initialisation) gets the keys it has: a key it needs that the rows lack is
+    an error, not a zero, unless the buffer's own writer fills it in
+    (``TensorDictReplayBuffer``'s ``"index"``, :func:`writer_keys`).
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> row = TensorDict({"observation": torch.zeros(3)}, [])
+        >>> prepare_storage(make_replay_buffer(8), row, frames_per_batch=4)
+        ['observation']
+        >>> prepare_storage(make_replay_buffer(2), row, frames_per_batch=4)
+        Traceback (most recent call last):
+        ...
+        ValueError: replay_buffer capacity 2 is below one batch (frames_per_batch=4); use a capacity >= frames_per_batch
+    """
+    all_keys = list(row.keys(include_nested=True, leaves_only=True))
+    if replay_buffer is None:
+        return all_keys
+    if not isinstance(replay_buffer, ReplayBuffer):
+        raise TypeError(f"replay_buffer must be a torchrl ReplayBuffer, got {type(replay_buffer).__name__}")
+    capacity = replay_buffer.storage.max_size
+    if capacity < frames_per_batch:
+        raise ValueError(
+            f"replay_buffer capacity {capacity} is below one batch (frames_per_batch={frames_per_batch}); "
+            "use a capacity >= frames_per_batch"
+        )
+    have = storage_keys(replay_buffer)
+    if have is None and local:
+        return all_keys
+    if have is None:
+        init_storage(replay_buffer, row)
+        if not replay_buffer.storage._storage.is_shared() and not replay_buffer.storage._storage.is_memmap():
+            replay_buffer.storage._storage.share_memory_()
+        return all_keys
+    names = {str(k): k for k in all_keys}
+    filled = set(writer_keys(replay_buffer))
+    have = [k for k in have if str(k) not in filled]
+    missing = sorted(str(k) for k in have if str(k) not in names)
+    if missing:
+        raise ValueError(
+            f"replay_buffer's storage is laid out with keys the collector's rows do not have: {missing}; "
+            f"the rows have {sorted(names)}. Lay the storage out from the same env and policy, or pass an "
+            "empty buffer and let the collector lay it out"
+        )
+    return [names[str(k)] for k in have]
 
 
 def init_storage(replay_buffer: ReplayBuffer, row: TensorDictBase) -> None:
