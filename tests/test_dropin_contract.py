@@ -78,7 +78,8 @@ def test_a_batch_holds_the_keys_torchrls_does_and_its_options_add_theirs(no_leak
         first = next(it)
         assert keys(first) == expected | {"policy_version", ("next", "policy_version")}
         version = int(first["policy_version"][0])
-        assert (first["next", "policy_version"] == first["policy_version"]).all() and (first["policy_version"] == version).all()
+        assert (first["next", "policy_version"] == first["policy_version"]).all()
+        assert (first["policy_version"] == version).all()
         collector.update_policy_weights_()
         assert any((batch["next", "policy_version"] == version + 1).all() for batch, _ in zip(it, range(20)))
 

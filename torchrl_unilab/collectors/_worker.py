@@ -103,6 +103,8 @@ class ActionEntry:
         if self.key is not None:
             return str(self.shape[skip:])
         return str({str(key): tuple(self.spec[key].shape)[skip:] for key in self.keys})
+
+
 #: A seed stream's trajectories are numbered from ``stream << _STREAM_TRAJ_BITS``.
 _STREAM_TRAJ_BITS = 32
 
