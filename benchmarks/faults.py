@@ -237,11 +237,20 @@ def buffer_kills(kills: int, *, rows: int = 4000, capacity: int = 10_000, max_de
         while done < kills and (deadline is None or time.monotonic() < deadline):
             pid = forker.start_writer(next_id)
             time.sleep(rng.uniform(0.0, max_delay_s))
+            if counters is not None and done % 2:
+                # Every other kill waits for the writer's mark (rows marked, not yet committed), so that some
+                # kills land inside a write for sure: at random moments alone, a quiet CI run had 0 of 12.
+                give_up = time.monotonic() + 2.0
+                while counters[6] == 0 and time.monotonic() < give_up:
+                    pass
+            # The mark, read at the kill: read only after the writer is gone, it is mostly cleared already,
+            # since the sampler thread repairs the rows as soon as the kernel frees the dead writer's lock.
+            marked = counters is not None and counters[6] > 0
             os.kill(pid, signal.SIGKILL)
+            marked = marked or (counters is not None and counters[6] > 0)
             if not wait_gone(pid, 10):
                 raise RuntimeError(f"writer {pid} survived SIGKILL for 10 s")
-            # The mark a dead writer leaves: it died between marking its rows and committing them.
-            mid_write += counters is not None and counters[6] > 0
+            mid_write += marked
             next_id += 1_000_000
             done += 1
             if sampler.blocked_s() > 5.0:
