@@ -157,18 +157,6 @@ def test_a_module_that_cannot_be_wrapped_is_refused_as_torchrl_refuses_it():
         OffPolicyCollector([pendulum], TakesSomethingElse(), frames_per_batch=8, total_frames=8)
 
 
-class Unpicklable(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.bias = torch.nn.Parameter(torch.zeros(1))
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return observation[..., :1] * 0 + self.bias
-
-    def __reduce__(self):
-        raise RuntimeError("Unpicklable cannot be pickled")
-
-
 class Biased(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -176,6 +164,11 @@ class Biased(torch.nn.Module):
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return observation[..., :1] * 0 + self.bias
+
+
+class Unpicklable(Biased):
+    def __reduce__(self):
+        raise RuntimeError("Unpicklable cannot be pickled")
 
 
 class PidRecordingFactory:

@@ -383,7 +383,7 @@ class OffPolicyCollector(MultiAsyncCollector):
         with contextlib.ExitStack() as on_error:
             on_error.callback(self._close_probe)
             set_truncated = bool(torchrl_kwargs.get("set_truncated"))
-            if self._worker_policy is not None and policy_factory_only:
+            if policy_factory_only:
                 row, self._policy_row = probe_in_process(self._worker_envs[0], self._worker_policy,
                                                          exploration_type, set_truncated)
             else:
@@ -394,7 +394,7 @@ class OffPolicyCollector(MultiAsyncCollector):
             on_error.pop_all()
         self._row = row
         non_tensor = sorted(str(key) for key in row.keys(True) if is_non_tensor(row.get(key)))
-        if non_tensor:  # the one documented difference in what rows hold (docs/guide/dropin.rst)
+        if non_tensor:  # a documented difference in what rows hold (docs/guide/torchrl_scripts.rst)
             warnings.warn(
                 f"the env writes non-tensor entries {non_tensor}; OffPolicyCollector's rows live in shared tensors "
                 "and leave them out (TorchRL's collectors pickle them). Encode them as tensors to keep them",
@@ -422,10 +422,9 @@ class OffPolicyCollector(MultiAsyncCollector):
         self.track_policy_version = track_policy_version
         # Rows carry these for the buffer's bookkeeping; a yielded batch has them only where TorchRL's own
         # options would write them (track_policy_version; max_frames_per_traj's StepCounter).
-        self._rows_only_keys = [key for key, kept in ((VERSION_KEY, track_policy_version),
-                                                      (STEP_KEY, self.max_frames_per_traj or given_step_count),
-                                                      (NEXT_STEP_KEY, self.max_frames_per_traj or given_step_count))
-                                if not kept]
+        counts_steps = bool(self.max_frames_per_traj) or given_step_count
+        self._rows_only_keys = [key for key, kept in ((VERSION_KEY, track_policy_version), (STEP_KEY, counts_steps),
+                                                      (NEXT_STEP_KEY, counts_steps)) if not kept]
         self.split_trajs = bool(split_trajs)
         if self.split_trajs and replay_buffer is not None:
             raise ValueError(
@@ -579,8 +578,8 @@ class OffPolicyCollector(MultiAsyncCollector):
         self._ensure_started()
         fpb = self.frames_per_batch
         self._allow_ahead()
+        idle_limit = _idle_limit()
         while self._frames < self.total_frames:
-            idle_limit = _idle_limit()
             if self.replay_buffer is None:
                 out = self._take_batch(idle_limit, yielded=self._yields_torchrl_batches)
                 arrived = out is not None
