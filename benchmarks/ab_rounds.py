@@ -14,6 +14,9 @@ over A within the round.
     # collection before and after a change (a clone of the old commit in /tmp/before)
     python benchmarks/ab_rounds.py --a python@/tmp/before --b python --benchmark collector_throughput \\
         --keys envpool_16_steps_per_s -- --rounds 1 --seconds 3
+    # our configurations of dropin_speedup.py only, with B's script (A's has no --configs)
+    python benchmarks/ab_rounds.py --a python@/tmp/before --b python --benchmark dropin_speedup --script-from b \
+        --keys p2_offpolicy_fps,fast_path_fps -- --rounds 1 --configs p2_offpolicy fast_path
 
 ``--keys`` names the benchmark's JSON keys to compare (numbers). ``--out FILE`` also
 writes the line to ``FILE`` (``benchmarks/results/<topic>/``).
@@ -55,9 +58,13 @@ def describe(python: str, repo: Path) -> dict[str, str]:
     return {"torch": torch_version, "commit": commit, "repo": str(repo)}
 
 
-def one_run(python: str, repo: Path, benchmark: str, args: list[str], timeout: float) -> dict:
-    """One run of ``benchmarks/<benchmark>.py`` from ``repo`` under ``python``: its last JSON line."""
-    script = repo / "benchmarks" / f"{benchmark}.py"
+def one_run(python: str, repo: Path, benchmark: str, args: list[str], timeout: float,
+            script_repo: Path | None = None) -> dict:
+    """One run of ``benchmarks/<benchmark>.py`` under ``python``, importing ``repo``'s package: its last JSON line.
+
+    The script is ``repo``'s own, or ``script_repo``'s (one script measuring both sides' packages).
+    """
+    script = (script_repo or repo) / "benchmarks" / f"{benchmark}.py"
     # the side's own package first, whatever is installed in the interpreter
     env = {**os.environ, "PYTHONPATH": str(repo)}
     result = subprocess.run([python, str(script), *args], capture_output=True, text=True, timeout=timeout,
@@ -74,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--benchmark", required=True, help="a script of benchmarks/, without .py")
     parser.add_argument("--keys", required=True, help="comma-separated JSON keys of the benchmark to compare")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--script-from", choices=("a", "b"), default=None,
+                        help="run this side's benchmark script on both sides (default: each side its own); for "
+                             "benchmark options that the other side's script lacks")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per benchmark run")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON line to this file")
     parser.add_argument("args", nargs="*", help="after --: the benchmark's own arguments")
@@ -82,15 +92,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     keys = [key.strip() for key in args.keys.split(",") if key.strip()]
     sides = {"a": parse_side(args.a), "b": parse_side(args.b)}
+    script_repo = sides[args.script_from][1] if args.script_from else None
     for name, (_, repo) in sides.items():
+        if script_repo is not None:
+            continue
         if not (repo / "benchmarks" / f"{args.benchmark}.py").is_file():
             parser.error(f"--benchmark: no benchmarks/{args.benchmark}.py in side {name}'s checkout {repo}")
     runs: dict[str, list[dict]] = {"a": [], "b": []}
     started = time.time()
     for round_idx in range(args.rounds):
         for side in ("a", "b") if round_idx % 2 == 0 else ("b", "a"):
-            runs[side].append(one_run(*sides[side], args.benchmark, args.args, args.timeout))
+            runs[side].append(one_run(*sides[side], args.benchmark, args.args, args.timeout, script_repo))
     out = {"benchmark": "ab_rounds", "measures": args.benchmark, "args": args.args, "rounds": args.rounds,
+           "script_from": args.script_from or "each side",
            "a": describe(*sides["a"]), "b": describe(*sides["b"]), "minutes": round((time.time() - started) / 60, 1),
            "date": time.strftime("%Y-%m-%d")}
     for key in keys:

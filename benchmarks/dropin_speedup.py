@@ -28,6 +28,7 @@ in alternating rounds, so that drifts in a shared machine's speed weigh on all o
 them alike; rates are medians over rounds and ratios medians of per-round ratios.
 
 Run: ``python benchmarks/dropin_speedup.py [--rounds 3] [--seconds 6] [--workers 2] [--envs 4]``
+(``--configs p2_offpolicy fast_path``: only those, e.g. for ``ab_rounds.py`` before and after a change)
 """
 
 from __future__ import annotations
@@ -217,12 +218,16 @@ def main() -> None:
     parser.add_argument("--exit-grace", type=float, default=10.0, help="seconds a finished run may take to exit")
     parser.add_argument("--engine-torchrl", action="store_true",
                         help="also run pattern 2 with engine='torchrl' (the env stack as given)")
+    parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=None,
+                        help="run only these configurations (default: all; ratios need both of their sides)")
     parser.add_argument("--run-one", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run_one:
         run_one(args)
         return
     names = [n for n in CONFIGS if args.engine_torchrl or n != "p2_offpolicy_torchrl_engine"]
+    if args.configs:
+        names = [n for n in CONFIGS if n in args.configs]
     rates: dict[str, list[float | None]] = {name: [] for name in names}
     engines: dict[str, str] = {}
     problems: list[dict] = []
@@ -243,6 +248,8 @@ def main() -> None:
         return round(statistics.median(values), 1) if values else None
 
     def ratio(a: str, b: str) -> float | None:
+        if a not in rates or b not in rates:
+            return None
         pairs = [x / y for x, y in zip(rates[a], rates[b]) if x is not None and y]
         return round(statistics.median(pairs), 3) if pairs else None
 
@@ -262,7 +269,7 @@ def main() -> None:
         "engines": engines,
         "problems": problems,
     }
-    if args.engine_torchrl:
+    if "p2_offpolicy_torchrl_engine" in names:
         result["ratio_pattern2_torchrl_engine"] = ratio("p2_offpolicy_torchrl_engine", "p2_torchrl")
     print(json.dumps(result))
 

@@ -36,6 +36,9 @@ import argparse
 import csv
 import dataclasses
 import json
+import math
+import os
+import platform
 import random
 import statistics
 import sys
@@ -43,6 +46,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import wallclock
 from hydra import compose, initialize_config_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +69,9 @@ class Task:
     """the suite's seeds, used unless ``--seeds`` is given"""
     label: str = ""
     """tells apart two runs of one algorithm on one env (file names, the table)"""
+    minutes: float | None = None
+    """a wall-clock budget (the recipe's ``max_minutes``): the run saves snapshots every minute and stops then
+    (the ``wallclock`` suite; ``frames`` is only an upper bound)"""
 
     @property
     def name(self) -> str:
@@ -74,6 +81,19 @@ class Task:
 #: The Go1 runs in docs/results/robot_tasks.rst collected with 4 envs per worker, the TD3 recipe's default before
 #: issue 22 made it one env (measured on HalfCheetah-v5).
 GO1_COLLECTION = ["collector.env_per_collector=4", "collector.frames_per_batch=64"]
+
+#: The ``wallclock`` suite's budget per run (``--minutes`` changes it) and its frame bound (never reached).
+WALLCLOCK_MINUTES = 12.0
+WALLCLOCK_FRAMES = 5_000_000
+#: Free frames spent (issue 44): fewer updates per frame, with the envs and batch sizes that supply the frames.
+WALLCLOCK_SUPPLY = ["collector.env_per_collector=16", "collector.frames_per_batch=256",
+                    "collector.max_lead_frames=2048", "replay_buffer.size=1000000"]
+WALLCLOCK_CANDIDATES: dict[str, list[str]] = {
+    "utd0.5": ["optim.utd_ratio=0.5", *WALLCLOCK_SUPPLY],
+    "utd0.25": ["optim.utd_ratio=0.25", *WALLCLOCK_SUPPLY],
+    "utd0.125": ["optim.utd_ratio=0.125", *WALLCLOCK_SUPPLY],
+    "utd0.25_batch512": ["optim.utd_ratio=0.25", "optim.batch_size=512", *WALLCLOCK_SUPPLY],
+}
 
 SUITES: dict[str, list[Task]] = {
     "pendulum": [
@@ -101,6 +121,14 @@ SUITES: dict[str, list[Task]] = {
     "td3": [  # issue 22: the recipe's defaults against SB3's; the targets are relative (see compare_with_sb3)
         Task("td3", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"]),
         Task("sb3_td3", "HalfCheetah-v5", 100_000, None),
+    ],
+    # issue 44: return against wall-clock minutes (benchmarks/wallclock.py). Today's defaults, then the screened
+    # configurations; SB3's SAC is the reference (--algo sb3_sac, or --sb3-reference with its saved results).
+    "wallclock": [
+        Task("sac", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="defaults"),
+        *(Task("sac", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, overrides, minutes=WALLCLOCK_MINUTES, label=label)
+          for label, overrides in WALLCLOCK_CANDIDATES.items()),
+        Task("sb3_sac", "HalfCheetah-v5", 100_000, None),
     ],
     "sb3": [  # issue 19: the SAC recipe's defaults against SB3's SAC at one update per frame, same sizes and batch
         Task("sac", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"]),
@@ -159,15 +187,20 @@ def run(task: Task, seed: int, run_dir: Path) -> dict:
         return run_sb3(task, seed)
     sys.path.insert(0, str(ROOT / "recipes"))
     recipe = __import__(task.algo)  # recipes/sac.py or recipes/td3.py
+    # a budgeted run is evaluated from its snapshots afterwards: no evaluation takes its clock
+    budget = [] if task.minutes is None else [f"max_minutes={task.minutes}", "logger.eval_iter=0",
+                                              f"logger.snapshot_every_s={wallclock.SNAPSHOT_EVERY_S}"]
     cfg = recipe_config(task.algo, [
         f"env.name={task.env}", f"env.seed={seed}", f"collector.total_frames={task.frames}",
         f"logger.log_dir={run_dir}", "logger.progress_bar=false", "logger.checkpoint_every=0", *task.overrides,
+        *budget,
     ])
     summary = recipe.main(cfg)
     exp = run_dir / cfg.logger.exp_name / "scalars"
     curve = [tuple(map(float, line.split(","))) for line in open(exp / "eval" / "return.csv")]
     elapsed = dict(tuple(map(float, line.split(","))) for line in open(exp / "time" / "elapsed_s.csv"))
-    return {**summary, "curve": curve, "elapsed_at": elapsed}
+    snapshots = [] if task.minutes is None else wallclock.evaluate_snapshots(Path(summary["run_dir"]), cfg, task.algo)
+    return {**summary, "curve": curve, "elapsed_at": elapsed, "snapshots": snapshots}
 
 
 def sb3_config(task: Task, seed: int):
@@ -519,6 +552,60 @@ def saved_runs(directory: Path, task: Task, seeds: list[int]) -> dict[int, dict]
     return runs
 
 
+def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dict[int, dict] | None,
+                     sb3_results: Path | None, minutes: float) -> dict:
+    """The ``wallclock`` suite's table, plot and targets (``wallclock.md``, ``wallclock.png``); returns its summary.
+
+    SB3's reference is its runs in this suite (``sb3_runs``), else the saved comparison ``sb3_results``.
+    """
+    reference = None
+    if sb3_runs:
+        reference = {**wallclock.sb3_reference(sb3_runs), "seeds": len(sb3_runs), "source": "this suite's runs"}
+    elif sb3_results is not None:
+        reference = wallclock.sb3_reference_from_results(sb3_results)
+    table, curves = {}, {}
+    overrides = {task.label: task.overrides for task in SUITES["wallclock"]}
+    for label, runs in sides.items():
+        per_seed = {seed: wallclock.return_at_minutes(run["snapshots"], math.ceil(minutes))
+                    for seed, run in runs.items()}
+        curve = curves[label] = wallclock.mean_with_interval(per_seed)
+        table[label] = {
+            "overrides": overrides.get(label),
+            "by_seed": {seed: [None if v is None else round(v, 1) for v in curve_] for seed, curve_ in per_seed.items()},
+            "seeds": len(runs), "minutes": round(statistics.fmean(r["elapsed_s"] for r in runs.values()) / 60, 1),
+            "frames": round(statistics.fmean(r.get("frames_collected", r["frames"]) for r in runs.values())),
+            "updates": round(statistics.fmean(r["updates"] for r in runs.values())), "curve": curve,
+            "targets": reference and wallclock.wallclock_targets(curve, reference),
+        }
+    if sb3_runs:
+        sb3_curve = wallclock.mean_with_interval({seed: wallclock.return_at_minutes(
+            wallclock.sb3_points(run), math.ceil(max(r["elapsed_s"] for r in sb3_runs.values()) / 60))
+            for seed, run in sb3_runs.items()})
+        curves["SB3 SAC, 100k frames"] = sb3_curve
+    lines = wallclock.markdown_table(table)
+    if reference is not None:
+        lines += ["", f"SB3's SAC: mean return {reference['return']:.0f} at 100k frames after {reference['minutes']:.1f} "
+                      f"min ({reference['seeds']} seeds; {reference['source']})."]
+    (out / "wallclock.md").write_text("\n".join(lines) + "\n")
+    wallclock.plot_against_minutes(out / "wallclock.png", "SAC HalfCheetah-v5: return against wall-clock", curves,
+                                   reference)
+    print("\n".join(lines), flush=True)
+    import torch
+
+    summary = {"benchmark": "learning", "suite": "wallclock", "date": time.strftime("%Y-%m-%d"),
+               "command": "python benchmarks/learning.py " + " ".join(sys.argv[1:]), "torch": torch.__version__,
+               "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores; one run after the other",
+               "task": "HalfCheetah-v5", "snapshot_every_s": wallclock.SNAPSHOT_EVERY_S, "reference": reference,
+               "configs": {label: {k: v for k, v in side.items() if k != "curve"} | {
+                   "minute": [p["minute"] for p in side["curve"]],
+                   "mean_by_minute": [round(p["mean"], 1) for p in side["curve"]],
+                   "interval_by_minute": [None if p["low"] is None else [round(p["low"], 1), round(p["high"], 1)]
+                                          for p in side["curve"]]} for label, side in table.items()}}
+    (out / "wallclock.json").write_text(json.dumps(summary) + "\n")
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=[*SUITES, "all"], default="pendulum")
@@ -530,6 +617,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="only the suite's tasks whose name (algo_env_label, e.g. "
                              "td3_Go1JoystickFlatTerrain-v1_symmetric) contains one of these; default: all of them")
     parser.add_argument("--frames", type=int, default=None, help="frames per run instead of the suite's")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="wallclock suite: the wall-clock budget per recipe run instead of the suite's")
+    parser.add_argument("--sb3-reference", type=Path, default=None, metavar="JSON",
+                        help="wallclock suite without SB3 runs of its own: SB3's saved results "
+                             "(benchmarks/results/learning/sac_vs_sb3.json) as the reference")
     parser.add_argument("--reuse", action="store_true",
                         help="take a run from its directory's result.json when it has the same frames")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
@@ -554,6 +646,8 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             if args.frames:
                 task = dataclasses.replace(task, frames=args.frames)
+            if args.minutes and task.minutes is not None:
+                task = dataclasses.replace(task, minutes=args.minutes)
             if args.extra:
                 task = dataclasses.replace(task, overrides=[*task.overrides, *args.extra])
             seeds = args.seeds or task.seeds or (0, 1, 2)
@@ -583,6 +677,11 @@ def main(argv: list[str] | None = None) -> None:
             (args.out / f"{stem}_table.rst").write_text("\n".join(rst_table(sides)) + "\n")
             if len(sides) > 1:
                 plot_sides(args.out / f"{stem}_sides.png", f"{algo.upper()} {env}: {' against '.join(sides)}", sides)
+        if suite == "wallclock":
+            minutes = max((t.minutes for t in SUITES[suite] if t.minutes), default=0.0)
+            report_wallclock(args.out, by_env.get(("sac", "HalfCheetah-v5"), {}), results.get("sb3_sac"),
+                             args.sb3_reference, args.minutes or minutes)
+            continue
         for algo, targets in SB3_TARGETS.items():
             if {algo, f"sb3_{algo}"} <= set(results):
                 table = compare_with_sb3(results[algo], results[f"sb3_{algo}"], **targets)

@@ -197,6 +197,20 @@ def sota_table(res: Results) -> str:
     return out.rstrip() + "\n"
 
 
+def sota_exit_table(res: Results) -> str:
+    """sota_dropin --exit-within: repeated runs of one script, each one's seconds and its exit after its last output."""
+    runs = [d for d in topic(res, "dropin") if d["benchmark"] == "sota_dropin_exit"]
+    if not runs:
+        return f"Exit after the last update: **{NOT_MEASURED}**.\n"
+    out = ""
+    for data in runs:
+        rows = [[str(i + 1), run["status"], fmt(run["seconds"]), fmt(run["exit_after_output_s"], 1)]
+                for i, run in enumerate(data["runs"])]
+        out += list_table(["run", "result", "seconds", "exit after the last output (s)"], rows)
+        out += f"\n``{data['script']}``, limit {data['exit_within_s']} s. {data['note']} " + provenance(data)
+    return out
+
+
 def conformance_table(res: Results) -> str:
     """torchrl_conformance: passed/failed/skipped per side, or 'not yet measured' without a results file."""
     runs = topic(res, "conformance")
@@ -320,9 +334,42 @@ def ab_table(res: Results, key: str, what: str) -> str:
     side = {s: f"torch {d[s]['torch']}, ``{d[s]['commit']}``" for s in ("a", "b")}
     rows = [[f"``{n}``", fmt(d[f"{n}_a"], 1), fmt(d[f"{n}_b"], 1), f"**{d[f'ratio_{n}']:.3f}**"] for n in names]
     out = list_table(["figure", f"A: {side['a']}", f"B: {side['b']}", "B / A (median over rounds)"], rows)
-    return out + (f"\n{what}. ``python benchmarks/ab_rounds.py ... --benchmark {d['measures']} -- "
+    script_from = f" --script-from {d['script_from']}" if d.get("script_from") in ("a", "b") else ""
+    return out + (f"\n{what}. ``python benchmarks/ab_rounds.py ...{script_from} --benchmark {d['measures']} -- "
                   f"{' '.join(d['args'])}``, {d['rounds']} alternating rounds, measured {d['date']} "
                   f"(A from ``{d['a']['repo']}``, B from ``{d['b']['repo']}``). Data: ``benchmarks/results/{key}``.\n")
+
+
+def wallclock_tables(res: Results) -> str:
+    """Issue 44's suite: each configuration's mean return by wall-clock minute, what it did, and the two targets."""
+    data = res.get(WALLCLOCK)
+    if data is None:
+        return (f"Return against wall-clock: **{NOT_MEASURED}** "
+                "(``python benchmarks/learning.py --suite wallclock``).\n")
+    minutes = [m for m in (2, 4, 6, 8, 10, 12, 15, 20, 25, 30) if any(m in c["minute"] for c in data["configs"].values())]
+    rows = []
+    for label, c in data["configs"].items():
+        t = c.get("targets") or {}
+        returns = []
+        for m in minutes:
+            if m not in c["minute"]:
+                returns.append("-")
+                continue
+            i = c["minute"].index(m)
+            interval = c["interval_by_minute"][i]
+            returns.append(fmt(c["mean_by_minute"][i])
+                           + ("" if interval is None else f" [{fmt(interval[0])}, {fmt(interval[1])}]"))
+        rows.append([f"``{label}``", " ".join(f"``{o}``" for o in c.get("overrides") or []) or "(the defaults)",
+                     str(c["seeds"]), *returns, fmt(c["frames"]), fmt(c["updates"]),
+                     fmt(t.get("time_share"), 2), fmt(t.get("return_ratio_at_half"), 2)])
+    out = list_table(["config", "overrides", "seeds", *[f"{m} min" for m in minutes], "frames", "updates",
+                      "time share (<= 0.25)", "ratio at half (>= 1.3)"], rows)
+    ref = data.get("reference")
+    if ref:
+        out += (f"\nSB3's SAC: mean return {fmt(ref['return'])} at 100k frames after {fmt(ref['minutes'], 1)} min "
+                f"({ref['seeds']} seeds; {ref['source']}). *Time share*: the first minute the mean curve reaches "
+                "it, over SB3's minutes; *ratio at half*: the mean return at half of SB3's minutes over SB3's.\n\n")
+    return out + provenance(data)
 
 
 # ------------------------------------------------------------------ robot tasks
@@ -529,6 +576,7 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "collector.rst": collector_tables,
     "dropin.rst": dropin_tables,
     "sota_dropin.rst": sota_table,
+    "sota_exit.rst": sota_exit_table,
     "conformance.rst": conformance_table,
     "sac_vs_sb3.rst": sac_tables,
     "td3_vs_sb3.rst": td3_tables,
@@ -538,9 +586,11 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
                                                "The learner's update rates on torch 2.13.0 (CPU build) and 2.14.1"),
     "collector_before_after.rst": lambda res: ab_table(res, "collector/before_after_issue43.json",
                                                        "Collection before and after issue 43's changes"),
-    "dropin_before_after.rst": lambda res: ab_table(res, "dropin/before_after_issue43.json",
-                                                    "The drop-in speed-ups before and after issue 43's changes "
-                                                    "(each a ratio to TorchRL's collector in the same run)"),
+    "dropin_before_after.rst": lambda res: ab_table(res, "dropin/before_after_issue43_direct.json",
+                                                    "Our collector's frames/s in the three configurations of "
+                                                    "``dropin_speedup.py``, before issue 43's changes (A) and after "
+                                                    "them (B), one benchmark script measuring both packages"),
+    "wallclock.rst": wallclock_tables,
     "robot_learning.rst": robot_tables,
     "robot_speed.rst": robot_speed_table,
     "faults.rst": fault_tables,
@@ -548,6 +598,8 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "gpu.rst": gpu_table,
     "figures.rst": figures_rst,
 }
+#: issue 44's suite (benchmarks/learning.py --suite wallclock), its screening runs.
+WALLCLOCK = "learning/wallclock_screen.json"
 HEADER = ".. Generated by benchmarks/report.py from benchmarks/results/: do not edit, run the script.\n\n"
 
 
@@ -651,6 +703,18 @@ def plots(results: Path = RESULTS) -> list[Path]:
               {"local": [v["local_fps"] for v in r.values()], "Ray": [v["ray_fps"] for v in r.values()]},
               "frames per second")
     made += [PLOTS / "collector.png", PLOTS / "dropin.png", PLOTS / "ray.png"]
+    w = res.get(WALLCLOCK)
+    if w is not None:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import wallclock
+
+        curves = {label: [{"minute": minute, "mean": mean, "low": None if iv is None else iv[0],
+                           "high": None if iv is None else iv[1], "seeds": c["seeds"]}
+                          for minute, mean, iv in zip(c["minute"], c["mean_by_minute"], c["interval_by_minute"])]
+                  for label, c in w["configs"].items()}
+        wallclock.plot_against_minutes(PLOTS / "wallclock.png", f"SAC HalfCheetah-v5: return against wall-clock "
+                                       f"({w['date']})", curves, w.get("reference"))
+        made.append(PLOTS / "wallclock.png")
     return made
 
 

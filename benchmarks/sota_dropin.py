@@ -493,6 +493,7 @@ class GroupRun:
     timed_out: bool
     dumped: int  # processes whose stacks were written to the log at the timeout
     leftovers: dict[int, str]  # processes of its group still alive 10 s after it exited (killed since)
+    exit_after_output_s: float | None  # from its last output (tqdm's bar: the last update) to its exit; None: killed
 
 
 def run_in_own_group(cmd: Sequence[str], cwd: Path, env: dict[str, str], log_path: Path,
@@ -516,10 +517,11 @@ def run_in_own_group(cmd: Sequence[str], cwd: Path, env: dict[str, str], log_pat
             _kill_group(proc.pid)
             proc.wait()
     seconds = time.monotonic() - start
+    exit_after_output = None if timed_out else max(0.0, time.time() - log_path.stat().st_mtime)
     leftovers = _wait_for(proc.pid, 10.0, lambda members: not members)
     if leftovers:
         _kill_group(proc.pid, grace=2.0)
-    return GroupRun(proc.returncode, seconds, timed_out, dumped, leftovers)
+    return GroupRun(proc.returncode, seconds, timed_out, dumped, leftovers, exit_after_output)
 
 
 @dataclasses.dataclass
@@ -531,9 +533,11 @@ class Result:
     swaps: list[str] = dataclasses.field(default_factory=list)  # the collector swap, file by file
     edits: list[str] = dataclasses.field(default_factory=list)  # the TextEdits applied (sac-async.py)
     command: str = ""
+    exit_after_output_s: float | None = None  # seconds from its last output to its exit
 
     def line(self, path: str) -> str:
-        head = f"{path}: ok ({self.seconds:.0f} s)" if self.status == "ok" else f"{path}: FAILED: {self.error}"
+        exited = "" if self.exit_after_output_s is None else f"; exit {self.exit_after_output_s:.1f} s after output"
+        head = f"{path}: ok ({self.seconds:.0f} s{exited})" if self.status == "ok" else f"{path}: FAILED: {self.error}"
         return head + "".join(f" [{note}]" for note in self.notes)
 
 
@@ -651,7 +655,7 @@ def command_for(script: Script, budget: Budget, trainer_collector: str, trainer_
 
 def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: float, *,
             trainer_collector: str, trainer_import: str | None, stock: bool, extra: Sequence[str] = (),
-            hide_gpus: bool = True) -> Result:
+            hide_gpus: bool = True, exit_within: float | None = None) -> Result:
     """Runs one script in its own process group; never raises for the script's failures.
 
     Why subprocesses: each script is a hydra program that expects to own its process
@@ -672,6 +676,11 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
 
     ``hide_gpus=False`` leaves ``CUDA_VISIBLE_DEVICES`` as it is, for a run on a GPU
     (``benchmarks/gpu_check.py``, with ``network.device=cuda`` in ``extra``).
+
+    ``exit_after_output_s`` is the time from the script's last output to its exit: the
+    scripts' progress bars write at every update, so it is the time from the last update
+    (and any closing line) to the end of the process. With ``exit_within``, a run that
+    takes longer fails.
     """
     try:
         folder, swaps, edits = prepare(script, sota, workdir, stock)
@@ -696,7 +705,8 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     seconds, timed_out, dumped, leftovers = run.seconds, run.timed_out, run.dumped, run.leftovers
     # What the script printed, without the stack dumps of a timeout.
     output = log_path.read_text(errors="replace").split("Fatal Python error: Aborted")[0]
-    result = Result("ok", seconds, swaps=swaps, edits=edits, command=" ".join(cmd))
+    result = Result("ok", seconds, swaps=swaps, edits=edits, command=" ".join(cmd),
+                    exit_after_output_s=None if run.exit_after_output_s is None else round(run.exit_after_output_s, 1))
     error = first_error(output)
     last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "")
     if timed_out:
@@ -712,6 +722,10 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
         result.error = error or f"exit code {run.returncode} (last output: {last[-300:]!r})"
     elif error:
         result.notes.append(f"exit 0, but the output holds a traceback: {error[:300]}")
+    elif exit_within is not None and run.exit_after_output_s > exit_within:
+        result.status = "failed"
+        result.error = (f"exited {run.exit_after_output_s:.1f} s after its last output (its last update), "
+                        f"more than --exit-within {exit_within:g} s")
     if leftovers and not timed_out:
         shown = "; ".join(f"{pid}: {cmd[:120]}" for pid, cmd in sorted(leftovers.items()))
         result.notes.append(f"{len(leftovers)} process(es) of its group alive 10 s after it exited, killed: {shown}")
@@ -744,6 +758,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="hydra overrides applied after the budget's, e.g. for a learning run: "
                              "collector.init_random_frames=10000 logger.eval_iter=10000 logger.backend=csv")
     parser.add_argument("--stock", action="store_true", help="control run: TorchRL's collectors, no swap")
+    parser.add_argument("--exit-within", type=float, default=None, metavar="S",
+                        help="fail a script that exits more than S seconds after its last output (issue 43: 10)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directories (logs included)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each command line and substitution")
     args = parser.parse_args(argv)
@@ -777,7 +793,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               + ("; --stock: TorchRL's own collectors (control)" if args.stock else ""), flush=True)
         for script in scripts:
             result = run_one(script, sota, workdir, budget, args.timeout, trainer_collector=args.trainer_collector,
-                             trainer_import=args.trainer_import, stock=args.stock, extra=args.extra)
+                             trainer_import=args.trainer_import, stock=args.stock, extra=args.extra,
+                             exit_within=args.exit_within)
             results[script.label] = result
             for line in result.edits + (result.swaps if args.verbose else []):
                 print(f"  {script.label}: substituted {line}", flush=True)

@@ -69,9 +69,9 @@ napoleon_use_ivar = True
 nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(?!torchrl_unilab).*"),
-    # Private modules (``torchrl_unilab.collectors._worker``) are not documented; a docstring
-    # may still name their objects.
-    (r"py:.*", r"torchrl_unilab\._\w+\..*"),
+    # Private modules (``torchrl_unilab.collectors._worker``) are not documented; a docstring or a
+    # documented class's bases (OffPolicyCollector's ``_in_process_api`` mixin) may still name their objects.
+    (r"py:.*", r"torchrl_unilab\.(\w+\.)*_\w+\..*"),
 ]
 
 # -- doctest ------------------------------------------------------------------

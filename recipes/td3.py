@@ -139,7 +139,7 @@ def main(cfg: DictConfig) -> dict:
     sample = BufferSampler(replay_buffer, cfg.optim.batch_size, keys=nets.sample_keys, device=device)
 
     with run:  # Ctrl-C / SIGTERM: finish the update, save a checkpoint, shut the collector down
-        while not utd.done and not run.stop_requested:
+        while not run.done:  # total_frames trained on, max_minutes spent, or Ctrl-C / SIGTERM
             utd.wait()  # learner ahead: wait for data (lock-step: collect the next chunk)
 
             batch, info = sample()  # rows the buffer's sampler picks (prb: by priority), copied under its lock

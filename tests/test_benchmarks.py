@@ -29,8 +29,41 @@ def test_every_benchmark_script_parses(script):
 def test_learning_help_lists_its_options():
     out = subprocess.run([sys.executable, str(BENCHMARKS / "learning.py"), "--help"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
-    for option in ("--suite", "--seeds", "--algo", "--task", "--frames", "--reuse", "--set", "--reruns"):
+    for option in ("--suite", "--seeds", "--algo", "--task", "--frames", "--reuse", "--set", "--reruns", "--minutes",
+                   "--sb3-reference"):
         assert option in out
+
+
+def test_wallclock_examples_hold():
+    import doctest
+
+    import wallclock
+
+    assert doctest.testmod(wallclock, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
+
+
+def test_the_wallclock_report_reads_each_run_at_whole_minutes_against_sb3(tmp_path):
+    # seed s of "fast" returns 1000 * minute + s from its snapshots; "slow" half of that; SB3: 3000 at 100k, 20 min
+    def snapshots(scale: float, seed: int) -> list[dict]:
+        return [{"elapsed_s": 60.0 * m + 0.5, "frames": 1000 * m, "updates": 100 * m, "return": scale * 1000 * m + seed}
+                for m in range(1, 13)]
+
+    def run(scale: float, seed: int) -> dict:
+        return {"snapshots": snapshots(scale, seed), "elapsed_s": 722.0, "frames": 12_000, "updates": 1200}
+
+    sb3 = {seed: {"curve": [(100_000.0, 3000.0 + seed)], "elapsed_at": {100_000.0: 1200.0}, "elapsed_s": 1200.0}
+           for seed in (0, 1, 2)}
+    summary = learning.report_wallclock(tmp_path, {"fast": {s: run(1.0, s) for s in range(5)},
+                                                   "slow": {s: run(0.5, s) for s in range(5)}}, sb3, None, 12.0)
+    fast, slow = summary["configs"]["fast"], summary["configs"]["slow"]
+    assert fast["mean_by_minute"][:3] == [1002.0, 2002.0, 3002.0]
+    # SB3's mean 3001 is reached at minute 3 of its 20: 0.15; at minute 10 (half), 10002 / 3001
+    assert fast["targets"]["time_share"] == 0.15 and fast["targets"]["time_share_met"]
+    assert fast["targets"]["return_ratio_at_half"] == pytest.approx(10002 / 3001, abs=1e-3)
+    assert fast["targets"]["return_ratio_met"]
+    assert slow["targets"]["minute_reached"] == 6 and not slow["targets"]["time_share_met"]  # 0.3
+    assert (tmp_path / "wallclock.png").stat().st_size > 0
+    assert "| fast | 5 | 12.0 |" in (tmp_path / "wallclock.md").read_text()
 
 
 def _result(curve: list[tuple[float, float]], frames: int = 100_000) -> dict:

@@ -294,3 +294,37 @@ def test_the_recipes_flush_denormals_unless_told_not_to(tmp_path, no_leaks):
     assert bool((denormal * 1.0).all())
     run_recipe("td3", tmp_path / "on")
     assert not bool((denormal * 1.0).any())  # conftest's torch_state sets torch's default back
+
+
+def test_max_minutes_ends_the_run_and_its_snapshots_hold_the_policy_it_evaluated(tmp_path, no_leaks):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import wallclock
+
+    run_dir = tmp_path / "run"
+    # total_frames is never reached: the wall-clock budget (9 s) ends the run
+    summary = run_recipe("sac", run_dir, "collector.total_frames=10000000", "max_minutes=0.15",
+                         "logger.snapshot_every_s=2", "logger.eval_iter=0")
+    assert summary["out_of_time"] and not summary["interrupted"]
+    assert 9.0 <= summary["elapsed_s"] and summary["frames"] < 10_000_000
+    saved = sorted((run_dir / "snapshots").glob("*.pt"))
+    snapshots = [torch.load(path, weights_only=True) for path in saved]
+    # every 2 s once the updates begin (the workers' start and the random frames come first), and where it ended
+    assert len(snapshots) >= 2
+    assert snapshots[0]["updates"] < snapshots[-1]["updates"]
+    for key in ("elapsed_s", "frames", "updates"):
+        values = [snapshot[key] for snapshot in snapshots]
+        assert values == sorted(values), key
+    periodic = [int(snapshot["elapsed_s"] // 2) for snapshot in snapshots[:-1]]
+    assert len(periodic) == len(set(periodic)), "one snapshot per 2 s"
+    assert (snapshots[-1]["frames"], snapshots[-1]["updates"]) == (summary["frames"], summary["updates"])
+    # the last snapshot, evaluated afterwards, is the policy the run's final evaluation ran
+    with initialize_config_dir(config_dir=str(RECIPES / "config"), version_base="1.3"):
+        cfg = compose(config_name="sac", overrides=[*TINY, f"logger.log_dir={run_dir}"])
+    points = wallclock.evaluate_snapshots(run_dir, cfg, "sac")
+    assert [point["frames"] for point in points] == [snapshot["frames"] for snapshot in snapshots]
+    assert points[-1]["return"] == pytest.approx(summary["final_return"])
+
+
+def test_max_minutes_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match=r"max_minutes must be a number of minutes > 0, or null \(no limit\), got 0"):
+        run_recipe("sac", tmp_path / "run", "max_minutes=0")

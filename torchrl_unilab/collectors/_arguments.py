@@ -16,6 +16,8 @@ import torch
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.envs.utils import ExplorationType
 
+from torchrl_unilab._checks import check_int
+
 _TORCHRL_PARAMS = inspect.signature(MultiAsyncCollector.__mro__[1].__init__).parameters
 
 #: ``MultiAsyncCollector`` parameters this collector takes only at some values: name -> (accepted values, why).
@@ -49,12 +51,6 @@ _COLLECTOR_PARAMS = {"backend": None, "backend_options": None, "sync": None, "tr
 #: Accepted at any value (the constructor's docstring says what each does here).
 _ACCEPTED = ("set_truncated", "use_buffers", "cat_results", "no_cuda_sync", "trust_policy", "worker_idx")
 CPU_PARAMS = ("device", "storing_device", "env_device", "policy_device")
-
-
-def check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 def exploration_type_of(value: ExplorationType | str) -> ExplorationType:

@@ -265,6 +265,8 @@ class WorkerLoop:
         self.policy_keys = [] if cfg.policy_row is None else list(cfg.policy_row.keys(True, True))
         #: the policy's keys that the env leaves out of its transitions (found on the first step), copied in
         self._policy_keys_dropped: list | None = None if self.policy_keys else []
+        # Whether the policy's keys go into the root the env steps: known after its first step (keep_policy_keys)
+        self._policy_keys_in_root = True
         self._truncated_keys = _truncated_keys(env) if cfg.set_truncated else []
         self.random_left = cfg.random_frames[worker_idx]
         n = cfg.num_envs
@@ -299,9 +301,9 @@ class WorkerLoop:
             if weights.load_into(module) is not None and i == 0:
                 self.metrics.set(self.idx, policy_version=self.version)
 
-    def act(self, td: TensorDictBase, envs: slice = _ALL) -> torch.Tensor:
+    def act(self, td: TensorDictBase, envs: slice = _ALL) -> tuple[torch.Tensor, dict]:
         """Sets the action (``td[env.action_key]``) of the envs ``envs`` (``td`` holds their rows); returns their
-        policy versions."""
+        policy versions and what else the policy wrote (for :meth:`keep_policy_keys`)."""
         n = len(td)
         n_random = min(self.random_left, n)
         outputs = None
@@ -346,18 +348,24 @@ class WorkerLoop:
             version = version.clone()
             version[:n_random] = RANDOM_VERSION
         self.action.set(td, action)
-        # What the policy wrote goes into the root the env steps, as TorchRL's collectors put it there.
-        for key in self.policy_keys:
-            td.set(key, self._policy_zeros.get(key)[envs] if outputs is None else outputs[key])
-        return version
+        written = {key: self._policy_zeros.get(key)[envs] if outputs is None else outputs[key]
+                   for key in self.policy_keys}
+        if self._policy_keys_in_root:  # as TorchRL's collectors put them there
+            for key, value in written.items():
+                td.set(key, value)
+        return version, written
 
-    def keep_policy_keys(self, transition: TensorDictBase, root: TensorDictBase) -> None:
-        """Copies into ``transition`` the policy's keys its env left out (``root`` is the root it stepped)."""
+    def keep_policy_keys(self, transition: TensorDictBase, written: dict) -> None:
+        """Sets into ``transition`` the policy's keys (``written`` by :meth:`act`) its env left out."""
         if self._policy_keys_dropped is None:
             have = set(transition.keys(True, True))
             self._policy_keys_dropped = [key for key in self.policy_keys if key not in have]
+            # An env whose transitions drop them all (ours build new ones) does not read them: from now on they
+            # skip the root and go straight into the transition. Copying them through the root took about 2.5 % of
+            # a worker's time with the sota actor (py-spy; docs/results/dropin.rst, before and after issue 43).
+            self._policy_keys_in_root = len(self._policy_keys_dropped) < len(self.policy_keys)
         for key in self._policy_keys_dropped:
-            transition.set(key, root.get(key))
+            transition.set(key, written[key])
 
     def _carry_policy_state(self, policy_td: TensorDictBase, envs: slice) -> None:
         """Keeps the entries under private ``"_"`` keys the policy wrote, for its next call on ``envs``.
@@ -542,11 +550,11 @@ class WorkerLoop:
         phase = self.timer
         while True:
             with phase("actor inference"):
-                version = self.act(td)
+                version, written = self.act(td)
             with phase("env step"):
-                root, (transition, td) = td, self.env.step_and_maybe_reset(td)
+                transition, td = self.env.step_and_maybe_reset(td)
                 if self._policy_keys_dropped != []:
-                    self.keep_policy_keys(transition, root)
+                    self.keep_policy_keys(transition, written)
                 tags = (self.step_count, self.traj_ids, version)
                 self.end_episodes(transition)
                 if self.cfg.nonfinite == "reset":
@@ -566,14 +574,13 @@ class WorkerLoop:
             raise ValueError("nonfinite='reset' needs an env without lanes (EnvPoolEnv(lanes=1)); use "
                              "nonfinite='drop' with lanes")
         in_flight: list[tuple | None] = [None] * len(lanes)
-        roots: list[TensorDictBase | None] = [None] * len(lanes)
+        policy_written: list[dict | None] = [None] * len(lanes)
 
         def launch(lane: int, root: TensorDictBase) -> None:
             envs = lanes[lane]
             with self.lanes.policy_state(lane):
-                version = self.act(root, envs)
+                version, policy_written[lane] = self.act(root, envs)
             in_flight[lane] = (self.step_count[envs], self.traj_ids[envs], version)
-            roots[lane] = root
             env.send_lane(lane, root)
 
         with phase("actor inference"):
@@ -585,7 +592,7 @@ class WorkerLoop:
                 with phase("env step"):  # mostly the wait for this lane's C++ step
                     transition, root = env.recv_lane(lane)
                     if self._policy_keys_dropped != []:
-                        self.keep_policy_keys(transition, roots[lane])
+                        self.keep_policy_keys(transition, policy_written[lane])
                     step.append((transition, in_flight[lane]))
                     self.end_episodes(transition, envs)
                 with phase("actor inference"):

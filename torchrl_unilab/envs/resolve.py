@@ -19,18 +19,13 @@ from typing import Any
 import cloudpickle
 from torchrl.envs import EnvBase, ParallelEnv, StepCounter, TransformedEnv
 
+from torchrl_unilab._checks import check_int
 from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.envs.torchrl_stack import choose_env_stack
 
 __all__: list[str] = []
 
 _log = logging.getLogger("torchrl.unilab")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_env_kwargs, max_frames_per_traj,
@@ -50,7 +45,7 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
         if num_workers is not None and num_workers != len(items):
             raise ValueError(f"num_workers={num_workers} does not match the {len(items)} envs in create_env_fn")
         num_workers = len(items)
-    num_workers = _check_int("num_workers", 1 if num_workers is None else num_workers, 1)
+    num_workers = check_int("num_workers", 1 if num_workers is None else num_workers, 1)
     choices: dict[tuple, Any] = {}
     copies: dict[tuple, Any] = {}  # each factory pickled before its first call
     if not many:
@@ -76,7 +71,7 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
                 if kwargs:
                     raise ValueError("create_env_kwargs applies to env factories; for a gymnasium id use env_kwargs")
                 options = dict(gym_ids)
-                _check_int("num_envs", options["num_envs"], 1)
+                check_int("num_envs", options["num_envs"], 1)
                 if max_frames_per_traj:
                     options["env_kwargs"] = {**(options["env_kwargs"] or {}), "max_episode_steps": max_frames_per_traj}
                 options["engine"] = select_engine(item, options["engine"], options["env_kwargs"], privileged)

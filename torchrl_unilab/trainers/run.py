@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
@@ -59,11 +60,14 @@ class RecipeRun:
     the cores the workers and other processes leave idle, followed between updates
     (:attr:`threads`, a :class:`~torchrl_unilab.trainers.threads.LearnerThreads`).
 
-    Use it as a context around the training loop: inside, the first Ctrl-C or
-    SIGTERM sets :attr:`stop_requested` (the loop ends after its update and a
-    checkpoint is saved); on the way out the collector shuts down. Call
-    :meth:`after_update` after each gradient update and :meth:`finish` after
-    the loop.
+    Use it as a context around the training loop, which runs until :attr:`done`:
+    inside, the first Ctrl-C or SIGTERM sets :attr:`stop_requested` (the loop
+    ends after its update and a checkpoint is saved); on the way out the
+    collector shuts down. Call :meth:`after_update` after each gradient update
+    and :meth:`finish` after the loop. ``max_minutes`` bounds the run's
+    wall-clock, and ``logger.snapshot_every_s`` saves the policy's weights with
+    the frames and updates done every so many seconds (:meth:`save_snapshot`),
+    for an evaluation against wall-clock that takes none of the run's time.
 
     Args:
         cfg: the recipe's Hydra config (sections ``env``, ``collector``,
@@ -102,7 +106,7 @@ class RecipeRun:
         >>> nets = make_networks(cfg, "sac", env_info(cfg))
         >>> run = RecipeRun(cfg, "SAC", nets.policy, make_replay_buffer(cfg), modules={"actor": nets.actor})
         >>> with run:
-        ...     while not run.utd.done:  # a recipe samples and updates between these two
+        ...     while not run.done:  # a recipe samples and updates between these two
         ...         run.utd.wait()
         ...         run.utd.step()
         >>> summary = run.finish()  # doctest: +ELLIPSIS
@@ -124,6 +128,11 @@ class RecipeRun:
         critic_normalizer: ObservationNormalizer | None = None,
         worker_policy: TensorDictModuleBase | None = None,
     ) -> None:
+        max_minutes = cfg.get("max_minutes")
+        if max_minutes is not None and (isinstance(max_minutes, bool) or not isinstance(max_minutes, (int, float))
+                                        or not max_minutes > 0):
+            raise ValueError(f"max_minutes must be a number of minutes > 0, or null (no limit), got {max_minutes!r}")
+        self._deadline_s = None if max_minutes is None else 60.0 * float(max_minutes)
         self.cfg, self.name, self.policy = cfg, name, policy
         self.worker_policy = policy if worker_policy is None else worker_policy
         self.replay_buffer, self.normalizer = replay_buffer, normalizer
@@ -168,6 +177,7 @@ class RecipeRun:
         self._log_due = Every(log.log_every, start=frames_done)
         self._eval_due = Every(log.eval_iter, start=frames_done)
         self._checkpoint_due = Every(log.checkpoint_every, start=frames_done)
+        self._snapshot_due = Every(int(log.get("snapshot_every_s") or 0), start=int(self.logger.elapsed))
         self._stop = GracefulStop()
         self._restarts: dict[str, int] = {"worker_restarts": 0}
         self._collector_closed = False
@@ -180,6 +190,16 @@ class RecipeRun:
     def stop_requested(self) -> bool:
         """Whether a Ctrl-C or SIGTERM asked the run to stop."""
         return self._stop.requested
+
+    @property
+    def out_of_time(self) -> bool:
+        """Whether the run's wall-clock (resumed runs: in all) has reached ``max_minutes``."""
+        return self._deadline_s is not None and self.logger.elapsed >= self._deadline_s
+
+    @property
+    def done(self) -> bool:
+        """Whether the loop should end: ``collector.total_frames`` trained on, out of time, or a stop requested."""
+        return self.utd.done or self.stop_requested or self.out_of_time
 
     def __enter__(self) -> RecipeRun:
         self._stop.__enter__()
@@ -250,7 +270,25 @@ class RecipeRun:
             self.logger.log_eval(frames=frames, values=self.eval_runner(self.policy))
         if self._checkpoint_due(frames):
             self.save_checkpoint()
+        if self._snapshot_due(int(self.logger.elapsed)):
+            self.save_snapshot()
         self._stall_mark = time.perf_counter()
+
+    def save_snapshot(self) -> str:
+        """Saves :attr:`policy`'s weights, with the wall-clock seconds, frames and updates so far; returns the path.
+
+        ``<run>/snapshots/<seconds>.pt``, a dict of tensors and numbers (``torch.load(path,
+        weights_only=True)`` reads it). Copying the weights takes well under a millisecond for the
+        recipes' networks; evaluating them is left to whoever reads the snapshots.
+        """
+        elapsed = self.logger.elapsed
+        directory = os.path.join(self.out_dir, "snapshots")
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"{elapsed:09.1f}.pt")
+        weights = {name: value.detach().to("cpu", copy=True) for name, value in self.policy.state_dict().items()}
+        torch.save({"elapsed_s": elapsed, "frames": self.utd.frames, "updates": self.utd.updates,
+                    "policy": weights}, path)
+        return path
 
     def publish_weights(self) -> None:
         """Sends :attr:`policy`'s weights to the workers (they load them before their next step).
@@ -282,6 +320,8 @@ class RecipeRun:
     def finish(self) -> dict[str, Any]:
         """After the loop: a final evaluation and checkpoint; returns the run's summary."""
         utd, logger, stopped = self.utd, self.logger, self.stop_requested
+        if self._snapshot_due.period > 0 and not stopped:
+            self.save_snapshot()  # where the run ended
         if not stopped and (not logger.curve.points or logger.curve.points[-1][0] != utd.frames):
             logger.log_eval(frames=utd.frames, values=self.eval_runner(self.policy))
         restarts = self.restarts()
@@ -303,6 +343,7 @@ class RecipeRun:
             "plot": logger.plot_path,
             "checkpoint": str(self.checkpointer.directory),
             "interrupted": stopped,
+            "out_of_time": self.out_of_time and not utd.done,
             **restarts,
         }
         survived = "".join(f", {count} {name.replace('_', ' ')}" for name, count in restarts.items() if count)

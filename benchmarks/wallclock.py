@@ -1,0 +1,243 @@
+"""Return against wall-clock minutes: snapshot evaluation, mean curves with 90 % intervals, issue 44's targets.
+
+``benchmarks/learning.py --suite wallclock`` runs each recipe configuration for
+a fixed wall-clock budget (``max_minutes``) with ``logger.snapshot_every_s=60``:
+the learner saves its policy's weights, frames and updates every minute
+(:meth:`RecipeRun.save_snapshot <torchrl_unilab.trainers.run.RecipeRun.save_snapshot>`),
+and nothing is evaluated during the run. After it, :func:`evaluate_snapshots`
+runs each snapshot on the recipe's ``EvalRunner`` (5 deterministic episodes
+from fixed seeds), so the evaluation takes none of the run's clock. SB3's runs
+save their actor's weights the same way (``learning.run_sb3``).
+
+The analysis is over seeds at whole minutes: a run's return at minute ``m``
+is that of its last snapshot taken by then (:func:`return_at_minutes`); the
+mean curve has a percentile-bootstrap 90 % interval of the mean
+(:func:`mean_with_interval`); :func:`wallclock_targets` checks issue 44's two
+targets against SB3's runs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from pathlib import Path
+
+#: The wall-clock seconds between two snapshots: issue 44 evaluates every minute.
+SNAPSHOT_EVERY_S = 60
+
+#: issue 44's targets: SB3's mean 100k-frame return reached in at most this share of SB3's wall-clock to it ...
+TIME_SHARE_TARGET = 0.25
+#: ... and at half of SB3's 100k wall-clock, a mean return at least this many times SB3's mean 100k return.
+RETURN_RATIO_TARGET = 1.3
+
+
+def evaluate_snapshots(run_dir: Path, cfg, algo: str) -> list[dict]:
+    """Evaluates every snapshot a recipe run saved in ``run_dir/snapshots``, oldest first.
+
+    Each becomes ``{"elapsed_s", "frames", "updates", "return"}``, ``return`` the mean of
+    ``logger.num_eval_envs`` deterministic episodes on the recipe's ``EvalRunner`` (the seeds
+    a recipe's own evaluations use: ``env.seed + 10_000 + i``).
+    """
+    import torch
+
+    from torchrl_unilab.trainers.recipes_utils import EvalRunner, env_info, env_kwargs, make_networks
+
+    nets = make_networks(cfg, algo, env_info(cfg), device="cpu")
+    evaluator = EvalRunner(cfg.env.name, int(cfg.logger.num_eval_envs), seed=int(cfg.env.seed) + 10_000,
+                           env_kwargs=env_kwargs(cfg))
+    points = []
+    try:
+        for path in sorted((run_dir / "snapshots").glob("*.pt")):
+            snapshot = torch.load(path, weights_only=True)  # written by this run's learner
+            nets.policy.load_state_dict(snapshot["policy"])
+            points.append({"elapsed_s": float(snapshot["elapsed_s"]), "frames": int(snapshot["frames"]),
+                           "updates": int(snapshot["updates"]), "return": evaluator(nets.policy)["eval/return"]})
+    finally:
+        evaluator.close()
+    return points
+
+
+def return_at_minutes(points: list[dict], minutes: int) -> list[float | None]:
+    """A run's return at minutes ``1 .. minutes``: its last snapshot's by then, ``None`` before the first.
+
+    Examples:
+        >>> return_at_minutes([{"elapsed_s": 100.0, "return": 5.0}, {"elapsed_s": 120.4, "return": 9.0}], 3)
+        [None, 9.0, 9.0]
+    """
+    out = []
+    for minute in range(1, minutes + 1):
+        # a snapshot is taken at the first update past each minute: allow it a second's lateness
+        done = [p["return"] for p in points if p["elapsed_s"] <= 60 * minute + 1.0]
+        out.append(done[-1] if done else None)
+    return out
+
+
+def bootstrap_interval(values: list[float], *, level: float = 0.9, draws: int = 10_000) -> tuple[float, float] | None:
+    """A percentile-bootstrap interval of the mean of ``values`` (seeds); ``None`` below 3 values.
+
+    A fixed RNG: the same runs give the same interval.
+
+    Examples:
+        >>> bootstrap_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+        (2.0, 4.0)
+    """
+    if len(values) < 3:
+        return None
+    rng = random.Random(0)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(draws))
+    tail = (1 - level) / 2
+    return means[int(tail * draws)], means[min(draws - 1, int((1 - tail) * draws))]
+
+
+def mean_with_interval(runs: dict[int, list[float | None]]) -> list[dict]:
+    """Per minute over seeds: ``{"minute", "mean", "low", "high", "seeds"}`` (the 90 % interval of the mean).
+
+    A minute counts the seeds with a return by then; the interval is ``None`` below 3 of them.
+
+    Examples:
+        >>> mean_with_interval({0: [None, 2.0], 1: [1.0, 4.0]})
+        [{'minute': 1, 'mean': 1.0, 'low': None, 'high': None, 'seeds': 1}, \
+{'minute': 2, 'mean': 3.0, 'low': None, 'high': None, 'seeds': 2}]
+    """
+    length = max(len(curve) for curve in runs.values())
+    out = []
+    for idx in range(length):
+        values = [curve[idx] for curve in runs.values() if idx < len(curve) and curve[idx] is not None]
+        if not values:
+            continue
+        interval = bootstrap_interval(values)
+        out.append({"minute": idx + 1, "mean": statistics.fmean(values), "low": interval and interval[0],
+                    "high": interval and interval[1], "seeds": len(values)})
+    return out
+
+
+def first_minute_reaching(curve: list[dict], value: float) -> int | None:
+    """The first minute at which a mean curve (:func:`mean_with_interval`) reaches ``value``; ``None`` if never.
+
+    Examples:
+        >>> first_minute_reaching([{"minute": 1, "mean": 3.0}, {"minute": 2, "mean": 7.0}], 5.0)
+        2
+    """
+    return next((point["minute"] for point in curve if point["mean"] >= value), None)
+
+
+def sb3_reference(sb3_runs: dict[int, dict], frames: int = 100_000) -> dict[str, float]:
+    """SB3's mean return at ``frames`` and its mean wall-clock minutes to get there, over its seeds.
+
+    ``sb3_runs``: seed -> a run of ``learning.run_sb3`` (``curve`` of ``(frames, return)``,
+    ``elapsed_at`` frames -> seconds).
+
+    Examples:
+        >>> sb3_reference({0: {"curve": [(100000.0, 10.0)], "elapsed_at": {100000.0: 600.0}},
+        ...                1: {"curve": [(100000.0, 20.0)], "elapsed_at": {100000.0: 1200.0}}})
+        {'return': 15.0, 'minutes': 15.0}
+    """
+    returns = [dict(run["curve"])[float(frames)] for run in sb3_runs.values()]
+    minutes = [run["elapsed_at"][float(frames)] / 60 for run in sb3_runs.values()]
+    return {"return": statistics.fmean(returns), "minutes": statistics.fmean(minutes)}
+
+
+def sb3_reference_from_results(path: Path) -> dict[str, float]:
+    """:func:`sb3_reference` from a saved SB3 comparison (``benchmarks/results/learning/sac_vs_sb3.json``).
+
+    Its ``sb3_sac`` holds, per seed, the returns at its ``marks`` and the run's minutes (SB3's
+    clock at its last mark, its evaluations included).
+    """
+    import json
+
+    saved = json.loads(Path(path).read_text())
+    seeds = saved["sb3_sac"].values()
+    return {"return": statistics.fmean(seed["returns"][-1] for seed in seeds),
+            "minutes": statistics.fmean(seed["minutes"] for seed in seeds), "seeds": len(seeds),
+            "source": f"{path} ({saved.get('date')}, torch {saved.get('torch')})"}
+
+
+def sb3_points(run: dict) -> list[dict]:
+    """An SB3 run's evaluations (``curve``, ``elapsed_at``) as snapshot points for :func:`return_at_minutes`.
+
+    Examples:
+        >>> sb3_points({"curve": [(10000.0, 5.0)], "elapsed_at": {10000.0: 70.0}})
+        [{'elapsed_s': 70.0, 'frames': 10000, 'return': 5.0}]
+    """
+    return [{"elapsed_s": run["elapsed_at"][frames], "frames": int(frames), "return": value}
+            for frames, value in run["curve"]]
+
+
+def wallclock_targets(curve: list[dict], reference: dict[str, float]) -> dict:
+    """Issue 44's two targets for one configuration's mean curve against SB3's ``reference`` (:func:`sb3_reference`).
+
+    * ``time_share``: the first minute the mean curve reaches SB3's mean 100k return, over SB3's
+      minutes to it (target ``<= 0.25``; ``None`` if never reached within the budget);
+    * ``return_ratio_at_half``: the mean return at half of SB3's minutes over SB3's mean return
+      (target ``>= 1.3``), and whether the interval's lower end lies above SB3's mean.
+
+    Examples:
+        >>> curve = [{"minute": m, "mean": 100.0 * m, "low": 90.0 * m, "high": 110.0 * m, "seeds": 5}
+        ...          for m in range(1, 11)]
+        >>> targets = wallclock_targets(curve, {"return": 400.0, "minutes": 20.0})
+        >>> targets["time_share"], targets["return_ratio_at_half"], targets["low_above_sb3_at_half"]
+        (0.2, 2.5, True)
+    """
+    reached = first_minute_reaching(curve, reference["return"])
+    half = math.floor(reference["minutes"] / 2)
+    at_half = next((point for point in curve if point["minute"] == half), None)
+    ratio = None if at_half is None else at_half["mean"] / reference["return"]
+    low_above = None if at_half is None or at_half["low"] is None else at_half["low"] > reference["return"]
+    return {
+        "sb3_return": round(reference["return"], 1), "sb3_minutes": round(reference["minutes"], 1),
+        "minute_reached": reached,
+        "time_share": None if reached is None else round(reached / reference["minutes"], 3),
+        "time_share_met": reached is not None and reached / reference["minutes"] <= TIME_SHARE_TARGET,
+        "half_minute": half, "return_ratio_at_half": None if ratio is None else round(ratio, 3),
+        "low_above_sb3_at_half": low_above,
+        "return_ratio_met": bool(ratio is not None and ratio >= RETURN_RATIO_TARGET and low_above),
+    }
+
+
+def plot_against_minutes(path: Path, title: str, sides: dict[str, list[dict]],
+                         reference: dict[str, float] | None = None) -> None:
+    """Return against wall-clock minutes: each side's mean curve with its 90 % band, SB3's 100k mean as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, curve in sides.items():
+        if not curve:
+            continue
+        minutes = [p["minute"] for p in curve]
+        (line,) = ax.plot(minutes, [p["mean"] for p in curve], marker=".", label=f"{label} ({curve[-1]['seeds']})")
+        banded = [p for p in curve if p["low"] is not None]
+        if banded:
+            ax.fill_between([p["minute"] for p in banded], [p["low"] for p in banded], [p["high"] for p in banded],
+                            color=line.get_color(), alpha=0.2)
+    if reference is not None:
+        ax.axhline(reference["return"], color="grey", linestyle="--", linewidth=1)
+        ax.axvline(reference["minutes"], color="grey", linestyle=":", linewidth=1)
+        ax.annotate("SB3 mean at 100k frames", (reference["minutes"], reference["return"]), fontsize=8,
+                    ha="right", va="bottom")
+    ax.set_xlabel("wall-clock minutes")
+    ax.set_ylabel("evaluation return (5 deterministic episodes)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, title="config (seeds); band: 90 % interval of the mean", title_fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown_table(sides: dict[str, dict]) -> list[str]:
+    """One row per configuration: returns at chosen minutes, frames and updates done, and the targets."""
+    lines = ["| config | seeds | minutes | return (mean, 90 % interval) by minute | frames | updates "
+             "| time share (<= 0.25) | return ratio at half (>= 1.3) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for label, side in sides.items():
+        curve, targets = side["curve"], side.get("targets") or {}
+        marks = [p for p in curve if p["minute"] in (1, 2, 5, 10, 15, 20, 30) or p is curve[-1]]
+        shown = ", ".join(f"{p['minute']}: {p['mean']:.0f}"
+                          + (f" [{p['low']:.0f}, {p['high']:.0f}]" if p["low"] is not None else "") for p in marks)
+        lines.append(f"| {label} | {side['seeds']} | {side['minutes']} | {shown} | {side['frames']} "
+                     f"| {side['updates']} | {targets.get('time_share')} | {targets.get('return_ratio_at_half')} |")
+    return lines
