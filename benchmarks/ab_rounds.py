@@ -94,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     sides = {"a": parse_side(args.a), "b": parse_side(args.b)}
     script_repo = sides[args.script_from][1] if args.script_from else None
     for name, (_, repo) in sides.items():
-        if script_repo is not None:
-            continue
-        if not (repo / "benchmarks" / f"{args.benchmark}.py").is_file():
-            parser.error(f"--benchmark: no benchmarks/{args.benchmark}.py in side {name}'s checkout {repo}")
+        checkout = script_repo or repo  # where this side's script comes from
+        if not (checkout / "benchmarks" / f"{args.benchmark}.py").is_file():
+            parser.error(f"--benchmark: no benchmarks/{args.benchmark}.py in side {args.script_from or name}'s "
+                         f"checkout {checkout}")
     runs: dict[str, list[dict]] = {"a": [], "b": []}
     started = time.time()
     for round_idx in range(args.rounds):

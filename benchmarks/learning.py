@@ -39,7 +39,6 @@ import json
 import math
 import os
 import platform
-import random
 import statistics
 import sys
 import time
@@ -311,11 +310,9 @@ def difference_interval(ours: list[float], sb3: list[float], *, level: float = 0
     """
     if min(len(ours), len(sb3)) < 3:
         return None
-    rng = random.Random(0)
-    diffs = sorted(statistics.fmean(rng.choices(ours, k=len(ours))) - statistics.fmean(rng.choices(sb3, k=len(sb3)))
-                   for _ in range(draws))
-    tail = (1 - level) / 2
-    return diffs[int(tail * draws)], diffs[min(draws - 1, int((1 - tail) * draws))]
+    return wallclock.percentile_interval(
+        lambda rng: statistics.fmean(rng.choices(ours, k=len(ours))) - statistics.fmean(rng.choices(sb3, k=len(sb3))),
+        level=level, draws=draws)
 
 
 def time_at_mark(result: dict, mark: float) -> float:

@@ -7,7 +7,8 @@ the learner saves its policy's weights, frames and updates every minute
 and nothing is evaluated during the run. After it, :func:`evaluate_snapshots`
 runs each snapshot on the recipe's ``EvalRunner`` (5 deterministic episodes
 from fixed seeds), so the evaluation takes none of the run's clock. SB3's runs
-save their actor's weights the same way (``learning.run_sb3``).
+(``learning.run_sb3``) are read at their evaluations every 10k frames
+(:func:`sb3_points`), whose time their clock includes.
 
 The analysis is over seeds at whole minutes: a run's return at minute ``m``
 is that of its last snapshot taken by then (:func:`return_at_minutes`); the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 #: The wall-clock seconds between two snapshots: issue 44 evaluates every minute.
@@ -73,10 +75,24 @@ def return_at_minutes(points: list[dict], minutes: int) -> list[float | None]:
     return out
 
 
+def percentile_interval(draw: Callable[[random.Random], float], *, level: float = 0.9,
+                        draws: int = 10_000) -> tuple[float, float]:
+    """The central ``level`` interval of ``draws`` values of ``draw(rng)``: a percentile bootstrap.
+
+    A fixed RNG: the same runs give the same interval. Also the interval of ``learning.difference_interval``.
+
+    Examples:
+        >>> percentile_interval(lambda rng: rng.choice([1.0, 2.0, 3.0]))
+        (1.0, 3.0)
+    """
+    rng = random.Random(0)
+    values = sorted(draw(rng) for _ in range(draws))
+    tail = (1 - level) / 2
+    return values[int(tail * draws)], values[min(draws - 1, int((1 - tail) * draws))]
+
+
 def bootstrap_interval(values: list[float], *, level: float = 0.9, draws: int = 10_000) -> tuple[float, float] | None:
     """A percentile-bootstrap interval of the mean of ``values`` (seeds); ``None`` below 3 values.
-
-    A fixed RNG: the same runs give the same interval.
 
     Examples:
         >>> bootstrap_interval([1.0, 2.0, 3.0, 4.0, 5.0])
@@ -84,10 +100,8 @@ def bootstrap_interval(values: list[float], *, level: float = 0.9, draws: int = 
     """
     if len(values) < 3:
         return None
-    rng = random.Random(0)
-    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(draws))
-    tail = (1 - level) / 2
-    return means[int(tail * draws)], means[min(draws - 1, int((1 - tail) * draws))]
+    return percentile_interval(lambda rng: statistics.fmean(rng.choices(values, k=len(values))), level=level,
+                               draws=draws)
 
 
 def mean_with_interval(runs: dict[int, list[float | None]]) -> list[dict]:
