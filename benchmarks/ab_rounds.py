@@ -6,7 +6,8 @@ benchmark script once per side, in alternating order (A B, B A, A B, ...), so
 that load on the machine weighs on both alike. Prints one JSON line: each
 side's torch version and commit, each compared key's median over its rounds
 (``<key>_a``, ``<key>_b``), and ``ratio_<key>``, the median over rounds of B
-over A within the round.
+over A within the round, with ``ratios_<key>`` (each round's) and, from 3 rounds,
+``ratio_<key>_interval``: a 90 % percentile-bootstrap interval of that median.
 
     # the learner on torch 2.13 (a venv with `pip install --no-deps -e .`) against 2.14.1 (issue 47)
     python benchmarks/ab_rounds.py --a /venv213/bin/python --b python --benchmark learner_throughput \\
@@ -33,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from wallclock import percentile_interval
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -56,6 +59,20 @@ def describe(python: str, repo: Path) -> dict[str, str]:
     commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, timeout=30).stdout.strip() or "unknown"
     return {"torch": torch_version, "commit": commit, "repo": str(repo)}
+
+
+def median_interval(ratios: list[float]) -> tuple[float, float] | None:
+    """A 90 % percentile-bootstrap interval of the median of per-round ratios; ``None`` below 3 rounds.
+
+    Examples:
+        >>> median_interval([0.95, 1.0, 1.05, 1.0, 0.97, 0.99, 1.02])
+        (0.97, 1.02)
+        >>> median_interval([1.0, 1.1]) is None
+        True
+    """
+    if len(ratios) < 3:
+        return None
+    return percentile_interval(lambda rng: statistics.median(rng.choices(ratios, k=len(ratios))))
 
 
 def one_run(python: str, repo: Path, benchmark: str, args: list[str], timeout: float,
@@ -113,7 +130,12 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--keys: {key!r} is not in {args.benchmark}.py's output (side {', '.join(missing)})")
         a, b = [float(run[key]) for run in runs["a"]], [float(run[key]) for run in runs["b"]]
         out[f"{key}_a"], out[f"{key}_b"] = round(statistics.median(a), 3), round(statistics.median(b), 3)
-        out[f"ratio_{key}"] = round(statistics.median(y / x for x, y in zip(a, b)), 3)
+        ratios = [y / x for x, y in zip(a, b)]
+        out[f"ratio_{key}"] = round(statistics.median(ratios), 3)
+        out[f"ratios_{key}"] = [round(ratio, 3) for ratio in ratios]
+        interval = median_interval(ratios)
+        if interval is not None:
+            out[f"ratio_{key}_interval"] = [round(end, 3) for end in interval]
     line = json.dumps(out)
     print(line)
     if args.out is not None:

@@ -7,8 +7,9 @@ Suites (:data:`SUITES`): ``pendulum`` (SAC, 15k frames, target -200), ``halfchee
 (SAC and TD3, 100k frames, target 3000), ``robot`` (SAC on CheetahRun-v1 and
 WalkerWalk-v1, TD3 on Go1 with the privileged and the symmetric critic), ``td3`` and
 ``sb3`` (the TD3 and SAC recipes against SB3's on HalfCheetah-v5, 100k frames;
-targets in :data:`SB3_TARGETS`). The SB3 suites need the ``bench`` extra; the
-100k-frame suites take hours on 2 CPU cores.
+targets in :data:`SB3_TARGETS`), ``wallclock`` (return against minutes) and
+``go1_gpu`` (Go1 on one GPU and 16 cores for ``--minutes``: when it walks, per critic).
+The SB3 suites need the ``bench`` extra; the 100k-frame suites take hours on 2 CPU cores.
 
 Run::
 
@@ -17,6 +18,7 @@ Run::
     python benchmarks/learning.py --suite td3 --reuse --seeds 0 1 2      # the tables from the runs already done
     python benchmarks/learning.py --suite td3 --reuse --reruns DIR2 DIR3 # the targets against other runs too
     python benchmarks/learning.py --suite robot --task CheetahRun --seeds 0 --set optim.num_threads=1
+    python benchmarks/learning.py --suite go1_gpu --minutes 5               # on the GPU machine
 
 ``--set`` adds Hydra overrides to every recipe run; ``--reuse`` takes a run from
 ``--out/runs`` (its ``result.json``) instead of training it again, so the sides
@@ -71,6 +73,8 @@ class Task:
     minutes: float | None = None
     """a wall-clock budget (the recipe's ``max_minutes``): the run saves snapshots every minute and stops then
     (the ``wallclock`` suite; ``frames`` is only an upper bound)"""
+    info_keys: tuple[str, ...] = ()
+    """EnvPool info entries each snapshot's evaluation reports, their mean per step (Go1's reward terms)"""
 
     @property
     def name(self) -> str:
@@ -93,6 +97,28 @@ WALLCLOCK_CANDIDATES: dict[str, list[str]] = {
     "utd0.125": ["optim.utd_ratio=0.125", *WALLCLOCK_SUPPLY],
     "utd0.25_batch512": ["optim.utd_ratio=0.25", "optim.batch_size=512", *WALLCLOCK_SUPPLY],
 }
+
+#: issue 45: Go1 in the FastTD3 regime on one GPU and 16 cores. FastTD3's Playground settings
+#: (fast_td3/hyperparams.py: 1024 envs, batch 32768, 8 updates per step of all envs, gamma 0.97, tau 0.1, a noise
+#: std per env in [0.2, 0.8], target noise 0.2, observation normalisation) on our collector: 14 workers x 64 envs,
+#: the learner on cuda. Its own critic (no distributional C51 head) and the recipe's MLPs.
+GO1_GPU_MINUTES = 15.0
+GO1_GPU = [
+    "network.device=cuda", "collector.num_workers=14", "collector.env_per_collector=64",
+    "collector.frames_per_batch=1024", "collector.max_lead_frames=65536", "collector.init_random_frames=10240",
+    "collector.td3_noise=mixed", "collector.td3_std_min=0.2", "collector.td3_std_max=0.8",
+    "optim.utd_ratio=0.0078125", "optim.batch_size=32768", "optim.lr=3e-4", "optim.gamma=0.97",
+    "optim.target_update_polyak=0.9", "optim.policy_noise=0.2", "network.obs_norm=true",
+    "network.hidden_sizes=[512,256,128]", "replay_buffer.size=2000000", "logger.num_eval_envs=16",
+]
+#: Go1's velocity-tracking reward terms (MuJoCo Playground's exp(-error^2 / 0.25), in (0, 1] per step), which
+#: tell walking from standing: the go1_gpu suite reports their mean per step and the episode length.
+GO1_WALK_TERMS = ("reward_tracking_lin_vel", "reward_tracking_ang_vel")
+#: "Walks": the linear-velocity term's mean per step at least this (a Go1 standing still, zero actions, earns 0.25 on
+#: the suite's 16 evaluation episodes; random actions 0.22, falling after 41 steps) ...
+GO1_WALK_TRACKING = 0.6
+#: ... with episodes at least this share of the 1000-step limit (no falls).
+GO1_WALK_LENGTH = 0.9
 
 SUITES: dict[str, list[Task]] = {
     "pendulum": [
@@ -128,6 +154,13 @@ SUITES: dict[str, list[Task]] = {
         *(Task("sac", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, overrides, minutes=WALLCLOCK_MINUTES, label=label)
           for label, overrides in WALLCLOCK_CANDIDATES.items()),
         Task("sb3_sac", "HalfCheetah-v5", 100_000, None),
+    ],
+    # issue 45: Go1 on one GPU and 16 cores, the privileged (asymmetric) critic and the symmetric one side by side
+    "go1_gpu": [
+        Task("td3", "Go1JoystickFlatTerrain-v1", WALLCLOCK_FRAMES * 20, None,
+             [*GO1_GPU, f"network.critic_input={critic}"], seeds=(0,), label=critic_label,
+             minutes=GO1_GPU_MINUTES, info_keys=GO1_WALK_TERMS)
+        for critic, critic_label in (("privileged", "privileged"), ("observation", "symmetric"))
     ],
     "sb3": [  # issue 19: the SAC recipe's defaults against SB3's SAC at one update per frame, same sizes and batch
         Task("sac", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"]),
@@ -197,8 +230,11 @@ def run(task: Task, seed: int, run_dir: Path) -> dict:
     summary = recipe.main(cfg)
     exp = run_dir / cfg.logger.exp_name / "scalars"
     curve = [tuple(map(float, line.split(","))) for line in open(exp / "eval" / "return.csv")]
-    elapsed = dict(tuple(map(float, line.split(","))) for line in open(exp / "time" / "elapsed_s.csv"))
-    snapshots = [] if task.minutes is None else wallclock.evaluate_snapshots(Path(summary["run_dir"]), cfg, task.algo)
+    # a budgeted run shorter than one log interval logs no times (its snapshots have them)
+    times = exp / "time" / "elapsed_s.csv"
+    elapsed = dict(tuple(map(float, line.split(","))) for line in open(times)) if times.exists() else {}
+    snapshots = ([] if task.minutes is None else
+                 wallclock.evaluate_snapshots(Path(summary["run_dir"]), cfg, task.algo, task.info_keys))
     return {**summary, "curve": curve, "elapsed_at": elapsed, "snapshots": snapshots}
 
 
@@ -563,7 +599,7 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
     table, curves = {}, {}
     overrides = {task.label: task.overrides for task in SUITES["wallclock"]}
     for label, runs in sides.items():
-        per_seed = {seed: wallclock.return_at_minutes(run["snapshots"], math.ceil(minutes))
+        per_seed = {seed: wallclock.value_at_minutes(run["snapshots"], math.ceil(minutes))
                     for seed, run in runs.items()}
         curve = curves[label] = wallclock.mean_with_interval(per_seed)
         table[label] = {
@@ -575,7 +611,7 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
             "targets": reference and wallclock.wallclock_targets(curve, reference),
         }
     if sb3_runs:
-        sb3_curve = wallclock.mean_with_interval({seed: wallclock.return_at_minutes(
+        sb3_curve = wallclock.mean_with_interval({seed: wallclock.value_at_minutes(
             wallclock.sb3_points(run), math.ceil(max(r["elapsed_s"] for r in sb3_runs.values()) / 60))
             for seed, run in sb3_runs.items()})
         curves["SB3 SAC, 100k frames"] = sb3_curve
@@ -603,6 +639,45 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
     return summary
 
 
+def report_go1(out: Path, sides: dict[str, dict[int, dict]], minutes: float) -> dict:
+    """The ``go1_gpu`` suite's table (``go1_gpu.md``, ``go1_gpu.json``): per critic and minute, the mean over seeds
+    of the return, the velocity-tracking terms and the episode length, and the first minute the Go1 walks
+    (:data:`GO1_WALK_TRACKING`, :data:`GO1_WALK_LENGTH`)."""
+    import torch
+
+    keys = ("return", *GO1_WALK_TERMS, "episode_length")
+    limit = 1000  # Go1JoystickFlatTerrain-v1's episode limit
+    table = {}
+    for label, runs in sides.items():
+        by_minute = {key: wallclock.mean_with_interval({seed: wallclock.value_at_minutes(
+            run["snapshots"], math.ceil(minutes), key) for seed, run in runs.items()}) for key in keys}
+        walks = next((a["minute"] for a, b in zip(by_minute[GO1_WALK_TERMS[0]], by_minute["episode_length"])
+                      if a["mean"] >= GO1_WALK_TRACKING and b["mean"] >= GO1_WALK_LENGTH * limit), None)
+        table[label] = {
+            "seeds": len(runs), "walks_at_minute": walks,
+            "frames": round(statistics.fmean(r.get("frames_collected", r["frames"]) for r in runs.values())),
+            "updates": round(statistics.fmean(r["updates"] for r in runs.values())),
+            "minutes": round(statistics.fmean(r["elapsed_s"] for r in runs.values()) / 60, 1),
+            **{key: [round(p["mean"], 3) for p in by_minute[key]] for key in keys},
+        }
+    lines = [f"| critic | seeds | minutes | frames | updates | walks at minute | {GO1_WALK_TERMS[0]} by minute "
+             "| episode length by minute |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {label} | {side['seeds']} | {side['minutes']} | {side['frames']} | {side['updates']} "
+              f"| {side['walks_at_minute']} | {side[GO1_WALK_TERMS[0]]} | {side['episode_length']} |"
+              for label, side in table.items()]
+    lines += ["", f"Walks: {GO1_WALK_TERMS[0]} >= {GO1_WALK_TRACKING} per step (mean over the evaluation's steps) "
+                  f"with episodes >= {GO1_WALK_LENGTH:.0%} of the {limit}-step limit."]
+    (out / "go1_gpu.md").write_text("\n".join(lines) + "\n")
+    summary = {"benchmark": "learning", "suite": "go1_gpu", "date": time.strftime("%Y-%m-%d"),
+               "command": "python benchmarks/learning.py " + " ".join(sys.argv[1:]), "torch": torch.__version__,
+               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+               "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+               "walk_tracking": GO1_WALK_TRACKING, "walk_length": GO1_WALK_LENGTH, "critics": table}
+    (out / "go1_gpu.json").write_text(json.dumps(summary) + "\n")
+    print("\n".join(lines), flush=True)
+    return summary
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=[*SUITES, "all"], default="pendulum")
@@ -615,7 +690,8 @@ def main(argv: list[str] | None = None) -> None:
                              "td3_Go1JoystickFlatTerrain-v1_symmetric) contains one of these; default: all of them")
     parser.add_argument("--frames", type=int, default=None, help="frames per run instead of the suite's")
     parser.add_argument("--minutes", type=float, default=None,
-                        help="wallclock suite: the wall-clock budget per recipe run instead of the suite's")
+                        help="wallclock and go1_gpu suites: the wall-clock budget per recipe run instead of the "
+                             "suite's")
     parser.add_argument("--sb3-reference", type=Path, default=None, metavar="JSON",
                         help="wallclock suite without SB3 runs of its own: SB3's saved results "
                              "(benchmarks/results/learning/sac_vs_sb3.json) as the reference")
@@ -674,6 +750,10 @@ def main(argv: list[str] | None = None) -> None:
             (args.out / f"{stem}_table.rst").write_text("\n".join(rst_table(sides)) + "\n")
             if len(sides) > 1:
                 plot_sides(args.out / f"{stem}_sides.png", f"{algo.upper()} {env}: {' against '.join(sides)}", sides)
+        if suite == "go1_gpu":
+            report_go1(args.out, by_env.get(("td3", "Go1JoystickFlatTerrain-v1"), {}),
+                       args.minutes or GO1_GPU_MINUTES)
+            continue
         if suite == "wallclock":
             minutes = max((t.minutes for t in SUITES[suite] if t.minutes), default=0.0)
             report_wallclock(args.out, by_env.get(("sac", "HalfCheetah-v5"), {}), results.get("sb3_sac"),

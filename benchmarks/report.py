@@ -332,8 +332,13 @@ def ab_table(res: Results, key: str, what: str) -> str:
         return f"{what}: **{NOT_MEASURED}** (``python benchmarks/ab_rounds.py``, see ``benchmarks/README.md``).\n"
     names = [k[len("ratio_"):] for k in d if k.startswith("ratio_") and f"{k[len('ratio_'):]}_a" in d]
     side = {s: f"torch {d[s]['torch']}, ``{d[s]['commit']}``" for s in ("a", "b")}
-    rows = [[f"``{n}``", fmt(d[f"{n}_a"], 1), fmt(d[f"{n}_b"], 1), f"**{d[f'ratio_{n}']:.3f}**"] for n in names]
-    out = list_table(["figure", f"A: {side['a']}", f"B: {side['b']}", "B / A (median over rounds)"], rows)
+    def ratio(n: str) -> str:
+        interval = d.get(f"ratio_{n}_interval")
+        return f"**{d[f'ratio_{n}']:.3f}**" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+
+    rows = [[f"``{n}``", fmt(d[f"{n}_a"], 1), fmt(d[f"{n}_b"], 1), ratio(n)] for n in names]
+    out = list_table(["figure", f"A: {side['a']}", f"B: {side['b']}",
+                      "B / A (median over rounds, 90 % interval)"], rows)
     script_from = f" --script-from {d['script_from']}" if d.get("script_from") in ("a", "b") else ""
     return out + (f"\n{what}. ``python benchmarks/ab_rounds.py ...{script_from} --benchmark {d['measures']} -- "
                   f"{' '.join(d['args'])}``, {d['rounds']} alternating rounds, measured {d['date']} "
@@ -397,11 +402,13 @@ def robot_speed_table(res: Results) -> str:
     rows = []
     for task, t in data["tasks"].items():
         b = t["breakdown_us_per_step"]
+        lanes = t.get("ratio_offpolicy_64_lanes2_over_envpool_64")
         rows.append([f"``{task}``", fmt(t["envpool"]), fmt(t["envpool_env"]), fmt(t["offpolicy"]),
                      f"**{t['ratio_offpolicy_over_envpool']:.2f}** (target {t['target']})",
+                     "" if lanes is None else f"**{lanes:.2f}**",
                      f"{b['env_step']} / {b['policy']} / {b['buffer_write']}"])
     out = list_table(["task", "EnvPool alone", "``EnvPoolEnv`` alone", "collector", "collector / EnvPool",
-                      "us per env step: physics / policy / buffer"], rows)
+                      "64 envs in 2 lanes / EnvPool on 64", "us per env step: physics / policy / buffer"], rows)
     return out + "\n" + provenance(data)
 
 
@@ -584,9 +591,9 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "learner.rst": learner_table,
     "torch_versions.rst": lambda res: ab_table(res, "learning/torch_2.13_vs_2.14.1.json",
                                                "The learner's update rates on torch 2.13.0 (CPU build) and 2.14.1"),
-    "collector_before_after.rst": lambda res: ab_table(res, "collector/before_after_issue43.json",
+    "collector_before_after.rst": lambda res: ab_table(res, "collector/before_after_issue43_final.json",
                                                        "Collection before and after issue 43's changes"),
-    "dropin_before_after.rst": lambda res: ab_table(res, "dropin/before_after_issue43_direct.json",
+    "dropin_before_after.rst": lambda res: ab_table(res, "dropin/before_after_issue43_final.json",
                                                     "Our collector's frames/s in the three configurations of "
                                                     "``dropin_speedup.py``, before issue 43's changes (A) and after "
                                                     "them (B), one benchmark script measuring both packages"),

@@ -11,7 +11,7 @@ from fixed seeds), so the evaluation takes none of the run's clock. SB3's runs
 (:func:`sb3_points`), whose time their clock includes.
 
 The analysis is over seeds at whole minutes: a run's return at minute ``m``
-is that of its last snapshot taken by then (:func:`return_at_minutes`); the
+is that of its last snapshot taken by then (:func:`value_at_minutes`); the
 mean curve has a percentile-bootstrap 90 % interval of the mean
 (:func:`mean_with_interval`); :func:`wallclock_targets` checks issue 44's two
 targets against SB3's runs.
@@ -34,12 +34,13 @@ TIME_SHARE_TARGET = 0.25
 RETURN_RATIO_TARGET = 1.3
 
 
-def evaluate_snapshots(run_dir: Path, cfg, algo: str) -> list[dict]:
+def evaluate_snapshots(run_dir: Path, cfg, algo: str, info_keys: tuple[str, ...] = ()) -> list[dict]:
     """Evaluates every snapshot a recipe run saved in ``run_dir/snapshots``, oldest first.
 
-    Each becomes ``{"elapsed_s", "frames", "updates", "return"}``, ``return`` the mean of
-    ``logger.num_eval_envs`` deterministic episodes on the recipe's ``EvalRunner`` (the seeds
-    a recipe's own evaluations use: ``env.seed + 10_000 + i``).
+    Each becomes ``{"elapsed_s", "frames", "updates", "return", "episode_length"}``, ``return``
+    the mean of ``logger.num_eval_envs`` deterministic episodes on the recipe's ``EvalRunner``
+    (the seeds a recipe's own evaluations use: ``env.seed + 10_000 + i``), with each of
+    ``info_keys`` (EnvPool info entries, e.g. Go1's reward terms) as its mean per step.
     """
     import torch
 
@@ -47,30 +48,33 @@ def evaluate_snapshots(run_dir: Path, cfg, algo: str) -> list[dict]:
 
     nets = make_networks(cfg, algo, env_info(cfg), device="cpu")
     evaluator = EvalRunner(cfg.env.name, int(cfg.logger.num_eval_envs), seed=int(cfg.env.seed) + 10_000,
-                           env_kwargs=env_kwargs(cfg))
+                           env_kwargs=env_kwargs(cfg), info_keys=info_keys)
     points = []
     try:
         for path in sorted((run_dir / "snapshots").glob("*.pt")):
             snapshot = torch.load(path, weights_only=True)  # written by this run's learner
             nets.policy.load_state_dict(snapshot["policy"])
+            result = evaluator(nets.policy)
             points.append({"elapsed_s": float(snapshot["elapsed_s"]), "frames": int(snapshot["frames"]),
-                           "updates": int(snapshot["updates"]), "return": evaluator(nets.policy)["eval/return"]})
+                           "updates": int(snapshot["updates"]), "return": result["eval/return"],
+                           "episode_length": result["eval/episode_length"],
+                           **{key: result[f"eval/{key}"] for key in info_keys}})
     finally:
         evaluator.close()
     return points
 
 
-def return_at_minutes(points: list[dict], minutes: int) -> list[float | None]:
-    """A run's return at minutes ``1 .. minutes``: its last snapshot's by then, ``None`` before the first.
+def value_at_minutes(points: list[dict], minutes: int, key: str = "return") -> list[float | None]:
+    """A run's ``key`` (its return) at minutes ``1 .. minutes``: its last snapshot's by then, ``None`` before the first.
 
     Examples:
-        >>> return_at_minutes([{"elapsed_s": 100.0, "return": 5.0}, {"elapsed_s": 120.4, "return": 9.0}], 3)
+        >>> value_at_minutes([{"elapsed_s": 100.0, "return": 5.0}, {"elapsed_s": 120.4, "return": 9.0}], 3)
         [None, 9.0, 9.0]
     """
     out = []
     for minute in range(1, minutes + 1):
         # a snapshot is taken at the first update past each minute: allow it a second's lateness
-        done = [p["return"] for p in points if p["elapsed_s"] <= 60 * minute + 1.0]
+        done = [p[key] for p in points if p["elapsed_s"] <= 60 * minute + 1.0]
         out.append(done[-1] if done else None)
     return out
 
@@ -168,7 +172,7 @@ def sb3_reference_from_results(path: Path) -> dict[str, float]:
 
 
 def sb3_points(run: dict) -> list[dict]:
-    """An SB3 run's evaluations (``curve``, ``elapsed_at``) as snapshot points for :func:`return_at_minutes`.
+    """An SB3 run's evaluations (``curve``, ``elapsed_at``) as snapshot points for :func:`value_at_minutes`.
 
     Examples:
         >>> sb3_points({"curve": [(10000.0, 5.0)], "elapsed_at": {10000.0: 70.0}})

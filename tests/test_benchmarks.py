@@ -34,12 +34,14 @@ def test_learning_help_lists_its_options():
         assert option in out
 
 
-def test_wallclock_examples_hold():
+def test_wallclock_and_ab_rounds_examples_hold():
     import doctest
 
+    import ab_rounds
     import wallclock
 
-    assert doctest.testmod(wallclock, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
+    for module in (wallclock, ab_rounds):
+        assert doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
 
 
 def test_the_wallclock_report_reads_each_run_at_whole_minutes_against_sb3(tmp_path):
@@ -64,6 +66,40 @@ def test_the_wallclock_report_reads_each_run_at_whole_minutes_against_sb3(tmp_pa
     assert slow["targets"]["minute_reached"] == 6 and not slow["targets"]["time_share_met"]  # 0.3
     assert (tmp_path / "wallclock.png").stat().st_size > 0
     assert "| fast | 5 | 12.0 |" in (tmp_path / "wallclock.md").read_text()
+
+
+def test_the_go1_report_finds_the_first_minute_each_critic_walks(tmp_path):
+    # "fast" tracks 0.2 + 0.1 * minute and stays up from minute 4 on: it walks at minute 4 (0.6, 950 steps);
+    # "slow" tracks as well but falls (500 steps) until minute 7
+    def snapshots(up_from: int) -> list[dict]:
+        return [{"elapsed_s": 60.0 * m + 0.5, "frames": 1000 * m, "updates": 10 * m, "return": float(m),
+                 "reward_tracking_lin_vel": 0.2 + 0.1 * m, "reward_tracking_ang_vel": 0.5,
+                 "episode_length": 950.0 if m >= up_from else 500.0} for m in range(1, 9)]
+
+    sides = {label: {0: {"snapshots": snapshots(up_from), "elapsed_s": 482.0, "frames": 8000, "updates": 80}}
+             for label, up_from in (("fast", 4), ("slow", 7))}
+    summary = learning.report_go1(tmp_path, sides, 8.0)
+    fast, slow = summary["critics"]["fast"], summary["critics"]["slow"]
+    assert (fast["walks_at_minute"], slow["walks_at_minute"]) == (4, 7)
+    assert fast["reward_tracking_lin_vel"][:2] == [0.3, 0.4] and fast["episode_length"][3] == 950.0
+    assert "| fast | 1 | 8.0 | 8000 | 80 | 4 |" in (tmp_path / "go1_gpu.md").read_text()
+    never = learning.report_go1(tmp_path, {"x": {0: {**sides["fast"][0], "snapshots": snapshots(99)}}}, 8.0)
+    assert never["critics"]["x"]["walks_at_minute"] is None
+
+
+def test_the_go1_gpu_suite_runs_on_cpu_with_both_critics(tmp_path):
+    # the GPU machine's command, shrunk to one worker on this CPU for a few seconds a critic
+    learning.main(["--suite", "go1_gpu", "--minutes", "0.3", "--out", str(tmp_path), "--set", "network.device=cpu",
+                   "collector.num_workers=1", "collector.env_per_collector=4", "collector.frames_per_batch=64",
+                   "collector.max_lead_frames=512", "collector.init_random_frames=64", "optim.batch_size=64",
+                   "optim.utd_ratio=0.25", "replay_buffer.size=20000", "logger.num_eval_envs=2",
+                   "logger.log_every=128"])
+    summary = json.loads((tmp_path / "go1_gpu.json").read_text())
+    assert set(summary["critics"]) == {"privileged", "symmetric"}
+    for side in summary["critics"].values():
+        assert side["updates"] > 0 and side["frames"] > 64
+        assert 0 < side["reward_tracking_lin_vel"][0] <= 1 and 1 <= side["episode_length"][0] <= 1000
+        assert side["walks_at_minute"] is None  # not in 18 s
 
 
 def _result(curve: list[tuple[float, float]], frames: int = 100_000) -> dict:
@@ -273,6 +309,7 @@ def test_ab_rounds_alternates_the_sides_and_compares_within_rounds(tmp_path):
     out = json.loads(result.stdout)
     assert log.read_text() == "abbaab"
     assert (out["speed_a"], out["speed_b"], out["ratio_speed"]) == (4.0, 6.0, 1.5)
+    assert out["ratios_speed"] == [1.5] * 3 and out["ratio_speed_interval"] == [1.5, 1.5]
     assert out["a"]["commit"] == "unknown" and json.loads((tmp_path / "out.json").read_text()) == out
 
     missing = subprocess.run(command[:8] + ["--keys", "nope", "--rounds", "1", "--", "2"], capture_output=True,

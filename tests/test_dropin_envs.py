@@ -22,7 +22,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import NormalParamExtractor, TensorDictModule
 from torchrl.collectors import Collector
 from torchrl.data import Bounded, Composite, OneHot, Unbounded
-from torchrl.envs import EnvBase, GymEnv, InitTracker, TransformedEnv
+from torchrl.envs import EnvBase, GymEnv, InitTracker, SerialEnv, TransformedEnv
 from torchrl.envs.utils import RandomPolicy
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal
 
@@ -93,6 +93,10 @@ def pendulum() -> GymEnv:
     return GymEnv("Pendulum-v1")
 
 
+def two_pendulums() -> SerialEnv:
+    return SerialEnv(2, pendulum)
+
+
 class Recurrent(torch.nn.Module):
     """Reads its state from the row (``None`` at first) and writes the next one, as TorchRL's ``LSTMNet`` does."""
 
@@ -150,8 +154,10 @@ def test_the_probe_acts_with_the_policys_own_action(policy, no_leaks):
 @pytest.mark.parametrize("case", ["recurrent", "log_prob", "fast_sac"])
 def test_rows_keep_what_the_policy_writes(case, no_leaks):
     """A policy's own outputs killed the worker (``KeyError: 'hidden'``) or were missing from the rows. Every key of
-    TorchRL's rows is in ours, for a TorchRL env stack (the env keeps the outputs in its transitions) and for a
-    gymnasium id (our env does not: the worker puts them in; its rows hold no root done flags, as before)."""
+    TorchRL's rows is in ours, for a TorchRL env stack (the env keeps the outputs in its transitions), a batched one
+    (the tensor-level SAC policy's outputs skip the env and are set once per batch) and for a gymnasium id (our env
+    does not: the worker puts them in; its rows hold no root done flags, as before). Each row holds the outputs
+    of its own observation."""
     policy = recurrent_policy() if case == "recurrent" else sac_policy(return_log_prob=case == "log_prob")
     stock = Collector(pendulum(), policy, frames_per_batch=8, total_frames=8)
     try:
@@ -160,7 +166,7 @@ def test_rows_keep_what_the_policy_writes(case, no_leaks):
         stock.shutdown()
     written = expected - leaf_keys(pendulum().rollout(1))
     assert written, "the policy writes keys beyond the env's"
-    for source in ([pendulum, pendulum], "Pendulum-v1"):
+    for source in ([pendulum, pendulum], [two_pendulums], "Pendulum-v1"):
         collector = OffPolicyCollector(source, policy, frames_per_batch=8, total_frames=16,
                                        **({"num_envs": 2} if isinstance(source, str) else {}))
         batch = first_batch(collector)
@@ -171,6 +177,9 @@ def test_rows_keep_what_the_policy_writes(case, no_leaks):
             assert batch["next", "hidden"].abs().sum() > 0
         else:
             assert (batch["scale"] > 0).all()
+            with torch.no_grad():
+                again = policy(batch.select("observation").reshape(-1))
+            torch.testing.assert_close(again["loc"], batch["loc"].reshape(-1, 1), msg=str(source))
 
 
 @pytest.mark.parametrize("make_env", [box_env_1, box_env_7], ids=["action_dim1", "action_dim7"])

@@ -100,3 +100,46 @@ def test_next_step_reset_never_reaches_a_transition():
         assert not (transition["next", "terminated"] & transition["next", "truncated"]).any()
     assert ends >= 8
     env.close()
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_step_info_is_each_envs_own_last_step(lanes):
+    # HalfCheetah's reward is its run term plus its control term: each env's info must add up to its own reward,
+    # also across lanes and on the step an env's episode ends and it is reset.
+    env = EnvPoolEnv("HalfCheetah-v5", 4, seed=0, lanes=lanes, max_episode_steps=3)
+    with pytest.raises(RuntimeError, match="must be reset"):
+        env.step_info("reward_run")
+    td = env.reset()
+    with pytest.raises(RuntimeError, match="step the env first"):
+        env.step_info("reward_run")
+    with pytest.raises(ValueError, match=r"name must be one of HalfCheetah-v5's info entries \['reward_run'"):
+        env.step_info("reward_nope")
+    assert set(env.info_names) == {"reward_run", "reward_ctrl", "x_position", "x_velocity"}
+    for step in range(4):
+        td["action"] = torch.arange(24.0).reshape(4, 6) / 24 * (step + 1) / 4  # a different cost per env
+        transition, td = env.step_and_maybe_reset(td)
+        terms = env.step_info("reward_run") + env.step_info("reward_ctrl")
+        assert torch.allclose(torch.as_tensor(terms, dtype=torch.float32), transition["next", "reward"][:, 0],
+                              atol=1e-5)
+        assert len(set(env.step_info("reward_ctrl").tolist())) == 4, "each env's own control cost"
+    env.close()
+
+
+def test_eval_runner_reports_info_terms_of_envpool_tasks_only():
+    from tensordict.nn import TensorDictModule
+
+    from torchrl_unilab.trainers.recipes_utils import EvalRunner
+
+    with pytest.raises(ValueError, match="info_keys needs a task EnvPool runs .* 'Pendulum-v1' runs on BatchedGymEnv"):
+        EvalRunner("Pendulum-v1", 2, info_keys=["reward_run"])
+    still = TensorDictModule(lambda obs: torch.zeros(len(obs), 6), in_keys=["observation"], out_keys=["action"])
+    evaluator = EvalRunner("HalfCheetah-v5", 2, seed=0, info_keys=["reward_ctrl", "reward_run"])
+    result = evaluator(still)
+    # no action, no control cost; the run term per step is the return over the 1000 steps
+    assert result["eval/reward_ctrl"] == 0.0
+    assert result["eval/reward_run"] == pytest.approx(result["eval/return"] / 1000, rel=1e-5)
+    evaluator.close()
+    evaluator = EvalRunner("HalfCheetah-v5", 2, info_keys=["nope"])
+    with pytest.raises(ValueError, match=r"info_keys \['nope'\] are not info entries of HalfCheetah-v5"):
+        evaluator(still)
+    evaluator.close()

@@ -23,7 +23,7 @@ import inspect
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from tensordict import TensorDictBase
@@ -52,7 +52,8 @@ def torchrl_layout(rows: TensorDictBase, num_envs: int, env_batch_size: torch.Si
         ['time']
     """
     out = rows.reshape(-1, num_envs).transpose(0, 1)
-    out = out.reshape(*env_batch_size, -1) if env_batch_size.numel() == num_envs else out
+    if env_batch_size.numel() == num_envs and tuple(env_batch_size) != tuple(out.batch_size[:1]):
+        out = out.reshape(*env_batch_size, -1)  # an env with several batch dims
     out.names = [None] * (out.batch_dims - 1) + ["time"]
     return out
 
@@ -88,8 +89,10 @@ class BatchSlots:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "last_taken": [None] * len(self.last_taken)}
 
-    def take(self, timeout: float | None, on_poll: Callable[[], None]) -> TensorDictBase | None:
-        """Returns a copy of the oldest filled batch and frees its slot; ``None`` on timeout."""
+    def take(self, timeout: float | None, on_poll: Callable[[], None],
+             exclude: Sequence[NestedKey] = ()) -> TensorDictBase | None:
+        """Returns a copy of the oldest filled batch, without the keys ``exclude``, and frees its slot; ``None`` on
+        timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 1e-4
         while True:
@@ -98,10 +101,11 @@ class BatchSlots:
                 stamps = torch.where(filled, self.meta[..., 2], torch.iinfo(torch.int64).max)
                 worker, slot = divmod(int(stamps.argmin()), stamps.shape[1])
                 rows = int(self.meta[worker, slot, 1])
-                out = self.data[worker, slot, :rows].clone()
+                view = self.data[worker, slot, :rows]
                 # before the slot is free (holds() looks at the slots first); a copy, since the caller may change
                 # its batch in place (a 12-key row: 40 us per batch, 17 for a view)
-                self.last_taken[worker] = out[0].clone()
+                self.last_taken[worker] = view[0].clone()
+                out = (view.exclude(*exclude) if exclude else view).clone()  # only the keys handed over
                 self.meta[worker, slot, 0] = _FREE
                 return out
             on_poll()

@@ -265,8 +265,11 @@ class WorkerLoop:
         self.policy_keys = [] if cfg.policy_row is None else list(cfg.policy_row.keys(True, True))
         #: the policy's keys that the env leaves out of its transitions (found on the first step), copied in
         self._policy_keys_dropped: list | None = None if self.policy_keys else []
-        # Whether the policy's keys go into the root the env steps: known after its first step (keep_policy_keys)
-        self._policy_keys_in_root = True
+        # Whether the policy's keys go into the root the env steps, as TorchRL's collectors put them there. Not for
+        # the tensor-level policy: its outputs (a distribution's loc and scale) are read by no env or transform,
+        # and carried through a TorchRL env stack they cost ~8 % of a worker's time (sota stack, 4 envs; issue 43).
+        # Otherwise known after the first step (dropped_policy_values).
+        self._policy_keys_in_root = self.fast_policy is None
         self._truncated_keys = _truncated_keys(env) if cfg.set_truncated else []
         self.random_left = cfg.random_frames[worker_idx]
         n = cfg.num_envs
@@ -303,7 +306,7 @@ class WorkerLoop:
 
     def act(self, td: TensorDictBase, envs: slice = _ALL) -> tuple[torch.Tensor, dict]:
         """Sets the action (``td[env.action_key]``) of the envs ``envs`` (``td`` holds their rows); returns their
-        policy versions and what else the policy wrote (for :meth:`keep_policy_keys`)."""
+        policy versions and what else the policy wrote (for :meth:`dropped_policy_values`)."""
         n = len(td)
         n_random = min(self.random_left, n)
         outputs = None
@@ -355,17 +358,18 @@ class WorkerLoop:
                 td.set(key, value)
         return version, written
 
-    def keep_policy_keys(self, transition: TensorDictBase, written: dict) -> None:
-        """Sets into ``transition`` the policy's keys (``written`` by :meth:`act`) its env left out."""
+    def dropped_policy_values(self, transition: TensorDictBase, written: dict) -> list[torch.Tensor]:
+        """The policy's values (``written`` by :meth:`act`) of the keys ``transition``'s env left out, in the
+        order of ``_policy_keys_dropped``; they are set on the whole batch once its steps are stacked."""
         if self._policy_keys_dropped is None:
             have = set(transition.keys(True, True))
             self._policy_keys_dropped = [key for key in self.policy_keys if key not in have]
             # An env whose transitions drop them all (ours build new ones) does not read them: from now on they
-            # skip the root and go straight into the transition. Copying them through the root took about 2.5 % of
-            # a worker's time with the sota actor (py-spy; docs/results/dropin.rst, before and after issue 43).
+            # skip the root and go straight into the batch. Copying them through the root took about 2.5 % of
+            # a worker's time with the sota actor (py-spy; docs/results/dropin.rst, before and after issue 43);
+            # setting them into each step's transition, rather than once per batch, cost more again.
             self._policy_keys_in_root = len(self._policy_keys_dropped) < len(self.policy_keys)
-        for key in self._policy_keys_dropped:
-            transition.set(key, written[key])
+        return [written[key] for key in self._policy_keys_dropped]
 
     def _carry_policy_state(self, policy_td: TensorDictBase, envs: slice) -> None:
         """Keeps the entries under private ``"_"`` keys the policy wrote, for its next call on ``envs``.
@@ -514,9 +518,11 @@ class WorkerLoop:
                     self.hooks.between_steps()
             with phase("buffer write"):
                 shape = (self.steps_per_batch, cfg.num_envs)  # lanes' rows, step by step, are whole steps
-                step_counts, traj_ids, versions = (torch.stack(tag).reshape(*shape, *tag[0].shape[1:])
-                                                   for tag in zip(*tags))
+                step_counts, traj_ids, versions, *policy_values = (
+                    torch.stack(tag).reshape(*shape, *tag[0].shape[1:]) for tag in zip(*tags))
                 batch = add_collector_keys(torch.stack(rows).reshape(shape), step_counts, traj_ids, versions)
+                for key, value in zip(self._policy_keys_dropped or (), policy_values):
+                    batch.set(key, value)
                 if self._truncated_keys:
                     mark_truncated(batch, self._truncated_keys)
                 if hooks.postproc is not None:
@@ -553,9 +559,8 @@ class WorkerLoop:
                 version, written = self.act(td)
             with phase("env step"):
                 transition, td = self.env.step_and_maybe_reset(td)
-                if self._policy_keys_dropped != []:
-                    self.keep_policy_keys(transition, written)
-                tags = (self.step_count, self.traj_ids, version)
+                # the policy's keys the env dropped: tags too, set once per batch
+                tags = (self.step_count, self.traj_ids, version, *self.dropped_policy_values(transition, written))
                 self.end_episodes(transition)
                 if self.cfg.nonfinite == "reset":
                     td = self.reset_nonfinite(transition, td)
@@ -591,9 +596,8 @@ class WorkerLoop:
             for lane, envs in enumerate(lanes):
                 with phase("env step"):  # mostly the wait for this lane's C++ step
                     transition, root = env.recv_lane(lane)
-                    if self._policy_keys_dropped != []:
-                        self.keep_policy_keys(transition, policy_written[lane])
-                    step.append((transition, in_flight[lane]))
+                    step.append((transition, (*in_flight[lane],
+                                              *self.dropped_policy_values(transition, policy_written[lane]))))
                     self.end_episodes(transition, envs)
                 with phase("actor inference"):
                     launch(lane, root)

@@ -609,12 +609,12 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
 
         The feed thread leaves a failed worker to the user's thread to raise (``raise_failures=False``).
         """
-        out = self._slots.take(timeout=timeout, on_poll=self._raise_if_failed if raise_failures else _no_op)
+        out = self._slots.take(timeout=timeout, on_poll=self._raise_if_failed if raise_failures else _no_op,
+                               exclude=self._rows_only_keys if yielded else ())
         if out is None:
             return None
         self._handed_over += self.frames_per_batch
         if yielded:
-            out = out.exclude(*self._rows_only_keys)
             if self.track_policy_version:  # TorchRL's PolicyVersion transform writes it on both sides
                 out.set(("next", VERSION_KEY), out.get(VERSION_KEY))
         if self.split_trajs:

@@ -27,9 +27,13 @@ worker loop then computes one lane's actions while EnvPool steps the other.
 Measured with ``python benchmarks/collector_throughput.py --group lanes`` on the
 2-core machine under a load average of 8 to 9.6, the overlap was *slower*: 0.48 to
 0.57 x the same worker without lanes at 16 envs, 0.69 to 0.78 x at 64 envs (no
-core was idle, and a half-batch actor call costs nearly a whole one). So lanes are
-off by default and not a collector option; pass an ``EnvPoolEnv`` factory with
-``lanes=`` to use them (docs: Performance, "Overlapping the policy with physics").
+core was idle, and a half-batch actor call costs nearly a whole one). Where a core
+is idle they pay: one worker with 64 Go1 envs in two lanes collected 1.26 x EnvPool
+alone on those 64 envs, and CheetahRun 0.52 x (16 envs without lanes: 0.37 x EnvPool
+alone on 16) (``--task``, 2026-12-05, ``benchmarks/results/robot/collector_speed.json``).
+So lanes are off by default and not a collector option; pass an ``EnvPoolEnv`` factory
+with ``lanes=`` to use them where cores are idle (docs: Results, "Robot tasks", "Collection
+speed").
 
 :func:`make_gym_id_env` is where a gymnasium id is routed to an engine.
 """
@@ -277,6 +281,8 @@ class EnvPoolEnv(BatchedTaskEnv):
         self.lane_size = num_envs // lanes
         self._pools: list = []
         self._in_flight: list[TensorDictBase | None] = [None] * lanes
+        # each lane's last step as EnvPool returned it, for step_info
+        self._last_step: list[list[np.ndarray] | None] = [None] * lanes
         self._local_ids = np.arange(self.lane_size, dtype=np.int32)
 
     # ------------------------------------------------------------------ pool
@@ -296,6 +302,8 @@ class EnvPoolEnv(BatchedTaskEnv):
         keys = pool._state_keys  # noqa: SLF001 - the raw C++ outputs skip the pytree conversion per step
         self._at = {name: keys.index(name) for name in ("reward", "done", "trunc", "info:env_id")}
         self._obs_at = [keys.index(entry if entry == "obs" else f"obs:{entry}") for _, entry, _ in self.layout.parts]
+        self._info_at = {name.removeprefix("info:"): at for at, name in enumerate(keys)
+                         if name.startswith("info:") and "env_id" not in name}
         action_keys = tuple(pool._action_keys)  # noqa: SLF001
         if action_keys != ("env_id", "players.env_id", "action"):
             raise RuntimeError(f"unexpected EnvPool action keys {action_keys}; this envpool version is not supported")
@@ -305,6 +313,7 @@ class EnvPoolEnv(BatchedTaskEnv):
             pool.close()
         self._pools = []
         self._in_flight = [None] * self.lanes
+        self._last_step = [None] * self.lanes
 
     def _check_built(self) -> None:
         if not self._pools:
@@ -365,8 +374,39 @@ class EnvPoolEnv(BatchedTaskEnv):
         h = self.lane_size
         for lane in range(self.lanes):  # every lane's C++ threads start before the first result is awaited
             self._send(lane, self._local_ids, actions[lane * h:(lane + 1) * h].astype(np.float64))
-        outs = [self._physics_outputs(self._recv(lane, self._local_ids)) for lane in range(self.lanes)]
+        self._last_step = [self._recv(lane, self._local_ids) for lane in range(self.lanes)]
+        outs = [self._physics_outputs(out) for out in self._last_step]
         return tuple(np.concatenate(parts) for parts in zip(*outs)) if self.lanes > 1 else outs[0]
+
+    @property
+    def info_names(self) -> tuple[str, ...]:
+        """The entries of EnvPool's per-step ``info`` that :meth:`step_info` reads (after the first reset)."""
+        self._check_built()
+        return tuple(self._info_at)
+
+    def step_info(self, name: str) -> np.ndarray:
+        """EnvPool's ``info`` entry ``name`` of every env at the last step, before any reset: one row per env.
+
+        A MuJoCo Playground task's reward terms live there, e.g. Go1's velocity tracking
+        (``"reward_tracking_lin_vel"``), which the Go1 benchmark reads to tell walking
+        from standing (``benchmarks/learning.py --suite go1_gpu``).
+
+        Examples:
+            >>> env = EnvPoolEnv("Go1JoystickFlatTerrain-v1", num_envs=2, seed=0)
+            >>> td = env.reset()
+            >>> td["action"] = env.action_spec.zero()
+            >>> _ = env.step_and_maybe_reset(td)
+            >>> env.step_info("reward_tracking_lin_vel").shape
+            (2,)
+            >>> env.close()
+        """
+        self._check_built()
+        if name not in self._info_at:
+            raise ValueError(f"name must be one of {self.env_id}'s info entries {list(self._info_at)}, got {name!r}")
+        if any(out is None for out in self._last_step):
+            raise RuntimeError("step_info reads the last step: step the env first")
+        values = [out[self._info_at[name]] for out in self._last_step]
+        return np.concatenate(values) if self.lanes > 1 else values[0]
 
     # ---------------------------------------------------- asynchronous lanes
     @property
@@ -401,7 +441,8 @@ class EnvPoolEnv(BatchedTaskEnv):
             raise RuntimeError(f"lane {lane} has no step in flight: call send_lane({lane}, td) first")
         self._in_flight[lane] = None
         envs = self.lane_slices[lane]
-        stepped = self._apply_limits(self._physics_outputs(self._recv(lane, self._local_ids)), envs)
+        self._last_step[lane] = self._recv(lane, self._local_ids)
+        stepped = self._apply_limits(self._physics_outputs(self._last_step[lane]), envs)
         return self._autoreset(tensordict, stepped, envs)
 
     def _set_seed(self, seed: int | None) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.data import replay_buffer as _rb
 from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.data.buffer_sampler import SAMPLE_KEYS
-from torchrl_unilab.envs.envpool_env import make_gym_id_env
+from torchrl_unilab.envs.envpool_env import EnvPoolEnv, make_gym_id_env
 from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.models import ALGOS, PassThroughActor, make_actor, make_critic
 from torchrl_unilab.modules.normalization import ObservationNormalizer, normalize_batch
@@ -525,6 +525,9 @@ class EvalRunner:
     Keyword Args:
         seed: env ``i`` starts from ``seed + i``.
         env_kwargs: keyword arguments for ``gymnasium.make``.
+        info_keys: EnvPool ``info`` entries (:meth:`EnvPoolEnv.step_info
+            <torchrl_unilab.EnvPoolEnv.step_info>`) to report as ``eval/<key>``, their mean
+            per step over the episodes: e.g. a Playground robot's reward terms. EnvPool tasks only.
 
     Examples:
         >>> import torch
@@ -535,13 +538,28 @@ class EvalRunner:
         >>> sorted(result), result["eval/episode_length"]
         (['eval/episode_length', 'eval/return', 'eval/return_std'], 200.0)
         >>> evaluator.close()
+
+        A Go1 standing still, with its velocity-tracking reward term:
+
+        >>> standing = TensorDictModule(lambda obs: torch.zeros(len(obs), 12), in_keys=["observation"],
+        ...                             out_keys=["action"])
+        >>> evaluator = EvalRunner("Go1JoystickFlatTerrain-v1", 2, info_keys=["reward_tracking_lin_vel"])
+        >>> 0 < evaluator(standing)["eval/reward_tracking_lin_vel"] < 1
+        True
+        >>> evaluator.close()
     """
 
     def __init__(
-        self, env_name: str, num_envs: int, *, seed: int = 0, env_kwargs: Mapping[str, Any] | None = None
+        self, env_name: str, num_envs: int, *, seed: int = 0, env_kwargs: Mapping[str, Any] | None = None,
+        info_keys: Sequence[str] = (),
     ) -> None:
         self.seed = int(seed)
         self.env = make_gym_id_env(env_name, num_envs, seed=self.seed, env_kwargs=env_kwargs, stagger_resets=False)
+        self.info_keys = list(info_keys)
+        if self.info_keys and not isinstance(self.env, EnvPoolEnv):
+            self.env.close()
+            raise ValueError(f"info_keys needs a task EnvPool runs (its per-step info); {env_name!r} runs on "
+                             f"{type(self.env).__name__}")
 
     @torch.no_grad()
     def __call__(self, policy: TensorDictModuleBase) -> dict[str, float]:
@@ -552,7 +570,12 @@ class EvalRunner:
         returns = torch.zeros(n, dtype=torch.float64)
         lengths = torch.zeros(n, dtype=torch.int64)
         running = torch.ones(n, dtype=torch.bool)
+        info_sums = {key: 0.0 for key in self.info_keys}
         td = env.reset()
+        if self.info_keys:
+            unknown = sorted(set(self.info_keys) - set(env.info_names))
+            if unknown:
+                raise ValueError(f"info_keys {unknown} are not info entries of {env.env_id}: {list(env.info_names)}")
         device = module_device(policy)
         with set_exploration_type(ExplorationType.DETERMINISTIC):
             while running.any():
@@ -562,11 +585,14 @@ class EvalRunner:
                 reward = transition.get(("next", "reward")).reshape(n).double()
                 returns += torch.where(running, reward, 0.0)
                 lengths += running.long()
+                for key in info_sums:
+                    info_sums[key] += float(env.step_info(key).reshape(n)[running.numpy()].sum())
                 running &= ~transition.get(("next", "done")).reshape(n)
         return {
             "eval/return": float(returns.mean()),
             "eval/return_std": float(returns.std(unbiased=False)),
             "eval/episode_length": float(lengths.double().mean()),
+            **{f"eval/{key}": total / float(lengths.sum()) for key, total in info_sums.items()},
         }
 
     def close(self) -> None:
