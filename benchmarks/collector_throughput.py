@@ -74,11 +74,11 @@ def sac_actor(env_id: str = ENV):
 
 
 def timed_loop(step, batch: int, seconds: float) -> float:
-    """Calls ``step()`` for ``seconds``; env steps per second, ``batch`` per call."""
+    """Calls ``step()`` for ``seconds``; env steps per second, ``batch`` per call unless ``step`` returns its count."""
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        step()
-        steps += batch
+        counted = step()
+        steps += batch if counted is None else counted
     return steps / (time.perf_counter() - start)
 
 
@@ -134,11 +134,12 @@ class EnvPoolAlone:
 
     def __call__(self, seconds: float) -> float:
         shape = (self.num_envs, self.action_dim)
-        transitions, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
+
+        def step() -> int:
             info = self.env.step(self.rng.uniform(-1, 1, shape))[-1]
-            transitions += int(np.count_nonzero(info["elapsed_step"]))
-        return transitions / (time.perf_counter() - start)
+            return int(np.count_nonzero(info["elapsed_step"]))
+
+        return timed_loop(step, self.num_envs, seconds)
 
 
 class EnvPoolEnvAlone:
