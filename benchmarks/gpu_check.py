@@ -1,55 +1,29 @@
 """One command that turns a GPU machine (one GPU, 16 cores) into figures (issue 45).
 
 A GPU machine is lent to us now and then, for about 15 minutes. This script is
-what runs first on it: within about 8 minutes it prints one JSON line with
+what runs first on it: within about 8 minutes (``--budget-s``) it prints one JSON
+line with ``learner_ups`` (SAC's and TD3's recipe updates/s at batch 256 and
+4096, eager, compiled, compiled with CUDA graphs), ``e2e_fps`` (``recipes/sac.py``
+and ``recipes/td3.py`` on the GPU for 60 s after warm-up), ``publish_ms`` (one
+weight publish from the GPU), ``sample_ms`` (one batch through pinned memory),
+``collector_scaling`` (1 to 14 workers x 16 envs on EnvPool, HalfCheetah and Go1),
+``dropin_sac_cuda`` (TorchRL's sota ``sac.py`` with our class, given ``--rl-root``),
+``machine``, ``collector_lanes`` (last, in what the budget leaves) and ``parts``
+(each part's status and seconds). ``benchmarks/README.md`` describes each key.
 
-* ``learner_ups``: SAC's and TD3's updates/s (the recipes' updates, 256x256
-  networks) at batch 256 and 4096, eager, ``compile`` and ``compile`` +
-  ``cudagraphs`` (``learner_throughput.recipe_loop`` / ``td3_loop`` /
-  ``update_rates``);
-* ``e2e_fps``: ``recipes/sac.py`` and ``recipes/td3.py`` on HalfCheetah-v5 with
-  ``network.device=cuda``, compiled with CUDA graphs, ``utd_ratio=1``, for 60 s
-  after warm-up: frames/s, updates/s, the workers and envs, and the longest
-  learner stall (``learner_throughput.end_to_end``);
-* ``publish_ms``: one weight publish from the GPU, p50 and p99
-  (``learner_throughput.publish_times_ms``);
-* ``sample_ms``: one batch sampled through pinned memory at 256 and 4096 rows,
-  p50 and p99 (``BufferSampler`` over ``learner_throughput.filled_buffer``);
-* ``collector_scaling``: HalfCheetah-v5 and Go1JoystickFlatTerrain-v1 on
-  EnvPool, 1, 2, 4, 8 and 14 workers x 16 envs, the policy (the 512-wide
-  LayerNorm SAC actor) on CPU: env steps/s and the ratio to linear
-  (``collector_throughput.OffPolicy``), beside EnvPool alone on one thread;
-* ``dropin_sac_cuda``: TorchRL's sota ``sac/sac.py`` with ``OffPolicyCollector``
-  and ``network.device=cuda``, run the way ``benchmarks/sota_dropin.py`` runs it
-  (``sota_dropin.run_one``): ``ok`` or its first error. Needs ``--rl-root``
-  (a pytorch/rl work tree or bare git dir); without it the part is skipped, and
-  says so;
-* ``machine``: the GPU's name, the CPU count, torch's and CUDA's versions;
-* ``collector_lanes`` (last, in what the budget leaves): Go1JoystickFlatTerrain-v1 and
-  CheetahRun-v1, one worker x 16 envs with and without ``EnvPoolEnv(lanes=2)`` (the
-  policy of one half computed while EnvPool steps the other), against EnvPool alone,
-  in alternating rounds: what lanes give where cores are idle.
-
-Each part runs in a process of its own (forked from this one, which imported
-the benchmarks but never touched CUDA), in its own session, with its own
-timeout, after which its whole process group is killed
-(``sota_dropin._kill_group``). A part writes its figures as it gets them, so a
-part that fails or times out keeps what it measured before and records its
-error; the other parts are unaffected. ``parts`` gives each part's status and
-seconds. The parts run one after another (they would disturb each other's
-figures), within ``--budget-s`` seconds in all: a part gets at most what is
-left.
-
-``--device cpu --quick`` runs every part on CPU in tiny sizes (a few seconds
-each, 1-2 workers; the compiled variants are built but not run: compiling takes
-30-70 s on a CPU), so that the script's own bugs show without a GPU
-(``tests/test_gpu_check.py``).
+Each part runs in a process of its own (forked from this one, which never touched
+CUDA), in its own session, with its own timeout, after which its process group is
+killed (``sota_dropin._kill_group``). A part writes its figures as it gets them, so
+one that fails or times out keeps what it measured and records its error; the parts
+run one after another, within ``--budget-s`` in all.
 
     python benchmarks/gpu_check.py [--rl-root ~/src/rl] [--out h200_2026-12-04.json]
     python benchmarks/gpu_check.py --device cpu --quick
 
-``--out FILE`` also writes the JSON to ``benchmarks/results/gpu/FILE`` (a path
-with a directory is taken as it is).
+``--device cpu --quick`` runs every part on CPU in tiny sizes (the compiled variants
+are built, not run), so that the script's own bugs show without a GPU
+(``tests/test_gpu_check.py``). ``--out FILE`` also writes the JSON to
+``benchmarks/results/gpu/FILE`` (a path with a directory is taken as it is).
 """
 
 from __future__ import annotations

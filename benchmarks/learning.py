@@ -7,7 +7,7 @@ Suites (:data:`SUITES`): ``pendulum`` (SAC, 15k frames, target -200), ``halfchee
 (SAC and TD3, 100k frames, target 3000), ``robot`` (SAC on CheetahRun-v1 and
 WalkerWalk-v1, TD3 on Go1 with the privileged and the symmetric critic), ``td3`` and
 ``sb3`` (the TD3 and SAC recipes against SB3's on HalfCheetah-v5, 100k frames;
-targets in :data:`SB3_TARGETS`), ``wallclock`` (return against minutes) and
+targets in :data:`SB3_TARGETS`), ``wallclock`` (SAC and TD3: return against minutes, SB3 the reference) and
 ``go1_gpu`` (Go1 on one GPU and 16 cores for ``--minutes``: when it walks, per critic).
 The SB3 suites need the ``bench`` extra; the 100k-frame suites take hours on 2 CPU cores.
 
@@ -18,6 +18,8 @@ Run::
     python benchmarks/learning.py --suite td3 --reuse --seeds 0 1 2      # the tables from the runs already done
     python benchmarks/learning.py --suite td3 --reuse --reruns DIR2 DIR3 # the targets against other runs too
     python benchmarks/learning.py --suite robot --task CheetahRun --seeds 0 --set optim.num_threads=1
+    python benchmarks/learning.py --suite wallclock --algo sac --task defaults utd1 --seeds 0 1 2 3 4 --minutes 23 \
+        --reuse --sb3-reference benchmarks/results/learning/sac_vs_sb3.json
     python benchmarks/learning.py --suite go1_gpu --minutes 5               # on the GPU machine
 
 ``--set`` adds Hydra overrides to every recipe run; ``--reuse`` takes a run from
@@ -75,6 +77,9 @@ class Task:
     (the ``wallclock`` suite; ``frames`` is only an upper bound)"""
     info_keys: tuple[str, ...] = ()
     """EnvPool info entries each snapshot's evaluation reports, their mean per step (Go1's reward terms)"""
+    config: str | None = None
+    """the recipe's config (``recipes/config/<config>.yaml``) the overrides apply to; ``None``: the algo's own
+    (``sac``, ``td3``). The suites measured before issue 44 changed SAC's defaults name ``sac_utd1``, the old ones."""
 
     @property
     def name(self) -> str:
@@ -85,18 +90,28 @@ class Task:
 #: issue 22 made it one env (measured on HalfCheetah-v5).
 GO1_COLLECTION = ["collector.env_per_collector=4", "collector.frames_per_batch=64"]
 
+#: SAC at one update per frame (recipes/config/sac_utd1.yaml): the recipe's defaults before issue 44, which the
+#: suites measured before it keep, so that their saved results stay reproducible.
+UTD1 = "sac_utd1"
+
 #: The ``wallclock`` suite's budget per run (``--minutes`` changes it) and its frame bound (never reached).
 WALLCLOCK_MINUTES = 12.0
 WALLCLOCK_FRAMES = 5_000_000
-#: Free frames spent (issue 44): fewer updates per frame, with the envs and batch sizes that supply the frames.
-WALLCLOCK_SUPPLY = ["collector.env_per_collector=16", "collector.frames_per_batch=256",
-                    "collector.max_lead_frames=2048", "replay_buffer.size=1000000"]
+#: The levers screened against the defaults (issue 44), each a change of one setting.
 WALLCLOCK_CANDIDATES: dict[str, list[str]] = {
-    "utd0.5": ["optim.utd_ratio=0.5", *WALLCLOCK_SUPPLY],
-    "utd0.25": ["optim.utd_ratio=0.25", *WALLCLOCK_SUPPLY],
-    "utd0.125": ["optim.utd_ratio=0.125", *WALLCLOCK_SUPPLY],
-    "utd0.25_batch512": ["optim.utd_ratio=0.25", "optim.batch_size=512", *WALLCLOCK_SUPPLY],
+    "utd0.5": ["optim.utd_ratio=0.5"],
+    "utd0.125": ["optim.utd_ratio=0.125"],
+    "batch512": ["optim.batch_size=512"],
+    "batch512_lr6e-4": ["optim.batch_size=512", "optim.lr=6e-4"],  # the learning rate scaled with the batch
+    "nstep3": ["collector.multi_step=3"],  # n-step returns (TorchRL's MultiStep in the workers)
+    "layernorm": ["network.use_layer_norm=true"],  # LayerNorm in every hidden layer (BRO, SimBa: Nauman et al. 2024,
+                                                   # Lee et al. 2025), without their residual blocks
 }
+
+#: TD3 with SAC's supply of frames: its defaults are one env and no exploration noise (SB3's TD3), so 16 envs act
+#: with a noise std each in [td3_std_min, td3_std_max] (the per-env noise), unscreened.
+WALLCLOCK_TD3 = ["optim.utd_ratio=0.25", "collector.env_per_collector=16", "collector.frames_per_batch=256",
+                 "collector.max_lead_frames=2048", "replay_buffer.size=1000000", "collector.td3_noise=mixed"]
 
 #: issue 45: Go1 in the FastTD3 regime on one GPU and 16 cores. FastTD3's Playground settings
 #: (fast_td3/hyperparams.py: 1024 envs, batch 32768, 8 updates per step of all envs, gamma 0.97, tau 0.1, a noise
@@ -125,17 +140,18 @@ SUITES: dict[str, list[Task]] = {
         Task("sac", "Pendulum-v1", 15_000, -200.0, [
             "collector.init_random_frames=1000", "network.hidden_sizes=[128,128]", "optim.batch_size=256",
             "optim.utd_ratio=1.0", "optim.lr=3e-4", "logger.eval_iter=2500", "logger.num_eval_envs=10",
-        ]),
+        ], config=UTD1),
     ],
     "halfcheetah": [
-        Task("sac", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"]),
+        Task("sac", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"],
+             config=UTD1),
         Task("td3", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"]),
     ],
     "robot": [
         Task("sac", "CheetahRun-v1", 100_000, 300.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"],
-             seeds=(0, 1)),
+             seeds=(0, 1), config=UTD1),
         Task("sac", "WalkerWalk-v1", 100_000, 400.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"],
-             seeds=(0, 1)),
+             seeds=(0, 1), config=UTD1),
         Task("td3", "Go1JoystickFlatTerrain-v1", 100_000, None,
              ["logger.eval_iter=10000", "replay_buffer.size=100000", "network.critic_input=privileged",
               "network.obs_norm=true", *GO1_COLLECTION], seeds=(0, 1), label="privileged"),
@@ -147,13 +163,19 @@ SUITES: dict[str, list[Task]] = {
         Task("td3", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"]),
         Task("sb3_td3", "HalfCheetah-v5", 100_000, None),
     ],
-    # issue 44: return against wall-clock minutes (benchmarks/wallclock.py). Today's defaults, then the screened
-    # configurations; SB3's SAC is the reference (--algo sb3_sac, or --sb3-reference with its saved results).
+    # issue 44: return against wall-clock minutes (benchmarks/wallclock.py). The defaults, the defaults before issue
+    # 44 (one update per frame), then the screened levers; SB3's SAC is the reference (--algo sb3_sac, or
+    # --sb3-reference with its saved results).
     "wallclock": [
         Task("sac", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="defaults"),
+        Task("sac", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="utd1", config=UTD1),
         *(Task("sac", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, overrides, minutes=WALLCLOCK_MINUTES, label=label)
           for label, overrides in WALLCLOCK_CANDIDATES.items()),
         Task("sb3_sac", "HalfCheetah-v5", 100_000, None),
+        Task("td3", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="defaults"),
+        Task("td3", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, WALLCLOCK_TD3, minutes=WALLCLOCK_MINUTES,
+             label="utd0.25"),
+        Task("sb3_td3", "HalfCheetah-v5", 100_000, None),
     ],
     # issue 45: Go1 on one GPU and 16 cores, the privileged (asymmetric) critic and the symmetric one side by side
     "go1_gpu": [
@@ -162,9 +184,9 @@ SUITES: dict[str, list[Task]] = {
              minutes=GO1_GPU_MINUTES, info_keys=GO1_WALK_TERMS)
         for critic, critic_label in (("privileged", "privileged"), ("observation", "symmetric"))
     ],
-    "sb3": [  # issue 19: the SAC recipe's defaults against SB3's SAC at one update per frame, same sizes and batch
-        Task("sac", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"]),
-        Task("sb3_sac", "HalfCheetah-v5", 100_000, None),
+    "sb3": [  # issue 19: the SAC recipe at one update per frame against SB3's SAC, same sizes and batch
+        Task("sac", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"], config=UTD1),
+        Task("sb3_sac", "HalfCheetah-v5", 100_000, None, config=UTD1),
     ],
 }
 
@@ -179,9 +201,23 @@ SB3_TARGETS: dict[str, dict] = {
 SB3_EVAL_EVERY = 10_000
 
 
-def recipe_config(algo: str, overrides: list[str]):
+def selected(task: Task, parts: list[str], suite: list[Task]) -> bool:
+    """``--task``: whether one of ``parts`` names ``task``. A part that is a label of the suite picks the tasks
+    of that label only (``utd0.25``, not ``utd0.25_mixed``); any other part picks the tasks whose name holds it.
+
+    Examples:
+        >>> suite = [Task("sac", "Hopper-v5", 1, None, label="a"), Task("sac", "Hopper-v5", 1, None, label="a_b")]
+        >>> [selected(t, ["a"], suite) for t in suite], [selected(t, ["Hopper"], suite) for t in suite]
+        ([True, False], [True, True])
+    """
+    labels = {t.label for t in suite}
+    return any(part == task.label if part in labels else part in task.name for part in parts)
+
+
+def recipe_config(name: str, overrides: list[str]):
+    """``recipes/config/<name>.yaml`` composed with ``overrides``, as the recipe's command line would."""
     with initialize_config_dir(config_dir=str(ROOT / "recipes" / "config"), version_base="1.3"):
-        return compose(config_name=algo, overrides=overrides)
+        return compose(config_name=name, overrides=overrides)
 
 
 def load_result(run_dir: Path, frames: int) -> dict | None:
@@ -222,7 +258,7 @@ def run(task: Task, seed: int, run_dir: Path) -> dict:
     # a budgeted run is evaluated from its snapshots afterwards: no evaluation takes its clock
     budget = [] if task.minutes is None else [f"max_minutes={task.minutes}", "logger.eval_iter=0",
                                               f"logger.snapshot_every_s={wallclock.SNAPSHOT_EVERY_S}"]
-    cfg = recipe_config(task.algo, [
+    cfg = recipe_config(task.config or task.algo, [
         f"env.name={task.env}", f"env.seed={seed}", f"collector.total_frames={task.frames}",
         f"logger.log_dir={run_dir}", "logger.progress_bar=false", "logger.checkpoint_every=0", *task.overrides,
         *budget,
@@ -247,8 +283,8 @@ def sb3_config(task: Task, seed: int):
         >>> sb3_config(Task("sb3_td3", "Hopper-v5", 1000, None, ["optim.num_threads=1"]), 0).optim.num_threads
         1
     """
-    return recipe_config(task.algo.removeprefix("sb3_"), [f"env.name={task.env}", f"env.seed={seed}",
-                                                          *task.overrides])
+    return recipe_config(task.config or task.algo.removeprefix("sb3_"), [f"env.name={task.env}", f"env.seed={seed}",
+                                                                         *task.overrides])
 
 
 def run_sb3(task: Task, seed: int) -> dict:
@@ -586,8 +622,9 @@ def saved_runs(directory: Path, task: Task, seeds: list[int]) -> dict[int, dict]
 
 
 def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dict[int, dict] | None,
-                     sb3_results: Path | None, minutes: float) -> dict:
-    """The ``wallclock`` suite's table, plot and targets (``wallclock.md``, ``wallclock.png``); returns its summary.
+                     sb3_results: Path | None, minutes: float, algo: str = "sac") -> dict:
+    """The ``wallclock`` suite's table, plot and targets for one algorithm (SAC: ``wallclock.md``, ``.png``,
+    ``.json``; TD3: ``wallclock_td3.*``); returns its summary.
 
     SB3's reference is its runs in this suite (``sb3_runs``), else the saved comparison ``sb3_results``.
     """
@@ -595,9 +632,11 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
     if sb3_runs:
         reference = {**wallclock.sb3_reference(sb3_runs), "seeds": len(sb3_runs), "source": "this suite's runs"}
     elif sb3_results is not None:
-        reference = wallclock.sb3_reference_from_results(sb3_results)
+        reference = wallclock.sb3_reference_from_results(sb3_results, algo)
     table, curves = {}, {}
-    overrides = {task.label: task.overrides for task in SUITES["wallclock"]}
+    overrides = {task.label: [f"--config-name {task.config}"] * bool(task.config) + task.overrides
+                 for task in SUITES["wallclock"] if task.algo == algo}
+    stem, name = "wallclock" if algo == "sac" else f"wallclock_{algo}", algo.upper()
     for label, runs in sides.items():
         per_seed = {seed: wallclock.value_at_minutes(run["snapshots"], math.ceil(minutes))
                     for seed, run in runs.items()}
@@ -614,18 +653,18 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
         sb3_curve = wallclock.mean_with_interval({seed: wallclock.value_at_minutes(
             wallclock.sb3_points(run), math.ceil(max(r["elapsed_s"] for r in sb3_runs.values()) / 60))
             for seed, run in sb3_runs.items()})
-        curves["SB3 SAC, 100k frames"] = sb3_curve
+        curves[f"SB3 {name}, 100k frames"] = sb3_curve
     lines = wallclock.markdown_table(table)
     if reference is not None:
-        lines += ["", f"SB3's SAC: mean return {reference['return']:.0f} at 100k frames after {reference['minutes']:.1f} "
-                      f"min ({reference['seeds']} seeds; {reference['source']})."]
-    (out / "wallclock.md").write_text("\n".join(lines) + "\n")
-    wallclock.plot_against_minutes(out / "wallclock.png", "SAC HalfCheetah-v5: return against wall-clock", curves,
+        lines += ["", f"SB3's {name}: mean return {reference['return']:.0f} at 100k frames after "
+                      f"{reference['minutes']:.1f} min ({reference['seeds']} seeds; {reference['source']})."]
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    wallclock.plot_against_minutes(out / f"{stem}.png", f"{name} HalfCheetah-v5: return against wall-clock", curves,
                                    reference)
     print("\n".join(lines), flush=True)
     import torch
 
-    summary = {"benchmark": "learning", "suite": "wallclock", "date": time.strftime("%Y-%m-%d"),
+    summary = {"benchmark": "learning", "suite": "wallclock", "algo": algo, "date": time.strftime("%Y-%m-%d"),
                "command": "python benchmarks/learning.py " + " ".join(sys.argv[1:]), "torch": torch.__version__,
                "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores; one run after the other",
                "task": "HalfCheetah-v5", "snapshot_every_s": wallclock.SNAPSHOT_EVERY_S, "reference": reference,
@@ -634,9 +673,21 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
                    "mean_by_minute": [round(p["mean"], 1) for p in side["curve"]],
                    "interval_by_minute": [None if p["low"] is None else [round(p["low"], 1), round(p["high"], 1)]
                                           for p in side["curve"]]} for label, side in table.items()}}
-    (out / "wallclock.json").write_text(json.dumps(summary) + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(summary) + "\n")
     print(json.dumps(summary), flush=True)
     return summary
+
+
+def sb3_reference_files(paths: list[Path]) -> dict[str, Path]:
+    """``--sb3-reference``'s files by the algorithm whose SB3 runs each holds (``sb3_sac``, ``sb3_td3``)."""
+    files = {}
+    for path in paths:
+        algos = [algo for algo in ("sac", "td3") if f"sb3_{algo}" in json.loads(Path(path).read_text())]
+        if not algos:
+            raise ValueError(f"--sb3-reference {path}: holds no SB3 runs ('sb3_sac' or 'sb3_td3'); accepted: "
+                             "benchmarks/results/learning/sac_vs_sb3.json or td3_vs_sb3.json")
+        files.update(dict.fromkeys(algos, Path(path)))
+    return files
 
 
 def report_go1(out: Path, sides: dict[str, dict[int, dict]], minutes: float) -> dict:
@@ -686,15 +737,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--algo", nargs="+", default=None,
                         help="only the suite's tasks of these algos (e.g. td3 or sb3_td3); default: all of them")
     parser.add_argument("--task", nargs="+", default=None,
-                        help="only the suite's tasks whose name (algo_env_label, e.g. "
-                             "td3_Go1JoystickFlatTerrain-v1_symmetric) contains one of these; default: all of them")
+                        help="only the suite's tasks of these labels (e.g. utd0.25), or whose name "
+                             "(algo_env_label, e.g. td3_Go1JoystickFlatTerrain-v1_symmetric) contains one of these; "
+                             "default: all of them")
     parser.add_argument("--frames", type=int, default=None, help="frames per run instead of the suite's")
     parser.add_argument("--minutes", type=float, default=None,
                         help="wallclock and go1_gpu suites: the wall-clock budget per recipe run instead of the "
                              "suite's")
-    parser.add_argument("--sb3-reference", type=Path, default=None, metavar="JSON",
-                        help="wallclock suite without SB3 runs of its own: SB3's saved results "
-                             "(benchmarks/results/learning/sac_vs_sb3.json) as the reference")
+    parser.add_argument("--sb3-reference", type=Path, nargs="+", default=[], metavar="JSON",
+                        help="wallclock suite without SB3 runs of its own: SB3's saved results as the reference, "
+                             "one file per algorithm (benchmarks/results/learning/sac_vs_sb3.json, td3_vs_sb3.json)")
     parser.add_argument("--reuse", action="store_true",
                         help="take a run from its directory's result.json when it has the same frames")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
@@ -715,7 +767,7 @@ def main(argv: list[str] | None = None) -> None:
         for task in SUITES[suite]:
             if args.algo and task.algo not in args.algo:
                 continue
-            if args.task and not any(part in task.name for part in args.task):
+            if args.task and not selected(task, args.task, SUITES[suite]):
                 continue
             if args.frames:
                 task = dataclasses.replace(task, frames=args.frames)
@@ -755,9 +807,12 @@ def main(argv: list[str] | None = None) -> None:
                        args.minutes or GO1_GPU_MINUTES)
             continue
         if suite == "wallclock":
-            minutes = max((t.minutes for t in SUITES[suite] if t.minutes), default=0.0)
-            report_wallclock(args.out, by_env.get(("sac", "HalfCheetah-v5"), {}), results.get("sb3_sac"),
-                             args.sb3_reference, args.minutes or minutes)
+            minutes = args.minutes or max((t.minutes for t in SUITES[suite] if t.minutes), default=0.0)
+            references = sb3_reference_files(args.sb3_reference)
+            for algo in ("sac", "td3"):
+                sides, sb3_runs = by_env.get((algo, "HalfCheetah-v5"), {}), results.get(f"sb3_{algo}")
+                if sides or sb3_runs:
+                    report_wallclock(args.out, sides, sb3_runs, references.get(algo), minutes, algo)
             continue
         for algo, targets in SB3_TARGETS.items():
             if {algo, f"sb3_{algo}"} <= set(results):

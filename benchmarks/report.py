@@ -345,13 +345,11 @@ def ab_table(res: Results, key: str, what: str) -> str:
                   f"(A from ``{d['a']['repo']}``, B from ``{d['b']['repo']}``). Data: ``benchmarks/results/{key}``.\n")
 
 
-def wallclock_tables(res: Results) -> str:
-    """Issue 44's suite: each configuration's mean return by wall-clock minute, what it did, and the two targets."""
-    data = res.get(WALLCLOCK)
-    if data is None:
-        return (f"Return against wall-clock: **{NOT_MEASURED}** "
-                "(``python benchmarks/learning.py --suite wallclock``).\n")
-    minutes = [m for m in (2, 4, 6, 8, 10, 12, 15, 20, 25, 30) if any(m in c["minute"] for c in data["configs"].values())]
+def wallclock_table(data: dict) -> str:
+    """One ``wallclock`` suite's file: each configuration's mean return by wall-clock minute, with its 90 % interval,
+    what it did, and the two targets."""
+    minutes = [m for m in (2, 4, 6, 8, 10, 12, 15, 20, 23, 25, 30)
+               if any(m in c["minute"] for c in data["configs"].values())]
     rows = []
     for label, c in data["configs"].items():
         t = c.get("targets") or {}
@@ -366,15 +364,40 @@ def wallclock_tables(res: Results) -> str:
                            + ("" if interval is None else f" [{fmt(interval[0])}, {fmt(interval[1])}]"))
         rows.append([f"``{label}``", " ".join(f"``{o}``" for o in c.get("overrides") or []) or "(the defaults)",
                      str(c["seeds"]), *returns, fmt(c["frames"]), fmt(c["updates"]),
-                     fmt(t.get("time_share"), 2), fmt(t.get("return_ratio_at_half"), 2)])
+                     fmt(t.get("time_share"), 2), fmt(t.get("return_ratio_at_half"), 2),
+                     {True: "yes", False: "no", None: "-"}[t.get("low_above_sb3_at_half")]])
     out = list_table(["config", "overrides", "seeds", *[f"{m} min" for m in minutes], "frames", "updates",
-                      "time share (<= 0.25)", "ratio at half (>= 1.3)"], rows)
+                      "time share (<= 0.25)", "ratio at half (>= 1.3)", "interval above SB3 at half"], rows)
     ref = data.get("reference")
     if ref:
         out += (f"\nSB3's SAC: mean return {fmt(ref['return'])} at 100k frames after {fmt(ref['minutes'], 1)} min "
                 f"({ref['seeds']} seeds; {ref['source']}). *Time share*: the first minute the mean curve reaches "
                 "it, over SB3's minutes; *ratio at half*: the mean return at half of SB3's minutes over SB3's.\n\n")
+    if data.get("note"):
+        out += data["note"] + "\n\n"
     return out + provenance(data)
+
+
+def wallclock_tables(res: Results) -> str:
+    """Issue 44's suite: the finalists on 5 seeds, then the screening runs."""
+    parts = [f"**{title}**\n\n" + wallclock_table(res[key]) for key, title in WALLCLOCK.items() if key in res]
+    return "\n".join(parts) or (f"Return against wall-clock: **{NOT_MEASURED}** "
+                                 "(``python benchmarks/learning.py --suite wallclock``).\n")
+
+
+def wallclock_curves(res: Results) -> dict[str, list[dict]]:
+    """The curves of the wall-clock plot: every finalist's, with its band, and the screen's one-seed ``utd1`` (the
+    defaults before issue 44) as long as no finalist run measured it."""
+    curves = {}
+    for key in WALLCLOCK:
+        for label, c in res.get(key, {}).get("configs", {}).items():
+            if key == WALLCLOCK_SCREEN and (label != "utd1" or label in curves):
+                continue
+            name = label if key != WALLCLOCK_SCREEN else f"{label} ({c['seeds']} seed, screening)"
+            curves[name] = [{"minute": minute, "mean": mean, "low": None if iv is None else iv[0],
+                             "high": None if iv is None else iv[1], "seeds": c["seeds"]}
+                            for minute, mean, iv in zip(c["minute"], c["mean_by_minute"], c["interval_by_minute"])]
+    return curves
 
 
 # ------------------------------------------------------------------ robot tasks
@@ -522,6 +545,7 @@ def headline_rows(res: Results) -> list[tuple[str, str, str, str]]:
          f"{fmt(s['torchrl_collector'])} steps/s)", c["command"], c["date"]),
         ("Drop-in: TorchRL's SAC scripts, only the class changed",
          f"**{d['ratio_pattern1']:.2f}x** (batches), **{d['ratio_pattern2']:.2f}x** (shared buffer)", d["command"], d["date"]),
+        wallclock_headline(res) or
         ("SAC: wall-clock to SB3's 100k return",
          f"**{t['ratio']:.2f}** of SB3's ({t['recipe_min']} against {t['sb3_min']} min, 3 seeds)", sac["command"], sac["date"]),
         (f"TD3 vs SB3's TD3, {len(td3['recipe'])} seeds, 100k frames",
@@ -537,6 +561,21 @@ def headline_rows(res: Results) -> list[tuple[str, str, str, str]]:
          f"SAC 100k: CheetahRun {fmt(cheetah)}, WalkerWalk {fmt(walker)}; Go1 collector {go1:.2f} of EnvPool",
          "python benchmarks/learning.py --suite robot", robot["date"]),
     ]
+
+
+def wallclock_headline(res: Results) -> tuple[str, str, str, str] | None:
+    """The wall-clock suite's row for the recipe's defaults (its 5-seed finalists), once they are measured."""
+    data = res.get(WALLCLOCK_FINAL)
+    side = data and data["configs"].get("defaults")
+    if not side or not side.get("targets"):
+        return None
+    t, ref = side["targets"], data["reference"]
+    reached = (f"**{t['time_share']:.2f}** of SB3's wall-clock ({t['minute_reached']} against "
+               f"{fmt(t['sb3_minutes'], 1)} min)" if t["minute_reached"] else "not reached")
+    half = t["return_ratio_at_half"]
+    at_half = "" if half is None else f"; at half SB3's time, **{half:.2f}x** SB3's return"
+    return ("SAC: wall-clock to SB3's 100k return", f"{reached}{at_half} ({side['seeds']} seeds; SB3 {ref['seeds']})",
+            data["command"], data["date"])
 
 
 def readme_headline(res: Results) -> str:
@@ -605,8 +644,9 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "gpu.rst": gpu_table,
     "figures.rst": figures_rst,
 }
-#: issue 44's suite (benchmarks/learning.py --suite wallclock), its screening runs.
-WALLCLOCK = "learning/wallclock_screen.json"
+#: issue 44's suite (benchmarks/learning.py --suite wallclock): its finalists on 5 seeds, and its screening runs.
+WALLCLOCK_FINAL, WALLCLOCK_SCREEN = "learning/wallclock.json", "learning/wallclock_screen.json"
+WALLCLOCK = {WALLCLOCK_FINAL: "Finalists", WALLCLOCK_SCREEN: "Screening"}
 HEADER = ".. Generated by benchmarks/report.py from benchmarks/results/: do not edit, run the script.\n\n"
 
 
@@ -710,15 +750,12 @@ def plots(results: Path = RESULTS) -> list[Path]:
               {"local": [v["local_fps"] for v in r.values()], "Ray": [v["ray_fps"] for v in r.values()]},
               "frames per second")
     made += [PLOTS / "collector.png", PLOTS / "dropin.png", PLOTS / "ray.png"]
-    w = res.get(WALLCLOCK)
-    if w is not None:
+    curves = wallclock_curves(res)
+    if curves:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         import wallclock
 
-        curves = {label: [{"minute": minute, "mean": mean, "low": None if iv is None else iv[0],
-                           "high": None if iv is None else iv[1], "seeds": c["seeds"]}
-                          for minute, mean, iv in zip(c["minute"], c["mean_by_minute"], c["interval_by_minute"])]
-                  for label, c in w["configs"].items()}
+        w = res.get(WALLCLOCK_FINAL) or res[WALLCLOCK_SCREEN]
         wallclock.plot_against_minutes(PLOTS / "wallclock.png", f"SAC HalfCheetah-v5: return against wall-clock "
                                        f"({w['date']})", curves, w.get("reference"))
         made.append(PLOTS / "wallclock.png")

@@ -1,78 +1,32 @@
 """TorchRL's own collector tests, run with ``OffPolicyCollector`` in place of ``MultiAsyncCollector``.
 
-Issue 43: TorchRL states its collector contract in code, in pytorch/rl's
-``test/test_collectors.py``. Given a pytorch/rl checkout, this runs that file's
-tests that use ``MultiAsyncCollector`` twice, with TorchRL's class (``stock``)
-and with :class:`torchrl_unilab.OffPolicyCollector` bound to its name (``ours``),
-and compares the two case by case.
+Given a pytorch/rl checkout, this runs its ``test/test_collectors.py`` tests that use
+``MultiAsyncCollector`` twice: with TorchRL's class (``stock``) and with
+:class:`torchrl_unilab.OffPolicyCollector` bound to its name (``ours``), and compares them case by
+case. The files are copied into a temporary directory, never into this project
+(:func:`select_tests` picks the tests, :func:`is_left_out` drops the ``MultiSyncCollector``
+cases; this module is also the pytest plugin that rebinds the class, :func:`pytest_configure`).
+Each test function runs in a pytest process of its own, one at a time, killed with its stacks
+dumped after ``--timeout-per-function`` (300 s): a crash or a hang costs one function.
 
 Run::
 
     python benchmarks/torchrl_conformance.py --rl-root ~/src/rl                  # a work tree of pytorch/rl
     python benchmarks/torchrl_conformance.py --rl-root /path/to/rl.git           # a bare git dir: HEAD is used
     python benchmarks/torchrl_conformance.py --rl-root ~/src/rl --only output_keys,reloading --side both
-    python benchmarks/torchrl_conformance.py --rl-root ~/src/rl --side stock \\
-        --out benchmarks/results/conformance/stock_ae9719f17.json
-    python benchmarks/torchrl_conformance.py --rl-root ~/src/rl --side ours --first-errors \\
-        --stock-results benchmarks/results/conformance/stock_ae9719f17.json \\
+    python benchmarks/torchrl_conformance.py --rl-root ~/src/rl --side ours --first-errors \
+        --stock-results benchmarks/results/conformance/stock_ae9719f17.json \
         --out benchmarks/results/conformance/ours_2026-01-01.json
 
-What is taken from the checkout (into a temporary directory, never into this
-project): ``test/test_collectors.py``, ``test/conftest.py``, the modules of
-``test/`` that either imports (at ae9719f17 none: TorchRL's mocks are in the
-installed ``torchrl.testing``), and the root ``pytest.ini`` (TorchRL's own
-markers and options). A bare git repository's ``HEAD`` is read with
-``git archive``.
-
-Which tests (:func:`select_tests`): every test function or method whose source,
-decorators included, names ``MultiAsyncCollector`` (or its legacy name
-``MultiaSyncDataCollector``; as a name, or as a string that is exactly it: a
-parameter ``test_env_that_waits`` imports by name), and every test method of a class whose decorators
-do (``TestAutoWrap`` parametrizes its class over collector classes). Of their
-parametrized cases, those whose parameters are ``MultiSyncCollector`` (the class,
-a ``functools.partial`` of it, or its name as a string) are left out
-(:func:`is_left_out`); the other variants (``Collector``) are kept, so that a
-test's cases stay comparable between the two runs.
-
-The rebinding: this module is also the pytest plugin (``-p torchrl_conformance``,
-active only under the environment variables the runner sets). On the ``ours`` side
-its ``pytest_configure``, before the test module is imported, sets
-``torchrl.collectors.MultiAsyncCollector`` (and the legacy alias where TorchRL still
-has it, and every ``module.name`` the test file imports it from) to
-``OffPolicyCollector``; after collection it checks that each name the test module
-bound is our class, and stops the run with a usage error otherwise (the runner then
-reports every case as failed with that error). The stock side runs the same plugin
-without the rebinding.
-
-A test that runs a script under ``python -c`` (``test_env_that_waits``) gets the same
-rebinding in that script on the ``ours`` side (:func:`install_script_hook`, through a
-``sitecustomize`` on the run's ``PYTHONPATH``); multiprocessing's worker processes do not.
-
-Why one pytest process per test function: a crash or a hang then costs one
-function, not the run. Each runs in its own process group (its own session) with
-``--timeout-per-function`` (default 300 s), after which every Python process of the
-group prints its stacks into the function's log (``PYTHONFAULTHANDLER=1``) and the
-group is killed, multiprocessing's resource tracker last (``sota_dropin``'s helpers).
-Results are read from the plugin's event log (one JSON line per collected case,
-start and report), never from pytest's text output. One function runs at a time.
-
-What it prints: a progress line per function on stderr, then one JSON line::
+It prints a progress line per function on stderr, then one JSON line::
 
     {"benchmark": "torchrl_conformance", "torchrl": "0.14.1", "commit": "...", "unilab_commit": "...",
-     "unilab_dirty": false, "date": "...", "selection": {...},
      "stock": {"passed": n, "failed": n, "skipped": n, "crashed": [node ids], "seconds": wall time},
      "ours": {...}, "crashed": [...], "pass_stock_not_ours": [...], "pass_ours_not_stock": [...]}
 
-``crashed`` holds the functions whose process died or hung on the ``ours`` side
-(the stock side's, when only it ran); each side's own list is in its entry. Node ids
-are TorchRL's, with ``OffPolicyCollector`` in parametrization ids written back as
-``MultiAsyncCollector`` (:func:`canonical_nodeid`). ``--first-errors`` adds
-``first_errors``: for each failing case of ours, the exception line (``Type: message``).
-``--out FILE`` saves the same JSON plus every case's outcome and error per side
-(``outcomes``, ``errors``): what ``--stock-results FILE`` reads back, so that the
-stock side, which never changes for one checkout and torchrl, runs once. The file is
-rewritten after each function, with ``"complete": false`` until the run ends.
-The exit code is 0 when nothing crashed and no case passes with stock but not with ours.
+``--out FILE`` saves it with each case's outcome and error per side, which ``--stock-results`` reads
+back. The exit code is 0 when nothing crashed and no case passes with stock but not with ours.
+``benchmarks/README.md`` says more.
 """
 
 from __future__ import annotations

@@ -156,16 +156,21 @@ def sb3_reference(sb3_runs: dict[int, dict], frames: int = 100_000) -> dict[str,
     return {"return": statistics.fmean(returns), "minutes": statistics.fmean(minutes)}
 
 
-def sb3_reference_from_results(path: Path) -> dict[str, float]:
-    """:func:`sb3_reference` from a saved SB3 comparison (``benchmarks/results/learning/sac_vs_sb3.json``).
+def sb3_reference_from_results(path: Path, algo: str = "sac") -> dict[str, float]:
+    """:func:`sb3_reference` from a saved SB3 comparison (``benchmarks/results/learning/sac_vs_sb3.json``,
+    ``td3_vs_sb3.json`` with ``algo="td3"``).
 
-    Its ``sb3_sac`` holds, per seed, the returns at its ``marks`` and the run's minutes (SB3's
+    Its ``sb3_<algo>`` holds, per seed, the returns at its ``marks`` and the run's minutes (SB3's
     clock at its last mark, its evaluations included).
     """
     import json
 
     saved = json.loads(Path(path).read_text())
-    seeds = saved["sb3_sac"].values()
+    if f"sb3_{algo}" not in saved:
+        raise ValueError(f"--sb3-reference {path}: no SB3 {algo.upper()} runs in it (no 'sb3_{algo}' entry); "
+                         "accepted: a learning.py comparison such as benchmarks/results/learning/"
+                         f"{algo}_vs_sb3.json")
+    seeds = saved[f"sb3_{algo}"].values()
     return {"return": statistics.fmean(seed["returns"][-1] for seed in seeds),
             "minutes": statistics.fmean(seed["minutes"] for seed in seeds), "seeds": len(seeds),
             "source": f"{path} ({saved.get('date')}, torch {saved.get('torch')})"}

@@ -19,6 +19,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import learning  # noqa: E402
+import wallclock  # noqa: E402
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.py")))
@@ -34,13 +35,12 @@ def test_learning_help_lists_its_options():
         assert option in out
 
 
-def test_wallclock_and_ab_rounds_examples_hold():
+def test_the_benchmarks_examples_hold():
     import doctest
 
     import ab_rounds
-    import wallclock
 
-    for module in (wallclock, ab_rounds):
+    for module in (wallclock, ab_rounds, learning):
         assert doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
 
 
@@ -66,6 +66,25 @@ def test_the_wallclock_report_reads_each_run_at_whole_minutes_against_sb3(tmp_pa
     assert slow["targets"]["minute_reached"] == 6 and not slow["targets"]["time_share_met"]  # 0.3
     assert (tmp_path / "wallclock.png").stat().st_size > 0
     assert "| fast | 5 | 12.0 |" in (tmp_path / "wallclock.md").read_text()
+
+    # TD3's report goes to files of its own, against SB3's TD3, beside SAC's
+    td3 = learning.report_wallclock(tmp_path, {"fast": {s: run(1.0, s) for s in range(5)}}, sb3, None, 12.0, "td3")
+    saved = json.loads((tmp_path / "wallclock_td3.json").read_text())
+    assert td3["algo"] == saved["algo"] == "td3" and saved["configs"]["fast"]["mean_by_minute"][:1] == [1002.0]
+    assert "SB3's TD3" in (tmp_path / "wallclock_td3.md").read_text()
+    assert json.loads((tmp_path / "wallclock.json").read_text())["algo"] == "sac"
+
+
+def test_sb3_references_are_told_apart_by_the_runs_they_hold(tmp_path):
+    saved = BENCHMARKS / "results" / "learning"
+    files = learning.sb3_reference_files([saved / "td3_vs_sb3.json", saved / "sac_vs_sb3.json"])
+    assert files == {"sac": saved / "sac_vs_sb3.json", "td3": saved / "td3_vs_sb3.json"}
+    td3 = wallclock.sb3_reference_from_results(files["td3"], "td3")
+    assert td3["seeds"] == 10 and td3["return"] > 0
+    with pytest.raises(ValueError, match=r"no SB3 TD3 runs in it \(no 'sb3_td3' entry\)"):
+        wallclock.sb3_reference_from_results(files["sac"], "td3")
+    with pytest.raises(ValueError, match=r"--sb3-reference .*wallclock_screen.json: holds no SB3 runs"):
+        learning.sb3_reference_files([saved / "wallclock_screen.json"])
 
 
 def test_the_go1_report_finds_the_first_minute_each_critic_walks(tmp_path):
@@ -166,6 +185,15 @@ def test_set_reaches_the_config_an_sb3_run_reads(tmp_path, monkeypatch):
     (cfg,) = seen  # SB3's torch threads and learning_starts; before, --set reached the recipe's runs only
     assert (cfg.optim.num_threads, cfg.collector.init_random_frames, cfg.env.seed) == (1, 2000, 4)
     assert learning.sb3_config(learning.SUITES["td3"][1], 0).optim.num_threads == "auto"
+
+
+def test_a_task_runs_on_the_config_it_names():
+    # the suites measured before issue 44 keep one update per frame (recipes/config/sac_utd1.yaml) ...
+    (old,) = [t for t in learning.SUITES["sb3"] if t.algo == "sac"]
+    assert learning.sb3_config(old, 0).optim.utd_ratio == 1.0
+    # ... while the wallclock suite's "defaults" run the recipe's own
+    (new,) = [t for t in learning.SUITES["wallclock"] if (t.algo, t.label) == ("sac", "defaults")]
+    assert learning.sb3_config(new, 0).optim.utd_ratio == learning.recipe_config("sac", []).optim.utd_ratio
 
 
 def test_an_interrupted_run_is_not_saved_for_reuse(tmp_path, monkeypatch):
@@ -318,3 +346,24 @@ def test_ab_rounds_alternates_the_sides_and_compares_within_rounds(tmp_path):
     absent = subprocess.run(command[:6] + ["--benchmark", "nothere", "--keys", "speed"], capture_output=True,
                             text=True, timeout=120)
     assert absent.returncode != 0 and "no benchmarks/nothere.py in side a's checkout" in absent.stderr
+
+
+def test_the_main_job_runs_the_committed_recipe_from_a_fresh_clone_and_removes_it(tmp_path, no_leaks):
+    import tempfile
+
+    import main_job
+    from test_recipes import TINY
+
+    clones = lambda: set(Path(tempfile.gettempdir()).glob("main_job_*"))  # noqa: E731
+    before, out = clones(), tmp_path / "main_job.json"
+    summary = main_job.main(["--seeds", "3", "--out", str(out), "--set", *TINY])
+    assert json.loads(out.read_text()) == summary
+    assert (summary["task"], summary["frames"], summary["updates"]) == ("Pendulum-v1", 640, {"3": 640 - 256})
+    assert summary["minutes"]["3"] > 0 and summary["stated_minutes"] == round(summary["mean_minutes"], 1)
+    head = subprocess.run(["git", "-C", str(BENCHMARKS.parent), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert summary["commit"] == head  # what was committed, not the working tree
+    # a recipe that fails is reported with its own error, and the clone goes all the same
+    with pytest.raises(RuntimeError, match=r"exited with 1 and no final line(.|\n)*max_minutes must be"):
+        main_job.main(["--seeds", "0", "--out", str(tmp_path / "bad.json"), "--set", *TINY, "max_minutes=0"])
+    assert clones() == before and not (tmp_path / "bad.json").exists()

@@ -64,7 +64,8 @@ def assert_same(loss, fast, data, **kwargs):
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 @pytest.mark.parametrize("layer_norm", [False, True])
-def test_tensor_loss_matches_the_torchrl_loss(algo, layer_norm):
+@pytest.mark.parametrize("n_step", [False, True])
+def test_tensor_loss_matches_the_torchrl_loss(algo, layer_norm, n_step):
     torch.manual_seed(0)
     nets = make_networks(config(layer_norm), algo, EnvInfo(OBS, ACT, -2 * torch.ones(ACT), 2 * torch.ones(ACT)))
     loss, _ = make_loss_module(config(layer_norm), algo, nets)
@@ -73,7 +74,10 @@ def test_tensor_loss_matches_the_torchrl_loss(algo, layer_norm):
             p.add_(0.05 * torch.randn_like(p))
     fast = tensor_loss(loss)
     assert fast is not None
-    assert_same(loss, fast, batch())
+    data = batch()
+    if n_step:  # collector.multi_step rows: TorchRL's estimator bootstraps with gamma ** steps_to_next_obs
+        data["steps_to_next_obs"] = torch.randint(1, 4, (B,), generator=torch.Generator().manual_seed(3))
+    assert_same(loss, fast, data)
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])

@@ -32,9 +32,11 @@ from torchrl_unilab.trainers.checkpoint import load_buffer
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 
-# A few hundred frames of Pendulum with small networks: seconds per run.
+# A few hundred frames of Pendulum with small networks: seconds per run. One update per frame, so that a run's
+# updates are its frames past init_random_frames.
 TINY = [
     "env.name=Pendulum-v1",
+    "optim.utd_ratio=1.0",
     "network.hidden_sizes=[32,32]",
     "optim.batch_size=64",
     "collector.env_per_collector=4",
@@ -210,6 +212,23 @@ def test_sac_trains_with_prioritized_replay_and_resumes_its_priorities(tmp_path,
     check_run(run_dir, second, frames=1216, updates=1216 - 256)
 
 
+def test_sac_trains_on_the_n_step_rows_its_workers_write(tmp_path, no_leaks):
+    """collector.multi_step=3: each worker sums 3 rewards per row along each env's steps in a batch (fewer at an
+    episode's end and at the batch's), and the learner samples the rows' steps_to_next_obs with them."""
+    run_dir = tmp_path / "run"
+    summary = run_recipe("sac", run_dir, "collector.multi_step=3")
+    check_run(run_dir, summary, frames=640, updates=640 - 256)
+    rb = make_replay_buffer(20_000, scratch_dir=tmp_path / "loaded")  # the size of TINY's buffer
+    load_buffer(rb, run_dir / "checkpoint" / "replay_buffer")
+    rows = rb.storage[: len(rb)]
+    steps = rows["steps_to_next_obs"].reshape(-1)
+    # 4 envs x 16 steps per batch: the last 2 of each env's 16 are cut short by the batch's end
+    assert sorted(steps.unique().tolist()) == [1, 2, 3] and int((steps == 3).sum()) >= 640 * 13 // 16
+    one = steps == 1  # one reward: the row's own
+    assert torch.equal(rows["next", "reward"].reshape(-1)[one], rows["next", "original_reward"].reshape(-1)[one])
+    assert not torch.allclose(rows["next", "reward"].reshape(-1)[~one], rows["next", "original_reward"].reshape(-1)[~one])
+
+
 def _kill_a_worker_once_the_run_logs(run_dir: Path, frames: int, stop: threading.Event, killed: list) -> None:
     """SIGKILLs the first worker process of this test's recipe once the run has logged ``frames`` frames.
 
@@ -323,6 +342,23 @@ def test_max_minutes_ends_the_run_and_its_snapshots_hold_the_policy_it_evaluated
     points = wallclock.evaluate_snapshots(run_dir, cfg, "sac")
     assert [point["frames"] for point in points] == [snapshot["frames"] for snapshot in snapshots]
     assert points[-1]["return"] == pytest.approx(summary["final_return"])
+
+
+def test_sac_utd1_is_the_defaults_at_one_update_per_frame():
+    # python recipes/sac.py --config-name sac_utd1: SB3's schedule, the defaults before issue 44
+    with initialize_config_dir(config_dir=str(RECIPES / "config"), version_base="1.3"):
+        defaults, utd1 = compose(config_name="sac"), compose(config_name="sac_utd1")
+
+    def leaves(cfg, prefix=""):
+        return {k: v for key, value in cfg.items()
+                for k, v in (leaves(value, f"{prefix}{key}.") if hasattr(value, "items") else
+                             {f"{prefix}{key}": value}).items()}
+
+    changed = {key for key, value in leaves(utd1).items() if leaves(defaults)[key] != value}
+    assert (utd1.optim.utd_ratio, utd1.collector.env_per_collector, utd1.collector.total_frames) == (1.0, 4, 40_000)
+    assert changed <= {"collector.total_frames", "collector.frames_per_batch", "collector.env_per_collector",
+                       "collector.max_lead_frames", "replay_buffer.size", "optim.utd_ratio", "logger.eval_iter",
+                       "logger.checkpoint_every"}
 
 
 def test_max_minutes_must_be_positive(tmp_path):

@@ -102,3 +102,23 @@ def test_gpu_results_fill_the_gpu_table(results_copy):
     table = report.outputs(results_copy)[report.GENERATED / "gpu.rst"]
     assert report.NOT_MEASURED not in table
     assert "``learner.eager_ups``\n     - 812.5" in table and "1.0" not in table and "h100.json" in table
+
+
+def test_the_wallclock_plot_shows_the_finalists_and_the_old_defaults_until_they_are_run(results_copy):
+    screen = json.loads((results_copy / "learning" / "wallclock_screen.json").read_text())
+    final = {**screen, "command": "python benchmarks/learning.py --suite wallclock --seeds 0 1 2 3 4",
+             "configs": {"defaults": {**screen["configs"]["utd0.25"], "seeds": 5,
+                                      "interval_by_minute": [[1.0, 2.0]] * len(screen["configs"]["utd0.25"]["minute"])}}}
+    (results_copy / "learning" / "wallclock.json").write_text(json.dumps(final))
+    res = report.load(results_copy)
+    curves = report.wallclock_curves(res)
+    # the finalists with their band, and of the screen only the defaults before issue 44, marked as one seed
+    assert list(curves) == ["defaults", "utd1 (1 seed, screening)"]
+    assert curves["defaults"][0]["low"] == 1.0 and curves["utd1 (1 seed, screening)"][0]["low"] is None
+    tables = report.outputs(results_copy)[report.GENERATED / "wallclock.rst"]
+    assert tables.index("**Finalists**") < tables.index("**Screening**")
+    assert "``--config-name sac_utd1``" in tables and "wallclock_screen.json" in tables
+
+    final["configs"]["utd1"] = screen["configs"]["utd1"]  # measured among the finalists: the screen's is not shown
+    (results_copy / "learning" / "wallclock.json").write_text(json.dumps(final))
+    assert list(report.wallclock_curves(report.load(results_copy))) == ["defaults", "utd1"]

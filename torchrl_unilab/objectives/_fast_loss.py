@@ -185,8 +185,12 @@ class _TD3TensorLoss(_TensorLoss):
 
 
 def _td0_target(batch: TensorDictBase, next_value: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
-    """TD(0) as TorchRL's ``TD0Estimator``: ``r + gamma * (1 - terminated) * V(s')``, shape ``[B]``."""
+    """TD(0) as TorchRL's ``TD0Estimator``: ``r + gamma * (1 - terminated) * V(s')``, shape ``[B]``; for n-step
+    rows (``"steps_to_next_obs"``, :class:`~torchrl.data.postprocs.MultiStep`) ``gamma ** steps_to_next_obs``."""
     reward, terminated = batch.get(("next", "reward")), batch.get(("next", "terminated"))
+    steps = batch.get("steps_to_next_obs", None)
+    if steps is not None:
+        gamma = gamma ** steps.view_as(reward)
     return (reward + gamma * (~terminated) * next_value).squeeze(-1)
 
 

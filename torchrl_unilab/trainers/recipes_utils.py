@@ -33,6 +33,7 @@ from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.data import replay_buffer as _rb
 from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.data.buffer_sampler import SAMPLE_KEYS
+from torchrl_unilab.data.postprocs import MultiStepWithDone
 from torchrl_unilab.envs.envpool_env import EnvPoolEnv, make_gym_id_env
 from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.models import ALGOS, PassThroughActor, make_actor, make_critic
@@ -177,6 +178,8 @@ class Networks:
     critic_normalizer: ObservationNormalizer | None = None
     """Statistics of ``"privileged"`` for an asymmetric critic with ``network.obs_norm``; the learner's alone
     (the workers' actor never reads it)."""
+    multi_step: bool = False
+    """Whether rows are n-step transitions (``collector.multi_step`` > 1): the losses read ``"steps_to_next_obs"``."""
 
     def __post_init__(self) -> None:
         if self.worker_policy is None:
@@ -185,10 +188,12 @@ class Networks:
     @property
     def sample_keys(self) -> tuple:
         """The keys the losses read from a sampled batch (:data:`~torchrl_unilab.data.buffer_sampler.SAMPLE_KEYS`,
-        and ``"privileged"`` / ``("next", "privileged")`` for an asymmetric critic)."""
+        ``"steps_to_next_obs"`` for n-step rows, and ``"privileged"`` / ``("next", "privileged")`` for an asymmetric
+        critic)."""
+        keys = SAMPLE_KEYS + ("steps_to_next_obs",) * self.multi_step
         if self.critic_key == "observation":
-            return SAMPLE_KEYS
-        return (*SAMPLE_KEYS, self.critic_key, ("next", self.critic_key))
+            return keys
+        return (*keys, self.critic_key, ("next", self.critic_key))
 
     def normalizers(self) -> list[ObservationNormalizer]:
         """Every normaliser the learner keeps up to date: the actor's, then the critic's."""
@@ -245,7 +250,8 @@ def make_networks(cfg: DictConfig, algo: str, info: EnvInfo, *, device: torch.de
                              if normalizer is not None and critic_key != "observation" else None)
     worker_policy = policy if device.type == "cpu" else cpu_copy_of_policy(cfg, algo, info, policy)
     return Networks(actor=actor, critic=critic, policy=policy, normalizer=normalizer, worker_policy=worker_policy,
-                    critic_key=critic_key, critic_normalizer=critic_normalizer)
+                    critic_key=critic_key, critic_normalizer=critic_normalizer,
+                    multi_step=_multi_steps(cfg) > 1)
 
 
 def cpu_copy_of_policy(cfg: DictConfig, algo: str, info: EnvInfo, policy: TensorDictModuleBase) -> TensorDictModuleBase:
@@ -399,6 +405,28 @@ def make_replay_buffer(cfg: DictConfig) -> ReplayBuffer:
     )
 
 
+def multi_step_postproc(cfg: DictConfig) -> MultiStepWithDone | None:
+    """``collector.multi_step`` (TorchRL's key; 0 or 1: off): n-step returns summed in the workers before each
+    write, with ``optim.gamma``, as :class:`~torchrl_unilab.data.postprocs.MultiStepWithDone`.
+
+    Examples:
+        >>> from omegaconf import OmegaConf
+        >>> multi_step_postproc(OmegaConf.create({"collector": {"multi_step": 3}, "optim": {"gamma": 0.99}})).n_steps
+        3
+        >>> multi_step_postproc(OmegaConf.create({"collector": {}, "optim": {"gamma": 0.99}})) is None
+        True
+    """
+    n_steps = _multi_steps(cfg)
+    return MultiStepWithDone(gamma=float(cfg.optim.gamma), n_steps=n_steps) if n_steps > 1 else None
+
+
+def _multi_steps(cfg: DictConfig) -> int:
+    n_steps = cfg.get("collector", {}).get("multi_step", 0)
+    if not isinstance(n_steps, int) or isinstance(n_steps, bool) or n_steps < 0:
+        raise ValueError(f"collector.multi_step must be an int >= 0 (0 or 1: one-step transitions), got {n_steps!r}")
+    return n_steps
+
+
 def make_collector(
     cfg: DictConfig, policy: TensorDictModuleBase, replay_buffer: ReplayBuffer, *, frames_done: int = 0
 ) -> OffPolicyCollector:
@@ -447,12 +475,16 @@ def make_collector(
     seed = cfg.env.get("seed")
     backend = col.get("backend", "local")
     if backend == "ray":
+        if multi_step_postproc(cfg) is not None:
+            raise ValueError(f"collector.multi_step={col.multi_step} needs collector.backend=local: Ray nodes "
+                             "deliver flat rows, with no [envs, steps] batch to sum rewards along")
         return _make_ray_collector(cfg, policy, replay_buffer, frames_done=frames_done)
     if backend != "local":
         raise ValueError(f"collector.backend must be one of ('local', 'ray'), got {backend!r}")
     return OffPolicyCollector(
         cfg.env.name,
         policy,
+        postproc=multi_step_postproc(cfg),
         num_workers=workers,
         num_envs=int(col.env_per_collector),
         frames_per_batch=int(col.frames_per_batch),
