@@ -393,7 +393,7 @@ def wallclock_curves(res: Results) -> dict[str, list[dict]]:
         for label, c in res.get(key, {}).get("configs", {}).items():
             if key == WALLCLOCK_SCREEN and (label != "utd1" or label in curves):
                 continue
-            name = label if key != WALLCLOCK_SCREEN else f"{label} ({c['seeds']} seed, screening)"
+            name = label if key != WALLCLOCK_SCREEN else f"{label}, screening"
             curves[name] = [{"minute": minute, "mean": mean, "low": None if iv is None else iv[0],
                              "high": None if iv is None else iv[1], "seeds": c["seeds"]}
                             for minute, mean, iv in zip(c["minute"], c["mean_by_minute"], c["interval_by_minute"])]

@@ -8,7 +8,7 @@ sample, loss, backward, optimiser step and target update. The difference: an
 into the shared replay buffer, while this process only learns, holding
 ``optim.utd_ratio`` gradient updates per collected frame.
 
-    python recipes/sac.py                                   # HalfCheetah-v5, 140k frames, 4 per update: ~5.5 min on 2 cores
+    python recipes/sac.py                                   # HalfCheetah-v5, 140k frames, 4 per update: 4.6 min on 2 cores
     python recipes/sac.py --config-name sac_utd1            # 40k frames at one update per frame (SB3's schedule)
     python recipes/sac.py env.name=Hopper-v5 collector.total_frames=200000
     python recipes/sac.py env.name=CheetahRun-v1              # the DeepMind Control Suite, on EnvPool

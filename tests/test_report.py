@@ -113,8 +113,8 @@ def test_the_wallclock_plot_shows_the_finalists_and_the_old_defaults_until_they_
     res = report.load(results_copy)
     curves = report.wallclock_curves(res)
     # the finalists with their band, and of the screen only the defaults before issue 44, marked as one seed
-    assert list(curves) == ["defaults", "utd1 (1 seed, screening)"]
-    assert curves["defaults"][0]["low"] == 1.0 and curves["utd1 (1 seed, screening)"][0]["low"] is None
+    assert list(curves) == ["defaults", "utd1, screening"]
+    assert curves["defaults"][0]["low"] == 1.0 and curves["utd1, screening"][0]["low"] is None
     tables = report.outputs(results_copy)[report.GENERATED / "wallclock.rst"]
     assert tables.index("**Finalists**") < tables.index("**Screening**")
     assert "``--config-name sac_utd1``" in tables and "wallclock_screen.json" in tables

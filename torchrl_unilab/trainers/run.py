@@ -101,8 +101,8 @@ class RecipeRun:
         >>> cfg = OmegaConf.load(checkout / "recipes" / "config" / "sac.yaml")
         >>> cfg.merge_with_dotlist(["env.name=Pendulum-v1", "network.hidden_sizes=[8]", "collector.total_frames=96",
         ...     "collector.init_random_frames=64", "collector.env_per_collector=2", "collector.frames_per_batch=32",
-        ...     "optim.batch_size=32", "logger.backend=none", "logger.progress_bar=false", "logger.num_eval_envs=1",
-        ...     f"logger.log_dir={log_dir.name}"])
+        ...     "optim.batch_size=32", "replay_buffer.size=1000", "logger.backend=none", "logger.progress_bar=false",
+        ...     "logger.num_eval_envs=1", f"logger.log_dir={log_dir.name}"])
         >>> nets = make_networks(cfg, "sac", env_info(cfg))
         >>> run = RecipeRun(cfg, "SAC", nets.policy, make_replay_buffer(cfg), modules={"actor": nets.actor})
         >>> with run:
@@ -111,8 +111,8 @@ class RecipeRun:
         ...         run.utd.step()
         >>> summary = run.finish()  # doctest: +ELLIPSIS
         SAC Pendulum-v1: final eval return ...
-        >>> summary["frames"], summary["updates"], summary["interrupted"]
-        (96, 32, False)
+        >>> summary["frames"], summary["updates"], summary["interrupted"]  # optim.utd_ratio=0.25 past the 64 random
+        (96, 8, False)
         >>> log_dir.cleanup()
     """
 
