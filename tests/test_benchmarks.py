@@ -348,14 +348,17 @@ def test_ab_rounds_alternates_the_sides_and_compares_within_rounds(tmp_path):
     assert absent.returncode != 0 and "no benchmarks/nothere.py in side a's checkout" in absent.stderr
 
 
-def test_the_main_job_runs_the_committed_recipe_from_a_fresh_clone_and_removes_it(tmp_path, no_leaks):
+def test_the_main_job_runs_the_committed_recipe_from_a_fresh_clone_and_removes_it(tmp_path, no_leaks, monkeypatch):
     import tempfile
 
     import main_job
     from test_recipes import TINY
 
-    clones = lambda: set(Path(tempfile.gettempdir()).glob("main_job_*"))  # noqa: E731
-    before, out = clones(), tmp_path / "main_job.json"
+    (tmp_path / "tmp").mkdir()
+    # the clone goes where this test alone looks (no_leaks, set up first, checks the real temp dir after the undo)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    clones = lambda: list((tmp_path / "tmp").iterdir())  # noqa: E731
+    out = tmp_path / "main_job.json"
     summary = main_job.main(["--seeds", "3", "--out", str(out), "--set", *TINY])
     assert json.loads(out.read_text()) == summary
     assert (summary["task"], summary["frames"], summary["updates"]) == ("Pendulum-v1", 640, {"3": 640 - 256})
@@ -366,4 +369,4 @@ def test_the_main_job_runs_the_committed_recipe_from_a_fresh_clone_and_removes_i
     # a recipe that fails is reported with its own error, and the clone goes all the same
     with pytest.raises(RuntimeError, match=r"exited with 1 and no final line(.|\n)*max_minutes must be"):
         main_job.main(["--seeds", "0", "--out", str(tmp_path / "bad.json"), "--set", *TINY, "max_minutes=0"])
-    assert clones() == before and not (tmp_path / "bad.json").exists()
+    assert clones() == [] and not (tmp_path / "bad.json").exists()
