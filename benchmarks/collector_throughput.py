@@ -24,11 +24,13 @@ lanes comparison.
 Run::
 
     python benchmarks/collector_throughput.py [--rounds 5] [--seconds 3] [--group all|lanes] [--task ID]
+    python benchmarks/collector_throughput.py --out benchmarks/results/collector/halfcheetah.json
 
 It prints one JSON line: rates (medians over rounds), ``ratio_*_over_raw`` (medians of the
 per-round ratios), each worker's ``breakdown_us_per_step`` by phase, and the load average
-at the start and end. ``benchmarks/README.md`` lists every key; the figures the docs show
-are in ``benchmarks/results/collector/``.
+at the start and end. ``benchmarks/README.md`` lists every key. ``--out FILE`` (with
+``--group all``) also writes the figures the docs show, as ``benchmarks/report.py`` reads
+them (:func:`results_file`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import envpool
 import gymnasium as gym
@@ -62,6 +66,15 @@ FRAME_SKIP = 5
 TASK_TARGETS = {"Go1JoystickFlatTerrain-v1": 0.9, "CheetahRun-v1": 0.6}
 #: --task: the envs of the worker whose policy overlaps EnvPool's physics (EnvPoolEnv(lanes=2))
 LANES_ENVS = 64
+#: --out: the configurations of a full run, the raw loop first (every ratio is to it)
+RATE_KEYS = ("raw", "bare_mujoco", "envpool", "envpool_env", "torchrl_collector", "offpolicy_gymnasium",
+             "offpolicy_envpool_16", "offpolicy_envpool_64", "offpolicy_lanes_16", "offpolicy_lanes_64",
+             "offpolicy_envpool_2w")
+#: --out: issue 5's targets, which the docs' table shows beside the rows they apply to
+TARGETS = {"offpolicy_envpool_16": "ratio to raw >= 1.2", "offpolicy_envpool_64": "ratio to raw >= 1.2",
+           "offpolicy_envpool_2w": ">= 1.8 x 1 worker"}
+#: --out: a worker's phases (the collector's metrics' names), each configuration's missing ones as 0
+PHASES = ("env_step", "policy", "buffer_write", "weight_sync", "pack")
 
 
 def dims(env_id: str) -> tuple[int, int]:
@@ -306,6 +319,29 @@ def task_throughput(env_id: str, rounds: int, seconds: float) -> dict:
     return out
 
 
+def results_file(out: dict) -> dict:
+    """``--out``'s file from a full run's JSON line ``out``: the rates, ratios to the raw loop, phases and actor
+    costs that ``benchmarks/report.py`` turns into README's and the collector page's tables."""
+    per_round = out["ratio_envpool_16_over_raw_per_round"]
+    load = out["load_average_start_end"]
+    return {
+        "benchmark": "collector_throughput", "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["python benchmarks/collector_throughput.py", *sys.argv[1:]]),
+        "machine": f"{os.cpu_count()}-core {platform.machine()} CPU; load average {load[0]} at the start, "
+                   f"{load[1]} at the end", "torch": torch.__version__, "task": ENV,
+        "actor": "512-wide LayerNorm SAC actor", "rounds": out["rounds"], "seconds": out["seconds_per_round"],
+        "load_average_start_end": load,
+        "steps_per_s": {key: round(out[key]) for key in RATE_KEYS},
+        "ratio_over_raw": {"raw": 1, **{key: round(out[f"ratio_{key}_over_raw"], 2) for key in RATE_KEYS[1:]}},
+        "ratio_envpool_16_over_raw_range": [round(min(per_round), 2), round(max(per_round), 2)],
+        "ratio_2w_over_1w": round(out["ratio_2w_over_1w"], 2), "targets": TARGETS,
+        "breakdown_us_per_step": {name: {phase: phases.get(phase, 0.0) for phase in (*PHASES, "other")}
+                                  for name, phases in out["breakdown_us_per_step"].items()},
+        "actor_us_per_env": {f"{envs}_envs_{kind}": round(us) for envs, figures in out["actor_us_per_env"].items()
+                             for kind, us in sorted(figures.items(), reverse=True)},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per configuration")
@@ -315,7 +351,11 @@ def main() -> None:
     parser.add_argument("--task", default=None,
                         help="one EnvPool task (e.g. Go1JoystickFlatTerrain-v1, CheetahRun-v1): "
                              "our collector against EnvPool alone on it")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="with --group all: also write the docs' figures to this file (results_file)")
     args = parser.parse_args()
+    if args.out is not None and (args.task is not None or args.group != "all"):
+        parser.error(f"--out needs --group all and no --task (got --group {args.group}, --task {args.task})")
     if args.task is not None:
         print(json.dumps(task_throughput(args.task, args.rounds, args.seconds)))
         return
@@ -367,6 +407,8 @@ def main() -> None:
     out["load_average_start_end"] = [round(load_start[0], 2), round(os.getloadavg()[0], 2)]
     out["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
     print(json.dumps(out))
+    if args.out is not None:
+        args.out.write_text(json.dumps(results_file(out), indent=1) + "\n")
 
 
 if __name__ == "__main__":

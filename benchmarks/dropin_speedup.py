@@ -28,7 +28,8 @@ in alternating rounds, so that drifts in a shared machine's speed weigh on all o
 them alike; rates are medians over rounds and ratios medians of per-round ratios.
 
 Run: ``python benchmarks/dropin_speedup.py [--rounds 3] [--seconds 6] [--workers 2] [--envs 4]``
-(``--configs p2_offpolicy fast_path``: only those, e.g. for ``ab_rounds.py`` before and after a change)
+(``--configs p2_offpolicy fast_path``: only those, e.g. for ``ab_rounds.py`` before and after a change;
+``--out benchmarks/results/dropin/dropin_speedup.json``: also the figures the docs show, :func:`results_file`)
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import torch
 from tensordict.nn import TensorDictModule
@@ -207,6 +209,36 @@ def run_in_subprocess(name: str, args: argparse.Namespace) -> tuple[dict | None,
     return (result[0] if result else None), problem
 
 
+#: --out: each pattern's two sides, TorchRL's collector then ours (the fast path's baseline is pattern 2's)
+PATTERNS = {"pattern1": ("p1_torchrl", "p1_offpolicy"), "pattern2": ("p2_torchrl", "p2_offpolicy"),
+            "fast_path": ("p2_torchrl", "fast_path")}
+#: --out: issue 2's targets for the two patterns of TorchRL's SAC scripts
+TARGETS = {"pattern1": 3, "pattern2": 4}
+
+
+def results_file(result: dict, rates: dict[str, list[float | None]]) -> dict:
+    """``--out``'s file: each pattern's frames/s (medians), the median of its per-round ratios and their range,
+    as ``benchmarks/report.py`` reads them for README and the drop-in page, from a run of every pattern."""
+    def per_round(a: str, b: str) -> list[float]:
+        return [x / y for x, y in zip(rates[b], rates[a]) if x is not None and y]
+
+    load = result["load_average_start_end"]
+    return {
+        "benchmark": "dropin_speedup", "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["python benchmarks/dropin_speedup.py", *sys.argv[1:]]),
+        "machine": f"{os.cpu_count()}-core {platform.machine()} CPU; load average {load[0]} at the start, "
+                   f"{load[1]} at the end", "torch": torch.__version__,
+        "task": f"{ENV} through TorchRL's env stack (SerialEnv of {result['envs_per_worker']} GymEnv + InitTracker, "
+                "StepCounter, DoubleToFloat, RewardSum)",
+        "workers": result["workers"], "actor": "sota 256x256 TanhNormal actor", "rounds": result["rounds"],
+        "fps": {key: {"torchrl": result[f"{a}_fps"], "ours": result[f"{b}_fps"]} for key, (a, b) in PATTERNS.items()},
+        **{f"ratio_{key}": round(statistics.median(per_round(a, b)), 2) for key, (a, b) in PATTERNS.items()},
+        "ratio_rounds": {key: [round(min(per_round(*PATTERNS[key])), 2), round(max(per_round(*PATTERNS[key])), 2)]
+                         for key in TARGETS},
+        "targets": TARGETS, "engines": result["engines"], "problems": result["problems"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -220,8 +252,13 @@ def main() -> None:
                         help="also run pattern 2 with engine='torchrl' (the env stack as given)")
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=None,
                         help="run only these configurations (default: all; ratios need both of their sides)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the docs' figures to this file (results_file); needs every pattern's "
+                             "configurations (no --configs)")
     parser.add_argument("--run-one", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.out is not None and args.configs:
+        parser.error(f"--out needs every configuration of the three patterns; drop --configs {' '.join(args.configs)}")
     if args.run_one:
         run_one(args)
         return
@@ -272,6 +309,8 @@ def main() -> None:
     if "p2_offpolicy_torchrl_engine" in names:
         result["ratio_pattern2_torchrl_engine"] = ratio("p2_offpolicy_torchrl_engine", "p2_torchrl")
     print(json.dumps(result))
+    if args.out is not None:
+        args.out.write_text(json.dumps(results_file(result, rates), indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ Each case injects its fault for real and measures what the issue asks for:
 Run ``python benchmarks/faults.py`` (CI variant, about 2 minutes) or
 ``python benchmarks/faults.py --minutes 60`` for a soak (the kill cases repeat
 until the time is spent), or ``--soak-minutes 20 --ray-soak-minutes 10`` for the
-recipe's. The last line printed is one JSON object.
+recipe's. The last line printed is one JSON object; ``--out FILE`` also writes its figures as
+``benchmarks/report.py`` reads them: ``faults/faults.json`` (:func:`results_file`), or with both soaks
+``faults/soak.json`` (:func:`soak_results_file`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import platform
 import random
 import signal
 import sys
@@ -54,6 +57,10 @@ from torchrl_unilab import make_replay_buffer  # noqa: E402
 from torchrl_unilab._residue import command_line, live_processes, multiprocessing_helpers, worker_processes  # noqa: E402
 
 CTX = mp.get_context("spawn")
+#: buffer_kills: rows of each writer's batch, and the longest ``sample()`` it allows (a longer one ends the case)
+WRITER_ROWS, SAMPLE_LIMIT_S = 4000, 5
+#: recipe_soak: the local soak's workers, and the Ray soak's node actors (one worker each)
+SOAK_PROCESSES = 2
 #: Columns of an id-stamped row: (key, per-row shape, dtype).
 ID_COLUMNS = (
     ("observation", (256,), torch.float32),
@@ -220,7 +227,7 @@ class TimedSampler:
             raise self.error
 
 
-def buffer_kills(kills: int, *, rows: int = 4000, capacity: int = 10_000, max_delay_s: float = 0.25,
+def buffer_kills(kills: int, *, rows: int = WRITER_ROWS, capacity: int = 10_000, max_delay_s: float = 0.25,
                  seed: int = 0, deadline: float | None = None) -> dict:
     """SIGKILLs id-writing processes at random moments while this process samples all the time.
 
@@ -253,7 +260,7 @@ def buffer_kills(kills: int, *, rows: int = 4000, capacity: int = 10_000, max_de
             mid_write += marked
             next_id += 1_000_000
             done += 1
-            if sampler.blocked_s() > 5.0:
+            if sampler.blocked_s() > SAMPLE_LIMIT_S:
                 break
         time.sleep(0.2)  # let the sampler run past the last kill
     return {"kills": done, "kills_mid_write": int(mid_write), "samples": sampler.samples,
@@ -599,11 +606,11 @@ def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, bac
                  "logger.eval_iter=1000000000", "logger.checkpoint_every=0", "logger.progress_bar=false",
                  "logger.log_every=1000"]
     if ray:
-        overrides += ["collector.backend=ray", "collector.num_nodes=2", "collector.num_workers=1",
+        overrides += ["collector.backend=ray", f"collector.num_nodes={SOAK_PROCESSES}", "collector.num_workers=1",
                       "collector.frames_per_batch=512", "collector.max_lead_frames=1536",
                       "collector.max_node_restarts=1000"]
     else:
-        overrides += ["collector.num_workers=2", "collector.max_worker_restarts=1000"]
+        overrides += [f"collector.num_workers={SOAK_PROCESSES}", "collector.max_worker_restarts=1000"]
     results = {"backend": backend, "frames": frames, "load_1min_start": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory(prefix="faults_soak_") as tmp:
         names = ["killed"] if ray else ["killed", "undisturbed"]
@@ -613,11 +620,11 @@ def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, bac
             return (_last_scalar(runs["killed"][0], "utd/achieved", column=0) or 0) < frames - 2048
 
         if ray:  # the node actors are Ray's worker processes (titled after their class), not the recipe's children
-            killer = WorkerKiller(lambda: _processes(b"ray::RayNodeCollector"), 2, (60.0, 60.0), seed=seed,
+            killer = WorkerKiller(lambda: _processes(b"ray::RayNodeCollector"), SOAK_PROCESSES, (60.0, 60.0), seed=seed,
                                   collecting=collecting)
         else:  # the collector's workers: forked from the recipe's fork server (or spawned by the recipe)
             pid = procs["killed"].pid
-            killer = WorkerKiller(lambda: worker_processes(pid), 2, (20.0, 40.0), seed=seed,
+            killer = WorkerKiller(lambda: worker_processes(pid), SOAK_PROCESSES, (20.0, 40.0), seed=seed,
                                   collecting=collecting)
         deadline = time.monotonic() + 60 * minutes * 4 + 600
         try:
@@ -642,6 +649,64 @@ def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, bac
     return results
 
 
+def _provenance(load_start: float, load_end: float) -> dict:
+    """The keys every results file starts with: benchmark, date, command, machine (with its load), torch."""
+    return {"benchmark": "faults", "date": time.strftime("%Y-%m-%d"),
+            "command": " ".join(["python benchmarks/faults.py", *sys.argv[1:]]),
+            "machine": f"{os.cpu_count()}-core {platform.machine()} CPU; load average {load_start} at the start, "
+                       f"{load_end} at the end", "torch": torch.__version__}
+
+
+def results_file(results: dict) -> dict:
+    """``--out``'s file from the kill cases' JSON object ``results`` (the recipe's SIGTERM case included): the
+    figures of the faults table that ``benchmarks/report.py`` writes for README's headline and the docs."""
+    b, w, c = results["buffer_kills"], results["worker_kills"], results["cycles"]
+    lk, st = results["learner_kill"], results["recipe_sigterm"]
+    residue = c["residue"]
+    return {
+        **_provenance(results["load_1min_start"], results["load_1min_end"]), "seconds": results["seconds"],
+        "buffer_kills": {"kills": b["kills"], "inside_write": b["kills_mid_write"], "batch_rows": WRITER_ROWS,
+                         "max_sample_s": b["longest_sample_s"], "limit_s": SAMPLE_LIMIT_S,
+                         "torn_rows": b["torn_rows"], "samples": b["samples"]},
+        # a worker kill whose WorkerError never came (or a sample() that never returned) raises and ends the run:
+        # a run that gets here had no hang
+        "worker_kills": {"kills": w["kills"], "hangs": 0, "max_error_s": w["longest_error_latency_s"],
+                         "max_sample_s": w["longest_sample_s"], "torn_rows": w["torn_rows"]},
+        "cycles": {"cycles": c["cycles"], "residue": {"dev_shm": residue["shm"], "fds": residue["fds"],
+                                                      "threads": residue["threads"],
+                                                      "children": residue["children"], "temp_dirs": residue["tmp"]}},
+        "learner_kill": {"workers_gone_s": lk["workers_gone_s"], "all_workers_gone": lk["all_workers_gone"],
+                         "residue_removed_by_next_collector": lk["residue_after_next_start"] == 0},
+        "recipe_sigterm": {"exit_code": st["exit_code"], "exit_s": st["exit_s"], "checkpoint": st["checkpoint_saved"],
+                           "residue": st["residue"], "resume_buffer_exact": st["resumed_buffer_equals_checkpoint"]},
+    }
+
+
+def soak_results_file(soak: dict) -> dict:
+    """``--out``'s file from both soaks' JSON object ``soak`` (``recipe_soak`` and ``ray_soak``): the soak table
+    and README's soak figures, as ``benchmarks/report.py`` reads them."""
+    def killed_run(result: dict, restarts: str) -> dict:
+        runs = [result[name] for name in ("killed", "undisturbed") if name in result]
+        left = sum(run["residue"] for run in runs), sum(run["processes_left"] for run in runs)
+        k = result["killed"]
+        return {"frames": k["frames"], "minutes": k["minutes"], "kills": k["kills"], "restarts": k[restarts],
+                "frames_lost": k["frames_lost"], "torn_rows": k["torn_rows_in_buffer"],
+                "max_stall_s": k["longest_learner_stall_s"], "final_return": k["final_return"],
+                "residue": "none, no process left" if left == (0, 0) else
+                           f"{left[0]} temp dirs or /dev/shm blocks, {left[1]} processes left"}
+
+    local, ray = soak["recipe_soak"], soak["ray_soak"]
+    quiet = local["undisturbed"]
+    recipe = killed_run(local, "worker_restarts")
+    return {
+        **_provenance(local["load_1min_start"], ray["load_1min_end"]),
+        "recipe_soak": {"workers": SOAK_PROCESSES, **recipe, "undisturbed_minutes": quiet["minutes"],
+                        "undisturbed_max_stall_s": quiet["longest_learner_stall_s"],
+                        "undisturbed_final_return": quiet["final_return"]},
+        "ray_soak": {"nodes": SOAK_PROCESSES, **killed_run(ray, "node_restarts")},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=None,
@@ -657,8 +722,16 @@ def main() -> None:
     parser.add_argument("--soak-frames", type=int, default=None, help="the soak's total_frames (default: from minutes)")
     parser.add_argument("--ray-soak-minutes", type=float, default=None,
                         help="the recipe on a local Ray cluster, a node actor killed every minute")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the docs' figures to this file: faults.json's (results_file), or with "
+                             "--soak-minutes and --ray-soak-minutes soak.json's (soak_results_file)")
     args = parser.parse_args()
-    if args.soak_minutes or args.ray_soak_minutes:
+    soaks = bool(args.soak_minutes or args.ray_soak_minutes)
+    if args.out is not None and soaks and not (args.soak_minutes and args.ray_soak_minutes):
+        parser.error("--out with a soak needs both --soak-minutes and --ray-soak-minutes (soak.json holds both)")
+    if args.out is not None and not soaks and args.skip_recipe:
+        parser.error("--out needs the recipe SIGTERM case (faults.json holds it); drop --skip-recipe")
+    if soaks:
         soak = {}
         if args.soak_minutes:
             soak["recipe_soak"] = recipe_soak(args.soak_minutes, frames=args.soak_frames)
@@ -667,6 +740,8 @@ def main() -> None:
             soak["ray_soak"] = recipe_soak(args.ray_soak_minutes, backend="ray")
             print(json.dumps({"ray_soak": soak["ray_soak"]}), flush=True)
         print(json.dumps(soak))
+        if args.out is not None:
+            args.out.write_text(json.dumps(soak_results_file(soak), indent=1) + "\n")
         return
     started = time.monotonic()
     results = {"load_1min_start": round(os.getloadavg()[0], 2)}
@@ -688,6 +763,8 @@ def main() -> None:
     results["seconds"] = round(time.monotonic() - started, 1)
     results["load_1min_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(results))
+    if args.out is not None:
+        args.out.write_text(json.dumps(results_file(results), indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ limit (an update's matrix products, each at the best ``torch.mm`` rate: ``limit_
 with ``optim.num_threads=auto`` and ``=1`` (``e2e_fps_*``) against Stable-Baselines3's SAC
 (``sb3_fps``; needs the ``bench`` extra). ``--profile`` adds where an update's milliseconds
 go, ``--prefetch`` a thread sampling the next batch, ``--checkpoint DIR`` the update from a
-trained run's state with and without flushing denormals.
+trained run's state with and without flushing denormals. ``--batch-sizes`` measures only the
+update at other batch sizes on 1 and 2 threads, with sampling's share (issue 44).
 
 ``--device cuda`` measures a learner on a GPU instead (collection stays on CPU workers):
 eager, compiled and CUDA-graph updates per second, with and without overlapping the next
@@ -23,6 +24,7 @@ Run::
     python benchmarks/learner_throughput.py [--blocks 12] [--block-updates 20] [--e2e-frames 3000]
                                             [--e2e-rounds 2] [--no-compile] [--no-sb3] [--prefetch] [--profile]
     python benchmarks/learner_throughput.py --device cuda [--block-updates 200] [--e2e-frames 20000]
+    python benchmarks/learner_throughput.py --batch-sizes 256 512 1024 2048 [--buffer-rows 1000000]
 
 It prints one JSON line; ``benchmarks/README.md`` lists every key. The figures the docs
 show are in ``benchmarks/results/learning/learner_throughput.json``.
@@ -37,6 +39,7 @@ import importlib
 import json
 import math
 import os
+import platform
 import signal
 import statistics
 import sys
@@ -65,8 +68,9 @@ OBS, ACT, BATCH, HIDDEN = 17, 6, 256, 256  # HalfCheetah-v5
 
 
 def filled_buffer(rows: int = 50_000):
-    """A shared buffer holding ``rows`` random transitions with the collector's keys."""
-    rb = make_replay_buffer(100_000, batch_size=BATCH)
+    """A shared buffer (capacity 100,000, or ``rows`` above that) holding ``rows`` random transitions with the
+    collector's keys."""
+    rb = make_replay_buffer(max(100_000, rows), batch_size=BATCH)
     g = torch.Generator().manual_seed(0)
     flags = torch.zeros(rows, 1, dtype=torch.bool)
     rb.extend(TensorDict({
@@ -353,7 +357,8 @@ def best_matmul_s(m: int, k: int, n: int, threads: int, repeats: int = 200) -> f
     return best
 
 
-def sgemm_limit(threads: int, algo: str = "sac", hidden: tuple[int, ...] = (HIDDEN, HIDDEN)) -> dict:
+def sgemm_limit(threads: int, algo: str = "sac", hidden: tuple[int, ...] = (HIDDEN, HIDDEN),
+                batch: int = BATCH) -> dict:
     """An update's matrix products alone (:func:`update_matmuls`), each at the best rate torch reaches on its
     shape on ``threads`` threads: updates/s, that rate in GFLOP/s, and the MFLOP of one update.
 
@@ -361,7 +366,7 @@ def sgemm_limit(threads: int, algo: str = "sac", hidden: tuple[int, ...] = (HIDD
     else an update does -- elementwise ops, the optimiser, the target update,
     sampling, Python -- is what separates the two.
     """
-    products = update_matmuls(algo, hidden)
+    products = update_matmuls(algo, hidden, batch)
     best = {shape: best_matmul_s(*shape, threads) for shape in {shape for shape, _ in products}}
     seconds = sum(best[shape] * times for shape, times in products)
     flops = sum(2 * m * k * n * times for (m, k, n), times in products)
@@ -395,6 +400,38 @@ def publish_times_ms(device: torch.device, repeats: int = 50) -> dict[str, list[
                 "per_tensor": call_times_ms(lambda: weights.publish({k: v.cpu() for k, v in state.items()}), repeats)}
     finally:
         weights.close()
+
+
+def batch_size_sweep(batch_sizes: list[int], rows: int, blocks: int, block_updates: int) -> dict:
+    """``--batch-sizes``: the SAC recipe's update at each batch size on one and two torch threads (alternating
+    blocks), on a buffer of ``rows`` rows, and what sampling costs in it.
+
+    Per batch size: updates/s and rows trained on per second on each thread count, the second thread's
+    gain, the fraction of the sgemm limit at that batch (:func:`sgemm_limit`), and ``sample_ms``, one
+    :class:`~torchrl_unilab.data.BufferSampler` batch on one thread, with its share of a one-thread update.
+    """
+    rb = filled_buffer(rows)
+    variants, threads = {}, {}
+    for batch in batch_sizes:
+        for count in (1, 2):
+            variants[f"{batch}_{count}t"], threads[f"{batch}_{count}t"] = recipe_loop(rb, batch_size=batch), count
+    rates = update_rates(variants, blocks, block_updates, threads=threads)
+    table = {}
+    for batch in batch_sizes:
+        ups = {count: rates[f"{batch}_{count}t"]["ups"] for count in (1, 2)}
+        limit = {count: sgemm_limit(count, batch=batch)["ups"] for count in (1, 2)}
+        sample_ms = median_ms(BufferSampler(rb, batch))
+        table[str(batch)] = {
+            **{f"ups_{count}t": round(ups[count], 1) for count in (1, 2)},
+            **{f"rows_per_s_{count}t": round(ups[count] * batch) for count in (1, 2)},
+            "two_threads_gain": round(ups[2] / ups[1], 3),
+            **{f"fraction_of_limit_{count}t": round(ups[count] / limit[count], 3) for count in (1, 2)},
+            "sample_ms": round(sample_ms, 3), "sample_share_1t": round(sample_ms * ups[1] / 1e3, 3)}
+    return {"benchmark": "learner_throughput", "mode": "batch_sizes", "date": time.strftime("%Y-%m-%d"),
+            "command": " ".join(["python benchmarks/learner_throughput.py", *sys.argv[1:]]),
+            "machine": f"{os.cpu_count()}-core {platform.machine()} CPU; load average {os.getloadavg()[0]:.2f} "
+                       "at the end", "torch": torch.__version__,
+            "buffer_rows": rows, "hidden": [HIDDEN, HIDDEN], "by_batch_size": table}
 
 
 def publish_figures(device: torch.device) -> dict:
@@ -576,8 +613,16 @@ def main() -> None:
                              "the update from its state with and without denormals flushed")
     parser.add_argument("--device", default="cpu",
                         help="the learner's device: cpu (default, the figures above) or cuda (see the docstring)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, metavar="N",
+                        help="only the update at these batch sizes on 1 and 2 threads, and sampling's share "
+                             "(batch_size_sweep)")
+    parser.add_argument("--buffer-rows", type=int, default=50_000,
+                        help="rows in the buffer --batch-sizes samples from (the SAC recipe's holds up to 1,000,000)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.batch_sizes:
+        print(json.dumps(batch_size_sweep(args.batch_sizes, args.buffer_rows, args.blocks, args.block_updates)))
+        return
     if learner_device(args.device).type != "cpu":
         print(json.dumps(device_suite(args)))
         return

@@ -103,6 +103,11 @@ WALLCLOCK_CANDIDATES: dict[str, list[str]] = {
     "utd0.125": ["optim.utd_ratio=0.125"],
     "batch512": ["optim.batch_size=512"],
     "batch512_lr6e-4": ["optim.batch_size=512", "optim.lr=6e-4"],  # the learning rate scaled with the batch
+    # larger batches with the learning rate scaled by the square root of the batch (Adam's usual rule; linear
+    # scaling past 2x gives rates SAC is not run at): 3e-4 * sqrt(4), 3e-4 * sqrt(8)
+    "batch1024_lr6e-4": ["optim.batch_size=1024", "optim.lr=6e-4"],
+    "batch2048_lr8.5e-4": ["optim.batch_size=2048", "optim.lr=8.5e-4"],
+    "buffer100k": ["replay_buffer.size=100000"],  # the buffer size before issue 44, at 4 frames per update
     "nstep3": ["collector.multi_step=3"],  # n-step returns (TorchRL's MultiStep in the workers)
     "layernorm": ["network.use_layer_norm=true"],  # LayerNorm in every hidden layer (BRO, SimBa: Nauman et al. 2024,
                                                    # Lee et al. 2025), without their residual blocks
@@ -622,17 +627,16 @@ def saved_runs(directory: Path, task: Task, seeds: list[int]) -> dict[int, dict]
 
 
 def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dict[int, dict] | None,
-                     sb3_results: Path | None, minutes: float, algo: str = "sac") -> dict:
+                     sb3_saved: dict | None, minutes: float, algo: str = "sac") -> dict:
     """The ``wallclock`` suite's table, plot and targets for one algorithm (SAC: ``wallclock.md``, ``.png``,
     ``.json``; TD3: ``wallclock_td3.*``); returns its summary.
 
-    SB3's reference is its runs in this suite (``sb3_runs``), else the saved comparison ``sb3_results``.
+    SB3's reference is its runs in this suite (``sb3_runs``), else a saved one (``sb3_saved``, from
+    :func:`sb3_references`).
     """
-    reference = None
+    reference = sb3_saved
     if sb3_runs:
         reference = {**wallclock.sb3_reference(sb3_runs), "seeds": len(sb3_runs), "source": "this suite's runs"}
-    elif sb3_results is not None:
-        reference = wallclock.sb3_reference_from_results(sb3_results, algo)
     table, curves = {}, {}
     overrides = {task.label: [f"--config-name {task.config}"] * bool(task.config) + task.overrides
                  for task in SUITES["wallclock"] if task.algo == algo}
@@ -668,6 +672,11 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
                "command": "python benchmarks/learning.py " + " ".join(sys.argv[1:]), "torch": torch.__version__,
                "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores; one run after the other",
                "task": "HalfCheetah-v5", "snapshot_every_s": wallclock.SNAPSHOT_EVERY_S, "reference": reference,
+               # SB3's runs behind the reference, per seed: the return and minutes at each evaluation
+               "sb3_runs": {seed: {"updates": run["updates"], "frames": [int(f) for f, _ in run["curve"]],
+                                   "returns": [round(v, 1) for _, v in run["curve"]],
+                                   "minutes": [round(run["elapsed_at"][f] / 60, 2) for f, _ in run["curve"]]}
+                            for seed, run in (sb3_runs or {}).items()},
                "configs": {label: {k: v for k, v in side.items() if k != "curve"} | {
                    "minute": [p["minute"] for p in side["curve"]],
                    "mean_by_minute": [round(p["mean"], 1) for p in side["curve"]],
@@ -678,16 +687,24 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
     return summary
 
 
-def sb3_reference_files(paths: list[Path]) -> dict[str, Path]:
-    """``--sb3-reference``'s files by the algorithm whose SB3 runs each holds (``sb3_sac``, ``sb3_td3``)."""
-    files = {}
+def sb3_references(paths: list[Path]) -> dict[str, dict]:
+    """``--sb3-reference``'s files as SB3 references by algorithm: a saved SB3 comparison's runs
+    (:func:`wallclock.sb3_reference_from_results`; ``sb3_sac``: ``"sac"``, ``sb3_td3``: ``"td3"``), or the
+    reference of a saved ``wallclock`` report (``wallclock.json``: SB3's runs of that suite), for screening
+    runs against the finals' SB3 runs."""
+    references = {}
     for path in paths:
-        algos = [algo for algo in ("sac", "td3") if f"sb3_{algo}" in json.loads(Path(path).read_text())]
-        if not algos:
-            raise ValueError(f"--sb3-reference {path}: holds no SB3 runs ('sb3_sac' or 'sb3_td3'); accepted: "
-                             "benchmarks/results/learning/sac_vs_sb3.json or td3_vs_sb3.json")
-        files.update(dict.fromkeys(algos, Path(path)))
-    return files
+        saved = json.loads(Path(path).read_text())
+        found = {algo: wallclock.sb3_reference_from_results(saved, str(path), algo)
+                 for algo in ("sac", "td3") if f"sb3_{algo}" in saved}
+        if saved.get("suite") == "wallclock" and saved.get("reference"):
+            found[saved["algo"]] = {**saved["reference"], "source": f"{path} ({saved['date']}, torch {saved['torch']})"}
+        if not found:
+            raise ValueError(f"--sb3-reference {path}: holds no SB3 runs ('sb3_sac' or 'sb3_td3') and no wallclock "
+                             "reference; accepted: benchmarks/results/learning/sac_vs_sb3.json, td3_vs_sb3.json or "
+                             "wallclock.json")
+        references.update(found)
+    return references
 
 
 def report_go1(out: Path, sides: dict[str, dict[int, dict]], minutes: float) -> dict:
@@ -808,7 +825,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         if suite == "wallclock":
             minutes = args.minutes or max((t.minutes for t in SUITES[suite] if t.minutes), default=0.0)
-            references = sb3_reference_files(args.sb3_reference)
+            references = sb3_references(args.sb3_reference)
             for algo in ("sac", "td3"):
                 sides, sb3_runs = by_env.get((algo, "HalfCheetah-v5"), {}), results.get(f"sb3_{algo}")
                 if sides or sb3_runs:

@@ -24,7 +24,9 @@ with ``allow_frames``, so a shared machine's drifts weigh on all alike. A round
 times ``--frames`` frames from a batch boundary (``wait_for_frames``); a node's batch
 in flight when a round starts counts in it, so rounds must be long against ``2 x frames_per_batch``.
 
-Run: ``python benchmarks/ray_scaling.py [--rounds 5] [--frames 32768] [--num-envs 8] [--frames-per-batch 512]``
+Run: ``python benchmarks/ray_scaling.py [--rounds 5] [--frames 32768] [--num-envs 8] [--frames-per-batch 64 512]``
+(one JSON line per batch size, each on a Ray session of its own; ``--out FILE``: also the figures the docs
+show, as ``benchmarks/report.py`` reads them, :func:`results_file`)
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import ray
 import torch
@@ -49,6 +53,8 @@ from torchrl_unilab.modules.models import make_actor
 
 ENV = "HalfCheetah-v5"
 FRAMES_PER_BATCH = 512  # the learner's cost is per batch: 64 gave 0.50 x local, 512 gave 0.80 x
+#: --out: the issue's target for ray_over_local
+TARGET_RAY_OVER_LOCAL = 0.8
 
 
 def sac_policy():
@@ -120,17 +126,8 @@ def sample_ms(buffer, repeats: int = 50) -> float:
     return statistics.median(times) * 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    # Each node keeps one batch in flight beyond the cap, so a round starts with up to
-    # num_nodes * frames_per_batch frames already collected: rounds of 64 batches keep that under 4 %.
-    parser.add_argument("--frames", type=int, default=32768, help="frames timed per round")
-    parser.add_argument("--num-envs", type=int, default=8, help="envs per worker")
-    parser.add_argument("--frames-per-batch", type=int, default=FRAMES_PER_BATCH,
-                        help="frames of one batch (one ray.get and extend on the learner)")
-    args = parser.parse_args()
-    n, fpb = args.num_envs, args.frames_per_batch
+def measure(fpb: int, rounds: int, frames: int, n: int) -> dict:
+    """One batch size of ``fpb`` frames, on a Ray session of its own: the JSON line's figures (the module docstring)."""
     ray.init(num_cpus=2, include_dashboard=False)
     common = dict(frames_per_batch=fpb, total_frames=-1, seed=0)
     local_rb, ray_rb = make_replay_buffer(1_000_000), make_replay_buffer(1_000_000)
@@ -149,21 +146,21 @@ def main() -> None:
             timed_round(collector, 4 * fpb)
         rates: dict[str, list[float]] = {name: [] for name in collectors}
         ray_receive_s, ray_frames = 0.0, 0
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             for name, collector in collectors.items():
                 before = (collector.receive_s, collector.frames_written) if name == "ray" else None
-                rates[name].append(timed_round(collector, args.frames))
+                rates[name].append(timed_round(collector, frames))
                 if before is not None:
                     ray_receive_s += collector.receive_s - before[0]
                     ray_frames += collector.frames_written - before[1]
         batch = ray_rb[:fpb]
-        result = {
+        return {
             "benchmark": "ray_scaling",
             "env": ENV,
             "num_envs_per_worker": n,
             "frames_per_batch": fpb,
             "workers_total": 2,
-            "rounds": args.rounds,
+            "rounds": rounds,
             "local_fps": statistics.median(rates["local"]),
             "ray_fps": statistics.median(rates["ray"]),
             "ray_buffer_fps": statistics.median(rates["ray_buffer"]),
@@ -187,7 +184,56 @@ def main() -> None:
             collector.shutdown()
         ray_buffer.shutdown()
         ray.shutdown()
-    print(json.dumps(result))
+
+
+def results_file(results: list[dict]) -> dict:
+    """``--out``'s file from the JSON lines of one run, one per batch size: rates, Ray's ratios to the local
+    collector and their per-round range, the learner's receive cost and the wire bytes per frame, as
+    ``benchmarks/report.py`` reads them for README's headline and the Ray page's table."""
+    n = results[0]["num_envs_per_worker"]
+    loads = ", ".join(f"{r['load_avg_1m']:.2f} after {r['frames_per_batch']} frames per batch" for r in results)
+    return {
+        "benchmark": "ray_scaling", "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["python benchmarks/ray_scaling.py", *sys.argv[1:]]),
+        "machine": f"{os.cpu_count()}-core {platform.machine()} CPU; load average {loads}",
+        "torch": torch.__version__, "workers": f"2 workers x {n} envs local, against 2 Ray nodes x 1 worker x {n} envs",
+        "task": results[0]["env"], "rounds": results[0]["rounds"],
+        "by_frames_per_batch": {str(r["frames_per_batch"]): {
+            "local_fps": round(r["local_fps"]), "ray_fps": round(r["ray_fps"]),
+            "ray_over_local": round(r["ray_over_local"], 2),
+            "ray_rounds": [round(min(r["ray_over_local_per_round"]), 2), round(max(r["ray_over_local_per_round"]), 2)],
+            "ray_buffer_fps": round(r["ray_buffer_fps"]), "ray_buffer_over_local": round(r["ray_buffer_over_local"], 2),
+            "receive_us_per_frame": round(r["receive_us_per_frame"]),
+            # as Ray pickles a batch: what crosses the network from a remote node
+            "wire_bytes_per_frame": round(r["serialized_bytes_per_frame"]),
+        } for r in results},
+        "tensor_bytes_per_frame": round(results[0]["bytes_per_frame"]),
+        "target_ray_over_local": TARGET_RAY_OVER_LOCAL,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    # Each node keeps one batch in flight beyond the cap, so a round starts with up to
+    # num_nodes * frames_per_batch frames already collected: rounds of 64 batches keep that under 4 %.
+    parser.add_argument("--frames", type=int, default=32768, help="frames timed per round")
+    parser.add_argument("--num-envs", type=int, default=8, help="envs per worker")
+    parser.add_argument("--frames-per-batch", type=int, nargs="+", default=[FRAMES_PER_BATCH],
+                        help="frames of one batch (one ray.get and extend on the learner); several: one after another")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"also write the docs' figures to this file (results_file); needs --frames-per-batch "
+                             f"to include {FRAMES_PER_BATCH}, README's headline batch size")
+    args = parser.parse_args()
+    if args.out is not None and FRAMES_PER_BATCH not in args.frames_per_batch:
+        parser.error(f"--out needs --frames-per-batch to include {FRAMES_PER_BATCH} (README's headline reads it); "
+                     f"got {' '.join(map(str, args.frames_per_batch))}")
+    results = []
+    for fpb in args.frames_per_batch:
+        results.append(measure(fpb, args.rounds, args.frames, args.num_envs))
+        print(json.dumps(results[-1]), flush=True)
+    if args.out is not None:
+        args.out.write_text(json.dumps(results_file(results), indent=1) + "\n")
 
 
 if __name__ == "__main__":

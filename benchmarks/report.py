@@ -144,11 +144,13 @@ def collector_tables(res: Results) -> str:
         rows.append([label, f"``{key}``", fmt(data["steps_per_s"][key]), ratio, target])
     out = list_table(["configuration", "JSON key", "steps/s", "ratio to raw", "target"], rows, [40, 18, 10, 20, 12])
     out += "\n" + provenance(data) + "\n"
-    phases = ["env_step", "policy", "buffer_write", "weight_check", "other"]
+    # the collector's phase names (files before 2026-12-05 say weight_check and have no pack)
+    phases = [("env_step",), ("policy",), ("buffer_write",), ("weight_sync", "weight_check"), ("pack",), ("other",)]
     labels = dict(COLLECTOR_ROWS)
-    rows = [[labels[k]] + [fmt(v[p], 1) for p in phases] for k, v in data["breakdown_us_per_step"].items()]
+    rows = [[labels[k]] + [fmt(next((v[p] for p in names if p in v), 0.0), 1) for names in phases]
+            for k, v in data["breakdown_us_per_step"].items()]
     out += "A worker's time per batched step, in microseconds (``breakdown_us_per_step``):\n\n"
-    out += list_table(["configuration", "env step", "policy", "buffer write", "weight check", "other"], rows)
+    out += list_table(["configuration", "env step", "policy", "buffer write", "weight check", "pack", "other"], rows)
     return out
 
 
@@ -325,6 +327,29 @@ def learner_table(res: Results) -> str:
     return out + provenance(d)
 
 
+def learner_batch_table(res: Results) -> str:
+    """learner_throughput --batch-sizes and sampling.py on a large buffer (issue 44): what a larger batch costs the
+    update on one and two threads, and what sampling it costs."""
+    sweep = next((d for d in topic(res, "learning") if d.get("mode") == "batch_sizes"), None)
+    if sweep is None:
+        return f"The update at other batch sizes: **{NOT_MEASURED}**.\n"
+    rows = [[f"{int(batch):,}", f"{row['ups_1t']} / {row['ups_2t']}",
+             f"{fmt(row['rows_per_s_1t'])} / {fmt(row['rows_per_s_2t'])}", f"{row['two_threads_gain']:.2f}x",
+             f"{row['fraction_of_limit_1t']:.2f} / {row['fraction_of_limit_2t']:.2f}",
+             f"{row['sample_ms']:.2f} ({row['sample_share_1t'] * 100:.0f} %)"]
+            for batch, row in sweep["by_batch_size"].items()]
+    out = list_table(["batch", "updates/s, 1 / 2 threads", "rows trained on per s, 1 / 2 threads",
+                      "second thread", "fraction of the sgemm limit, 1 / 2 threads",
+                      "``BufferSampler`` ms per batch (share of a 1-thread update)"], rows, [8, 16, 18, 10, 16, 20])
+    out += f"\nOn a buffer of {sweep['buffer_rows']:,} rows. " + provenance(sweep)
+    for d in (d for d in topic(res, "learning") if d.get("benchmark") == "sampling"):
+        out += (f"\n``benchmarks/sampling.py``, a full buffer of {d['rows']:,} rows, batch {d['batch_size']}: "
+                f"``BufferSampler`` {d['buffer_sampler_ms']:.3f} ms, a bare gather of the same keys "
+                f"{d['gather_ms']:.3f} ms ({d['buffer_sampler_over_gather']:.2f}x), ``rb.sample()`` "
+                f"{d['rb_sample_ms']:.3f} ms ({d['rb_sample_over_gather']:.2f}x). " + provenance(d))
+    return out
+
+
 def ab_table(res: Results, key: str, what: str) -> str:
     """An ``ab_rounds.py`` result: each compared figure on side A and side B, and B over A within rounds."""
     d = res.get(key)
@@ -348,8 +373,11 @@ def ab_table(res: Results, key: str, what: str) -> str:
 def wallclock_table(data: dict) -> str:
     """One ``wallclock`` suite's file: each configuration's mean return by wall-clock minute, with its 90 % interval,
     what it did, and the two targets."""
-    minutes = [m for m in (2, 4, 6, 8, 10, 12, 15, 20, 23, 25, 30)
-               if any(m in c["minute"] for c in data["configs"].values())]
+    ref = data.get("reference")
+    # with half of SB3's minutes and SB3's minutes themselves, where the targets are read
+    marks = {2, 4, 6, 8, 10, 12, 15, 20, 23, 25, 30} | (
+        {math.floor(ref["minutes"] / 2), math.ceil(ref["minutes"])} if ref else set())
+    minutes = [m for m in sorted(marks) if any(m in c["minute"] for c in data["configs"].values())]
     rows = []
     for label, c in data["configs"].items():
         t = c.get("targets") or {}
@@ -368,11 +396,15 @@ def wallclock_table(data: dict) -> str:
                      {True: "yes", False: "no", None: "-"}[t.get("low_above_sb3_at_half")]])
     out = list_table(["config", "overrides", "seeds", *[f"{m} min" for m in minutes], "frames", "updates",
                       "time share (<= 0.25)", "ratio at half (>= 1.3)", "interval above SB3 at half"], rows)
-    ref = data.get("reference")
     if ref:
         out += (f"\nSB3's SAC: mean return {fmt(ref['return'])} at 100k frames after {fmt(ref['minutes'], 1)} min "
                 f"({ref['seeds']} seeds; {ref['source']}). *Time share*: the first minute the mean curve reaches "
                 "it, over SB3's minutes; *ratio at half*: the mean return at half of SB3's minutes over SB3's.\n\n")
+    if data.get("sb3_runs"):  # what sets the pace on a CPU: gradient updates per minute on each side
+        ours = ", ".join(f"``{label}`` {fmt(c['updates'] / c['minutes'])}" for label, c in data["configs"].items())
+        sb3 = statistics.mean(run["updates"] / run["minutes"][-1] for run in data["sb3_runs"].values())
+        out += (f"Gradient updates per minute: {ours}; SB3's SAC {fmt(sb3)} (one per frame after its random "
+                "frames, its evaluations in its minutes).\n\n")
     if data.get("note"):
         out += data["note"] + "\n\n"
     return out + provenance(data)
@@ -455,9 +487,15 @@ def fault_tables(res: Results) -> str:
         [f"{c['cycles']} create / collect / shutdown cycles",
          "residue: " + ", ".join(f"{v} {RESIDUE.get(k, k)}" for k, v in c["residue"].items())],
         ["SIGKILL of the learner during collection",
-         f"workers gone {lk['workers_gone_s']} s later; its leftovers removed when the next collector starts"],
+         f"workers gone {lk['workers_gone_s']} s later; its leftovers "
+         + ("removed" if lk.get("residue_removed_by_next_collector", True) else "**not removed**")
+         + " when the next collector starts"],
+        # the hand-typed file before faults.py --out stated these as passed; a file it writes says what happened
         ["SIGTERM of ``recipes/sac.py``",
-         f"exit {st['exit_code']} after {st['exit_s']} s with a checkpoint, no residue; ``resume=`` restores the buffer exactly"],
+         f"exit {st['exit_code']} after {st['exit_s']} s "
+         + ("with a checkpoint" if st.get("checkpoint", True) else "**without a checkpoint**") + ", "
+         + ("no residue" if not st.get("residue") else f"**residue {st['residue']}**") + "; ``resume=`` "
+         + ("restores the buffer exactly" if st.get("resume_buffer_exact", True) else "**does not restore the buffer**")],
     ]
     out = list_table(["fault", "result"], rows, [50, 50]) + "\n" + provenance(f) + "\n"
     s = res["faults/soak.json"]
@@ -628,6 +666,7 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "td3_vs_sb3.rst": td3_tables,
     "td3_seeds.rst": td3_seeds_table,
     "learner.rst": learner_table,
+    "learner_batch_sizes.rst": learner_batch_table,
     "torch_versions.rst": lambda res: ab_table(res, "learning/torch_2.13_vs_2.14.1.json",
                                                "The learner's update rates on torch 2.13.0 (CPU build) and 2.14.1"),
     "collector_before_after.rst": lambda res: ab_table(res, "collector/before_after_issue43_final.json",

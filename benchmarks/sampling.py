@@ -4,13 +4,14 @@ The recipes draw each batch with :class:`~torchrl_unilab.data.buffer_sampler.Buf
 the buffer's own sampler picks the rows (``replay_buffer.prb=true``:
 prioritized), and only the keys the losses read are copied. The baseline is
 the lower bound: ``torch.randint`` and one ``index_select`` per key into
-tensors allocated once, under the buffer's lock. On a 100,000-row
-buffer with the collector's keys (HalfCheetah-v5 sizes), batch 256, one torch
-thread, in alternating blocks (median). ``prb`` includes the
+tensors allocated once, under the buffer's lock. On a full buffer of
+``--rows`` rows (100,000 by default; the SAC recipe's buffer holds 1,000,000)
+with the collector's keys (HalfCheetah-v5 sizes), batches of ``--batch-size``
+(256), one torch thread, in alternating blocks (median). ``prb`` includes the
 ``update_priority`` of the batch that a prioritized update adds. Prints one
 JSON line.
 
-    python benchmarks/sampling.py [--blocks 15] [--block-samples 50]
+    python benchmarks/sampling.py [--blocks 15] [--block-samples 50] [--rows 100000] [--batch-size 256]
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -29,45 +32,47 @@ from torchrl_unilab.data.buffer_sampler import BufferSampler
 from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.data.replay_buffer import buffer_lock
 
-OBS, ACT, BATCH, ROWS = 17, 6, 256, 100_000
+OBS, ACT = 17, 6  # HalfCheetah-v5
 KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
         ("next", "terminated"), "policy_version"]
 
 
-def filled(sampler=None):
-    rb = make_replay_buffer(ROWS, batch_size=BATCH, sampler=sampler)
-    flags = torch.zeros(ROWS, 1, dtype=torch.bool)
+def filled(rows: int, batch: int, sampler=None):
+    """A shared buffer of ``rows`` random rows with the collector's keys, every slot written."""
+    rb = make_replay_buffer(rows, batch_size=batch, sampler=sampler)
+    flags = torch.zeros(rows, 1, dtype=torch.bool)
     rb.extend(TensorDict({
-        "observation": torch.randn(ROWS, OBS), "action": torch.rand(ROWS, ACT),
-        ("next", "observation"): torch.randn(ROWS, OBS), ("next", "reward"): torch.randn(ROWS, 1),
+        "observation": torch.randn(rows, OBS), "action": torch.rand(rows, ACT),
+        "loc": torch.randn(rows, ACT), "scale": torch.rand(rows, ACT),  # the exploration policy's, as TorchRL's rows
+        ("next", "observation"): torch.randn(rows, OBS), ("next", "reward"): torch.randn(rows, 1),
         ("next", "done"): flags, ("next", "terminated"): flags, ("next", "truncated"): flags,
-        ("collector", "traj_ids"): torch.zeros(ROWS, dtype=torch.int64),
-        "step_count": torch.zeros(ROWS, 1, dtype=torch.int64), ("next", "step_count"): torch.ones(ROWS, 1, dtype=torch.int64),
-        "policy_version": torch.ones(ROWS, dtype=torch.int64),
-    }, [ROWS]))
+        ("collector", "traj_ids"): torch.zeros(rows, dtype=torch.int64),
+        "step_count": torch.zeros(rows, 1, dtype=torch.int64), ("next", "step_count"): torch.ones(rows, 1, dtype=torch.int64),
+        "policy_version": torch.ones(rows, dtype=torch.int64),
+    }, [rows]))
     return rb
 
 
-def gather(rb):
+def gather(rb, batch: int):
     """The baseline: uniform indices, one index_select per key into reused tensors, under the buffer's lock."""
     data = rb.storage._storage  # noqa: SLF001
     sources = [data.get(key) for key in KEYS]
-    targets = [torch.empty((BATCH, *s.shape[1:]), dtype=s.dtype) for s in sources]
-    index = torch.empty(BATCH, dtype=torch.int64)
+    targets = [torch.empty((batch, *s.shape[1:]), dtype=s.dtype) for s in sources]
+    index = torch.empty(batch, dtype=torch.int64)
     lock = buffer_lock(rb)
 
     def step():
         with lock:
-            torch.randint(len(rb.storage), (BATCH,), out=index)
+            torch.randint(len(rb.storage), (batch,), out=index)
             for source, target in zip(sources, targets):
                 torch.index_select(source, 0, index, out=target)
     return step
 
 
-def prioritized(sample, rb):
+def prioritized(sample, rb, batch: int):
     def step():
         _, info = sample()
-        rb.update_priority(info["index"], torch.rand(BATCH))
+        rb.update_priority(info["index"], torch.rand(batch))
     return step
 
 
@@ -75,12 +80,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=15)
     parser.add_argument("--block-samples", type=int, default=50)
+    parser.add_argument("--rows", type=int, default=100_000, help="rows in the (full) buffer")
+    parser.add_argument("--batch-size", type=int, default=256, help="rows per batch")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    uniform, prb = filled(), filled(SharedPrioritizedSampler(ROWS, alpha=0.7, beta=0.5))
-    variants = {"gather": gather(uniform), "rb_sample": uniform.sample, "buffer_sampler": BufferSampler(uniform, BATCH),
-                "prb_rb_sample_and_update": prioritized(lambda: prb.sample(return_info=True), prb),
-                "prb_buffer_sampler_and_update": prioritized(BufferSampler(prb, BATCH), prb)}
+    rows, batch = args.rows, args.batch_size
+    uniform, prb = filled(rows, batch), filled(rows, batch, SharedPrioritizedSampler(rows, alpha=0.7, beta=0.5))
+    variants = {"gather": gather(uniform, batch), "rb_sample": uniform.sample,
+                "buffer_sampler": BufferSampler(uniform, batch),
+                "prb_rb_sample_and_update": prioritized(lambda: prb.sample(return_info=True), prb, batch),
+                "prb_buffer_sampler_and_update": prioritized(BufferSampler(prb, batch), prb, batch)}
     times = {name: [] for name in variants}
     for _ in range(args.blocks):
         for name, step in variants.items():
@@ -90,6 +99,10 @@ def main() -> None:
             times[name].append((time.perf_counter() - start) / args.block_samples * 1e3)
     ms = {name: statistics.median(t) for name, t in times.items()}
     print(json.dumps({
+        "benchmark": "sampling", "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["python benchmarks/sampling.py", *sys.argv[1:]]),
+        "machine": f"{os.cpu_count()}-core {platform.machine()} CPU", "torch": torch.__version__,
+        "rows": rows, "batch_size": batch,
         **{f"{name}_ms": round(value, 3) for name, value in ms.items()},
         **{f"{name}_over_gather": round(ms[name] / ms["gather"], 2) for name in variants if name != "gather"},
         "load": os.getloadavg()[0],

@@ -156,24 +156,23 @@ def sb3_reference(sb3_runs: dict[int, dict], frames: int = 100_000) -> dict[str,
     return {"return": statistics.fmean(returns), "minutes": statistics.fmean(minutes)}
 
 
-def sb3_reference_from_results(path: Path, algo: str = "sac") -> dict[str, float]:
-    """:func:`sb3_reference` from a saved SB3 comparison (``benchmarks/results/learning/sac_vs_sb3.json``,
-    ``td3_vs_sb3.json`` with ``algo="td3"``).
+def sb3_reference_from_results(saved: dict, source: str, algo: str = "sac") -> dict[str, float]:
+    """:func:`sb3_reference` from a saved SB3 comparison's contents (``benchmarks/results/learning/sac_vs_sb3.json``,
+    ``td3_vs_sb3.json`` with ``algo="td3"``), read from ``source``.
 
     Its ``sb3_<algo>`` holds, per seed, the returns at its ``marks`` and the run's minutes (SB3's
     clock at its last mark, its evaluations included).
-    """
-    import json
 
-    saved = json.loads(Path(path).read_text())
-    if f"sb3_{algo}" not in saved:
-        raise ValueError(f"--sb3-reference {path}: no SB3 {algo.upper()} runs in it (no 'sb3_{algo}' entry); "
-                         "accepted: a learning.py comparison such as benchmarks/results/learning/"
-                         f"{algo}_vs_sb3.json")
+    Examples:
+        >>> saved = {"date": "2026-12-02", "torch": "2.13.0", "sb3_sac": {"0": {"returns": [1.0, 5.0], "minutes": 40.0},
+        ...                                                             "1": {"returns": [2.0, 7.0], "minutes": 50.0}}}
+        >>> sb3_reference_from_results(saved, "sac_vs_sb3.json")
+        {'return': 6.0, 'minutes': 45.0, 'seeds': 2, 'source': 'sac_vs_sb3.json (2026-12-02, torch 2.13.0)'}
+    """
     seeds = saved[f"sb3_{algo}"].values()
     return {"return": statistics.fmean(seed["returns"][-1] for seed in seeds),
             "minutes": statistics.fmean(seed["minutes"] for seed in seeds), "seeds": len(seeds),
-            "source": f"{path} ({saved.get('date')}, torch {saved.get('torch')})"}
+            "source": f"{source} ({saved.get('date')}, torch {saved.get('torch')})"}
 
 
 def sb3_points(run: dict) -> list[dict]:

@@ -44,6 +44,32 @@ def test_the_benchmarks_examples_hold():
         assert doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
 
 
+def test_the_batch_size_sweep_gives_each_batch_size_on_one_and_two_threads():
+    import learner_throughput
+    import report
+
+    out = learner_throughput.batch_size_sweep([32, 128], rows=2_000, blocks=1, block_updates=2)
+    table = out["by_batch_size"]
+    assert list(table) == ["32", "128"] and out["buffer_rows"] == 2_000
+    for batch, row in table.items():
+        assert row["rows_per_s_1t"] == pytest.approx(row["ups_1t"] * int(batch), rel=0.01)
+        assert row["rows_per_s_2t"] == pytest.approx(row["ups_2t"] * int(batch), rel=0.01)
+        assert row["two_threads_gain"] == pytest.approx(row["ups_2t"] / row["ups_1t"], rel=0.01)
+        assert row["fraction_of_limit_1t"] > 0 and row["fraction_of_limit_2t"] > 0
+        assert 0 < row["sample_share_1t"] < 1  # a batch is sampled in less time than the update that reads it
+    shown = report.learner_batch_table({"learning/batch.json": {**out, "_file": "learning/batch.json"}})
+    assert f"{table['128']['ups_1t']} / {table['128']['ups_2t']}" in shown and "2,000 rows" in shown
+
+
+def test_sampling_measures_the_buffer_and_batch_it_is_given():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "sampling.py"), "--rows", "3000", "--batch-size", "64",
+                          "--blocks", "1", "--block-samples", "2"], capture_output=True, text=True, timeout=300,
+                         check=True).stdout
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert (figures["rows"], figures["batch_size"]) == (3000, 64)
+    assert figures["buffer_sampler_ms"] > 0 and figures["buffer_sampler_over_gather"] > 0
+
+
 def test_the_wallclock_report_reads_each_run_at_whole_minutes_against_sb3(tmp_path):
     # seed s of "fast" returns 1000 * minute + s from its snapshots; "slow" half of that; SB3: 3000 at 100k, 20 min
     def snapshots(scale: float, seed: int) -> list[dict]:
@@ -53,8 +79,8 @@ def test_the_wallclock_report_reads_each_run_at_whole_minutes_against_sb3(tmp_pa
     def run(scale: float, seed: int) -> dict:
         return {"snapshots": snapshots(scale, seed), "elapsed_s": 722.0, "frames": 12_000, "updates": 1200}
 
-    sb3 = {seed: {"curve": [(100_000.0, 3000.0 + seed)], "elapsed_at": {100_000.0: 1200.0}, "elapsed_s": 1200.0}
-           for seed in (0, 1, 2)}
+    sb3 = {seed: {"curve": [(100_000.0, 3000.0 + seed)], "elapsed_at": {100_000.0: 1200.0}, "elapsed_s": 1200.0,
+                  "updates": 95_000} for seed in (0, 1, 2)}
     summary = learning.report_wallclock(tmp_path, {"fast": {s: run(1.0, s) for s in range(5)},
                                                    "slow": {s: run(0.5, s) for s in range(5)}}, sb3, None, 12.0)
     fast, slow = summary["configs"]["fast"], summary["configs"]["slow"]
@@ -66,6 +92,18 @@ def test_the_wallclock_report_reads_each_run_at_whole_minutes_against_sb3(tmp_pa
     assert slow["targets"]["minute_reached"] == 6 and not slow["targets"]["time_share_met"]  # 0.3
     assert (tmp_path / "wallclock.png").stat().st_size > 0
     assert "| fast | 5 | 12.0 |" in (tmp_path / "wallclock.md").read_text()
+    # SB3's runs behind the reference are kept per seed (JSON's keys are strings)
+    assert json.loads((tmp_path / "wallclock.json").read_text())["sb3_runs"]["2"] == {
+        "updates": 95_000, "frames": [100_000], "returns": [3002.0], "minutes": [20.0]}
+    import report
+
+    saved = {**json.loads((tmp_path / "wallclock.json").read_text()), "_file": "wallclock.json"}
+    table = report.wallclock_table(saved)
+    # 1200 updates in 12.0 min; SB3 95,000 in 20 min
+    assert "Gradient updates per minute: ``fast`` 100, ``slow`` 100; SB3's SAC 4,750" in table
+    # the columns hold half of SB3's minutes where the target is read (11 of 22), not 22, which no run reached
+    table = report.wallclock_table({**saved, "reference": {**saved["reference"], "minutes": 22.0}})
+    assert "- 11 min" in table and "- 22 min" not in table
 
     # TD3's report goes to files of its own, against SB3's TD3, beside SAC's
     td3 = learning.report_wallclock(tmp_path, {"fast": {s: run(1.0, s) for s in range(5)}}, sb3, None, 12.0, "td3")
@@ -77,14 +115,20 @@ def test_the_wallclock_report_reads_each_run_at_whole_minutes_against_sb3(tmp_pa
 
 def test_sb3_references_are_told_apart_by_the_runs_they_hold(tmp_path):
     saved = BENCHMARKS / "results" / "learning"
-    files = learning.sb3_reference_files([saved / "td3_vs_sb3.json", saved / "sac_vs_sb3.json"])
-    assert files == {"sac": saved / "sac_vs_sb3.json", "td3": saved / "td3_vs_sb3.json"}
-    td3 = wallclock.sb3_reference_from_results(files["td3"], "td3")
-    assert td3["seeds"] == 10 and td3["return"] > 0
-    with pytest.raises(ValueError, match=r"no SB3 TD3 runs in it \(no 'sb3_td3' entry\)"):
-        wallclock.sb3_reference_from_results(files["sac"], "td3")
-    with pytest.raises(ValueError, match=r"--sb3-reference .*wallclock_screen.json: holds no SB3 runs"):
-        learning.sb3_reference_files([saved / "wallclock_screen.json"])
+    references = learning.sb3_references([saved / "td3_vs_sb3.json", saved / "sac_vs_sb3.json"])
+    assert set(references) == {"sac", "td3"}
+    assert references["td3"]["seeds"] == 10 and references["sac"]["seeds"] == 3
+    assert "td3_vs_sb3.json" in references["td3"]["source"] and "sac_vs_sb3.json" in references["sac"]["source"]
+    with pytest.raises(ValueError, match=r"--sb3-reference .*sac.json: holds no SB3 runs .* and no wallclock"):
+        learning.sb3_references([saved.parent / "main_job" / "sac.json"])
+    # a wallclock report's own reference (its suite's SB3 runs), for screening against the finals' SB3
+    report = tmp_path / "wallclock.json"
+    report.write_text(json.dumps({"suite": "wallclock", "algo": "sac", "date": "2026-12-05", "torch": "2.14.1",
+                                  "reference": {"return": 4500.0, "minutes": 18.0, "seeds": 5,
+                                                "source": "this suite's runs"}}))
+    screened = learning.sb3_references([report])["sac"]
+    assert (screened["return"], screened["minutes"], screened["seeds"]) == (4500.0, 18.0, 5)
+    assert screened["source"] == f"{report} (2026-12-05, torch 2.14.1)"
 
 
 def test_the_go1_report_finds_the_first_minute_each_critic_walks(tmp_path):

@@ -107,8 +107,8 @@ def test_gpu_results_fill_the_gpu_table(results_copy):
 def test_the_wallclock_plot_shows_the_finalists_and_the_old_defaults_until_they_are_run(results_copy):
     screen = json.loads((results_copy / "learning" / "wallclock_screen.json").read_text())
     final = {**screen, "command": "python benchmarks/learning.py --suite wallclock --seeds 0 1 2 3 4",
-             "configs": {"defaults": {**screen["configs"]["utd0.25"], "seeds": 5,
-                                      "interval_by_minute": [[1.0, 2.0]] * len(screen["configs"]["utd0.25"]["minute"])}}}
+             "configs": {"defaults": {**screen["configs"]["defaults"], "seeds": 5,
+                                      "interval_by_minute": [[1.0, 2.0]] * len(screen["configs"]["defaults"]["minute"])}}}
     (results_copy / "learning" / "wallclock.json").write_text(json.dumps(final))
     res = report.load(results_copy)
     curves = report.wallclock_curves(res)

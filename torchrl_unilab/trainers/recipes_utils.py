@@ -474,8 +474,9 @@ def make_collector(
         )
     seed = cfg.env.get("seed")
     backend = col.get("backend", "local")
+    postproc = multi_step_postproc(cfg)
     if backend == "ray":
-        if multi_step_postproc(cfg) is not None:
+        if postproc is not None:
             raise ValueError(f"collector.multi_step={col.multi_step} needs collector.backend=local: Ray nodes "
                              "deliver flat rows, with no [envs, steps] batch to sum rewards along")
         return _make_ray_collector(cfg, policy, replay_buffer, frames_done=frames_done)
@@ -484,7 +485,7 @@ def make_collector(
     return OffPolicyCollector(
         cfg.env.name,
         policy,
-        postproc=multi_step_postproc(cfg),
+        postproc=postproc,
         num_workers=workers,
         num_envs=int(col.env_per_collector),
         frames_per_batch=int(col.frames_per_batch),
