@@ -41,7 +41,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -50,6 +49,7 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 import torch
+from provenance import provenance
 from torchrl.collectors import Collector
 from torchrl.envs import DoubleToFloat, GymEnv, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type
@@ -325,10 +325,7 @@ def results_file(out: dict) -> dict:
     per_round = out["ratio_envpool_16_over_raw_per_round"]
     load = out["load_average_start_end"]
     return {
-        "benchmark": "collector_throughput", "date": time.strftime("%Y-%m-%d"),
-        "command": " ".join(["python benchmarks/collector_throughput.py", *sys.argv[1:]]),
-        "machine": f"{os.cpu_count()}-core {platform.machine()} CPU; load average {load[0]} at the start, "
-                   f"{load[1]} at the end", "torch": torch.__version__, "task": ENV,
+        **provenance("collector_throughput", *load), "task": ENV,
         "actor": "512-wide LayerNorm SAC actor", "rounds": out["rounds"], "seconds": out["seconds_per_round"],
         "load_average_start_end": load,
         "steps_per_s": {key: round(out[key]) for key in RATE_KEYS},

@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 import torch
+from provenance import provenance
 from tensordict.nn import TensorDictModule
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.data import LazyTensorStorage, ReplayBuffer
@@ -216,25 +217,30 @@ PATTERNS = {"pattern1": ("p1_torchrl", "p1_offpolicy"), "pattern2": ("p2_torchrl
 TARGETS = {"pattern1": 3, "pattern2": 4}
 
 
+def per_round_ratios(rates: dict[str, list[float | None]], numerator: str, denominator: str) -> list[float]:
+    """The frames/s of configuration ``numerator`` over ``denominator``'s in each round where both gave a result.
+
+    Example::
+
+        >>> per_round_ratios({"ours": [300.0, None, 330.0], "torchrl": [100.0, 90.0, 110.0]}, "ours", "torchrl")
+        [3.0, 3.0]
+    """
+    return [x / y for x, y in zip(rates[numerator], rates[denominator]) if x is not None and y]
+
+
 def results_file(result: dict, rates: dict[str, list[float | None]]) -> dict:
     """``--out``'s file: each pattern's frames/s (medians), the median of its per-round ratios and their range,
     as ``benchmarks/report.py`` reads them for README and the drop-in page, from a run of every pattern."""
-    def per_round(a: str, b: str) -> list[float]:
-        return [x / y for x, y in zip(rates[b], rates[a]) if x is not None and y]
-
+    ratios = {key: per_round_ratios(rates, ours, torchrl) for key, (torchrl, ours) in PATTERNS.items()}
     load = result["load_average_start_end"]
     return {
-        "benchmark": "dropin_speedup", "date": time.strftime("%Y-%m-%d"),
-        "command": " ".join(["python benchmarks/dropin_speedup.py", *sys.argv[1:]]),
-        "machine": f"{os.cpu_count()}-core {platform.machine()} CPU; load average {load[0]} at the start, "
-                   f"{load[1]} at the end", "torch": torch.__version__,
+        **provenance("dropin_speedup", *load),
         "task": f"{ENV} through TorchRL's env stack (SerialEnv of {result['envs_per_worker']} GymEnv + InitTracker, "
                 "StepCounter, DoubleToFloat, RewardSum)",
         "workers": result["workers"], "actor": "sota 256x256 TanhNormal actor", "rounds": result["rounds"],
         "fps": {key: {"torchrl": result[f"{a}_fps"], "ours": result[f"{b}_fps"]} for key, (a, b) in PATTERNS.items()},
-        **{f"ratio_{key}": round(statistics.median(per_round(a, b)), 2) for key, (a, b) in PATTERNS.items()},
-        "ratio_rounds": {key: [round(min(per_round(*PATTERNS[key])), 2), round(max(per_round(*PATTERNS[key])), 2)]
-                         for key in TARGETS},
+        **{f"ratio_{key}": round(statistics.median(ratios[key]), 2) for key in PATTERNS},
+        "ratio_rounds": {key: [round(min(ratios[key]), 2), round(max(ratios[key]), 2)] for key in TARGETS},
         "targets": TARGETS, "engines": result["engines"], "problems": result["problems"],
     }
 
@@ -287,7 +293,7 @@ def main() -> None:
     def ratio(a: str, b: str) -> float | None:
         if a not in rates or b not in rates:
             return None
-        pairs = [x / y for x, y in zip(rates[a], rates[b]) if x is not None and y]
+        pairs = per_round_ratios(rates, a, b)
         return round(statistics.median(pairs), 3) if pairs else None
 
     result = {

@@ -39,7 +39,6 @@ import importlib
 import json
 import math
 import os
-import platform
 import signal
 import statistics
 import sys
@@ -50,6 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from provenance import provenance
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tensordict import TensorDict
@@ -427,10 +427,7 @@ def batch_size_sweep(batch_sizes: list[int], rows: int, blocks: int, block_updat
             "two_threads_gain": round(ups[2] / ups[1], 3),
             **{f"fraction_of_limit_{count}t": round(ups[count] / limit[count], 3) for count in (1, 2)},
             "sample_ms": round(sample_ms, 3), "sample_share_1t": round(sample_ms * ups[1] / 1e3, 3)}
-    return {"benchmark": "learner_throughput", "mode": "batch_sizes", "date": time.strftime("%Y-%m-%d"),
-            "command": " ".join(["python benchmarks/learner_throughput.py", *sys.argv[1:]]),
-            "machine": f"{os.cpu_count()}-core {platform.machine()} CPU; load average {os.getloadavg()[0]:.2f} "
-                       "at the end", "torch": torch.__version__,
+    return {**provenance("learner_throughput", load_end=round(os.getloadavg()[0], 2)), "mode": "batch_sizes",
             "buffer_rows": rows, "hidden": [HIDDEN, HIDDEN], "by_batch_size": table}
 
 

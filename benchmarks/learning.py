@@ -41,8 +41,6 @@ import csv
 import dataclasses
 import json
 import math
-import os
-import platform
 import statistics
 import sys
 import time
@@ -51,6 +49,7 @@ from pathlib import Path
 
 import wallclock
 from hydra import compose, initialize_config_dir
+from provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -666,17 +665,14 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
     wallclock.plot_against_minutes(out / f"{stem}.png", f"{name} HalfCheetah-v5: return against wall-clock", curves,
                                    reference)
     print("\n".join(lines), flush=True)
-    import torch
-
-    summary = {"benchmark": "learning", "suite": "wallclock", "algo": algo, "date": time.strftime("%Y-%m-%d"),
-               "command": "python benchmarks/learning.py " + " ".join(sys.argv[1:]), "torch": torch.__version__,
-               "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores; one run after the other",
+    points = {seed: wallclock.sb3_points(run) for seed, run in (sb3_runs or {}).items()}
+    summary = {**provenance("learning", note="one run after the other"), "suite": "wallclock", "algo": algo,
                "task": "HalfCheetah-v5", "snapshot_every_s": wallclock.SNAPSHOT_EVERY_S, "reference": reference,
                # SB3's runs behind the reference, per seed: the return and minutes at each evaluation
-               "sb3_runs": {seed: {"updates": run["updates"], "frames": [int(f) for f, _ in run["curve"]],
-                                   "returns": [round(v, 1) for _, v in run["curve"]],
-                                   "minutes": [round(run["elapsed_at"][f] / 60, 2) for f, _ in run["curve"]]}
-                            for seed, run in (sb3_runs or {}).items()},
+               "sb3_runs": {seed: {"updates": sb3_runs[seed]["updates"], "frames": [p["frames"] for p in run],
+                                   "returns": [round(p["return"], 1) for p in run],
+                                   "minutes": [round(p["elapsed_s"] / 60, 2) for p in run]}
+                            for seed, run in points.items()},
                "configs": {label: {k: v for k, v in side.items() if k != "curve"} | {
                    "minute": [p["minute"] for p in side["curve"]],
                    "mean_by_minute": [round(p["mean"], 1) for p in side["curve"]],
@@ -698,7 +694,7 @@ def sb3_references(paths: list[Path]) -> dict[str, dict]:
         found = {algo: wallclock.sb3_reference_from_results(saved, str(path), algo)
                  for algo in ("sac", "td3") if f"sb3_{algo}" in saved}
         if saved.get("suite") == "wallclock" and saved.get("reference"):
-            found[saved["algo"]] = {**saved["reference"], "source": f"{path} ({saved['date']}, torch {saved['torch']})"}
+            found[saved["algo"]] = {**saved["reference"], "source": wallclock.results_source(saved, str(path))}
         if not found:
             raise ValueError(f"--sb3-reference {path}: holds no SB3 runs ('sb3_sac' or 'sb3_td3') and no wallclock "
                              "reference; accepted: benchmarks/results/learning/sac_vs_sb3.json, td3_vs_sb3.json or "
@@ -736,10 +732,8 @@ def report_go1(out: Path, sides: dict[str, dict[int, dict]], minutes: float) -> 
     lines += ["", f"Walks: {GO1_WALK_TERMS[0]} >= {GO1_WALK_TRACKING} per step (mean over the evaluation's steps) "
                   f"with episodes >= {GO1_WALK_LENGTH:.0%} of the {limit}-step limit."]
     (out / "go1_gpu.md").write_text("\n".join(lines) + "\n")
-    summary = {"benchmark": "learning", "suite": "go1_gpu", "date": time.strftime("%Y-%m-%d"),
-               "command": "python benchmarks/learning.py " + " ".join(sys.argv[1:]), "torch": torch.__version__,
+    summary = {**provenance("learning"), "suite": "go1_gpu",
                "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-               "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
                "walk_tracking": GO1_WALK_TRACKING, "walk_length": GO1_WALK_LENGTH, "critics": table}
     (out / "go1_gpu.json").write_text(json.dumps(summary) + "\n")
     print("\n".join(lines), flush=True)

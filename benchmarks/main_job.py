@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -30,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The recipe's last line (trainers/run.py ``RecipeRun.finish``).
@@ -69,8 +70,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "main_job" / "sac.json")
     parser.add_argument("--timeout-min", type=float, default=30.0, help="per run")
     args = parser.parse_args(argv)
-    import torch
-
     with tempfile.TemporaryDirectory(prefix="main_job_") as tmp:
         clone = Path(tmp) / "repo"
         commit = clone_head(ROOT, clone)
@@ -80,11 +79,9 @@ def main(argv: list[str] | None = None) -> dict:
     command = " ".join(["python recipes/sac.py", *(["--config-name", args.config_name] * (args.config_name != "sac")),
                         *args.overrides])
     summary = {
-        "benchmark": "main_job", "date": time.strftime("%Y-%m-%d"),
-        "command": f"python benchmarks/main_job.py {' '.join(argv if argv is not None else sys.argv[1:])}".strip(),
+        **provenance("main_job", note="a fresh clone, one run after the other", argv=argv),
         "recipe_command": f"{command} env.seed=<seed>", "commit": commit,
-        "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores; a fresh clone, one run after the other",
-        "torch": torch.__version__, "task": runs[args.seeds[0]]["task"], "frames": runs[args.seeds[0]]["frames"],
+        "task": runs[args.seeds[0]]["task"], "frames": runs[args.seeds[0]]["frames"],
         "minutes": {str(s): r["minutes"] for s, r in runs.items()},
         "final_return": {str(s): r["final_return"] for s, r in runs.items()},
         "updates": {str(s): r["updates"] for s, r in runs.items()},

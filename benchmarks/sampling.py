@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import sys
 import time
 
 import torch
+from provenance import provenance
 from tensordict import TensorDict
 
 from torchrl_unilab import make_replay_buffer
@@ -99,9 +98,7 @@ def main() -> None:
             times[name].append((time.perf_counter() - start) / args.block_samples * 1e3)
     ms = {name: statistics.median(t) for name, t in times.items()}
     print(json.dumps({
-        "benchmark": "sampling", "date": time.strftime("%Y-%m-%d"),
-        "command": " ".join(["python benchmarks/sampling.py", *sys.argv[1:]]),
-        "machine": f"{os.cpu_count()}-core {platform.machine()} CPU", "torch": torch.__version__,
+        **provenance("sampling"),
         "rows": rows, "batch_size": batch,
         **{f"{name}_ms": round(value, 3) for name, value in ms.items()},
         **{f"{name}_over_gather": round(ms[name] / ms["gather"], 2) for name in variants if name != "gather"},

@@ -172,7 +172,17 @@ def sb3_reference_from_results(saved: dict, source: str, algo: str = "sac") -> d
     seeds = saved[f"sb3_{algo}"].values()
     return {"return": statistics.fmean(seed["returns"][-1] for seed in seeds),
             "minutes": statistics.fmean(seed["minutes"] for seed in seeds), "seeds": len(seeds),
-            "source": f"{source} ({saved.get('date')}, torch {saved.get('torch')})"}
+            "source": results_source(saved, source)}
+
+
+def results_source(saved: dict, path: str) -> str:
+    """How a reference names the saved results it came from: their path, date and torch.
+
+    Examples:
+        >>> results_source({"date": "2026-12-05", "torch": "2.14.1"}, "wallclock.json")
+        'wallclock.json (2026-12-05, torch 2.14.1)'
+    """
+    return f"{path} ({saved.get('date')}, torch {saved.get('torch')})"
 
 
 def sb3_points(run: dict) -> list[dict]:
