@@ -36,7 +36,6 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
-import platform
 import random
 import signal
 import sys
@@ -47,6 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from provenance import provenance
 from tensordict import TensorDict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -353,17 +353,19 @@ def residue_since(before: dict, settle_s: float = 5.0) -> dict:
 
 def cycles(count: int, *, deadline: float | None = None) -> dict:
     """Create / collect / shutdown cycles; the residue they leave."""
-    done = 0
-    warm = make_collector(make_replay_buffer(2000), num_workers=1)  # first use of lazily created helpers
-    warm.shutdown()
-    del warm
-    before = residue_snapshot()
-    while done < count and (deadline is None or time.monotonic() < deadline):
+    def cycle() -> None:
         rb = make_replay_buffer(5000)
         with make_collector(rb) as collector:
             collector.start()
             collector.wait_for_frames(512, timeout=120)
-        del rb, collector
+
+    # one cycle first: Python's process-wide helpers start at their first use and live on (multiprocessing's
+    # forkserver holds a pipe from then on), which would count as the cycles' residue
+    cycle()
+    before = residue_snapshot()
+    done = 0
+    while done < count and (deadline is None or time.monotonic() < deadline):
+        cycle()
         done += 1
     return {"cycles": done, "residue": residue_since(before)}
 
@@ -649,14 +651,6 @@ def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, bac
     return results
 
 
-def _provenance(load_start: float, load_end: float) -> dict:
-    """The keys every results file starts with: benchmark, date, command, machine (with its load), torch."""
-    return {"benchmark": "faults", "date": time.strftime("%Y-%m-%d"),
-            "command": " ".join(["python benchmarks/faults.py", *sys.argv[1:]]),
-            "machine": f"{os.cpu_count()}-core {platform.machine()} CPU; load average {load_start} at the start, "
-                       f"{load_end} at the end", "torch": torch.__version__}
-
-
 def results_file(results: dict) -> dict:
     """``--out``'s file from the kill cases' JSON object ``results`` (the recipe's SIGTERM case included): the
     figures of the faults table that ``benchmarks/report.py`` writes for README's headline and the docs."""
@@ -664,7 +658,7 @@ def results_file(results: dict) -> dict:
     lk, st = results["learner_kill"], results["recipe_sigterm"]
     residue = c["residue"]
     return {
-        **_provenance(results["load_1min_start"], results["load_1min_end"]), "seconds": results["seconds"],
+        **provenance("faults", results["load_1min_start"], results["load_1min_end"]), "seconds": results["seconds"],
         "buffer_kills": {"kills": b["kills"], "inside_write": b["kills_mid_write"], "batch_rows": WRITER_ROWS,
                          "max_sample_s": b["longest_sample_s"], "limit_s": SAMPLE_LIMIT_S,
                          "torn_rows": b["torn_rows"], "samples": b["samples"]},
@@ -699,7 +693,7 @@ def soak_results_file(soak: dict) -> dict:
     quiet = local["undisturbed"]
     recipe = killed_run(local, "worker_restarts")
     return {
-        **_provenance(local["load_1min_start"], ray["load_1min_end"]),
+        **provenance("faults", local["load_1min_start"], ray["load_1min_end"]),
         "recipe_soak": {"workers": SOAK_PROCESSES, **recipe, "undisturbed_minutes": quiet["minutes"],
                         "undisturbed_max_stall_s": quiet["longest_learner_stall_s"],
                         "undisturbed_final_return": quiet["final_return"]},
