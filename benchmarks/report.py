@@ -144,13 +144,12 @@ def collector_tables(res: Results) -> str:
         rows.append([label, f"``{key}``", fmt(data["steps_per_s"][key]), ratio, target])
     out = list_table(["configuration", "JSON key", "steps/s", "ratio to raw", "target"], rows, [40, 18, 10, 20, 12])
     out += "\n" + provenance(data) + "\n"
-    # the collector's phase names (files before 2026-12-05 say weight_check and have no pack)
-    phases = [("env_step",), ("policy",), ("buffer_write",), ("weight_sync", "weight_check"), ("pack",), ("other",)]
+    phases = ("env_step", "policy", "buffer_write", "weight_sync", "pack", "other")
     labels = dict(COLLECTOR_ROWS)
-    rows = [[labels[k]] + [fmt(next((v[p] for p in names if p in v), 0.0), 1) for names in phases]
+    rows = [[labels[k]] + [fmt(v.get(phase, 0.0), 1) for phase in phases]
             for k, v in data["breakdown_us_per_step"].items()]
     out += "A worker's time per batched step, in microseconds (``breakdown_us_per_step``):\n\n"
-    out += list_table(["configuration", "env step", "policy", "buffer write", "weight check", "pack", "other"], rows)
+    out += list_table(["configuration", "env step", "policy", "buffer write", "weight sync", "pack", "other"], rows)
     return out
 
 
@@ -373,7 +372,7 @@ def ab_table(res: Results, key: str, what: str) -> str:
 def wallclock_table(data: dict) -> str:
     """One ``wallclock`` suite's file: each configuration's mean return by wall-clock minute, with its 90 % interval,
     what it did, and the two targets."""
-    ref = data.get("reference")
+    ref, algo = data.get("reference"), data.get("algo", "sac").upper()
     # with half of SB3's minutes and SB3's minutes themselves, where the targets are read
     marks = {2, 4, 6, 8, 10, 12, 15, 20, 23, 25, 30} | (
         {math.floor(ref["minutes"] / 2), math.ceil(ref["minutes"])} if ref else set())
@@ -397,35 +396,43 @@ def wallclock_table(data: dict) -> str:
     out = list_table(["config", "overrides", "seeds", *[f"{m} min" for m in minutes], "frames", "updates",
                       "time share (<= 0.25)", "ratio at half (>= 1.3)", "interval above SB3 at half"], rows)
     if ref:
-        out += (f"\nSB3's SAC: mean return {fmt(ref['return'])} at 100k frames after {fmt(ref['minutes'], 1)} min "
-                f"({ref['seeds']} seeds; {ref['source']}). *Time share*: the first minute the mean curve reaches "
-                "it, over SB3's minutes; *ratio at half*: the mean return at half of SB3's minutes over SB3's.\n\n")
+        seeds = f"{ref['seeds']} seed{'s' * (ref['seeds'] != 1)}"
+        out += (f"\nSB3's {algo}: mean return {fmt(ref['return'])} at 100k frames after {fmt(ref['minutes'], 1)} min "
+                f"({seeds}; {ref['source']}). *Time share*: the first minute the mean curve reaches it, over SB3's "
+                "minutes; *ratio at half*: the mean return at half of SB3's minutes over SB3's.\n\n")
     if data.get("sb3_runs"):  # what sets the pace on a CPU: gradient updates per minute on each side
         ours = ", ".join(f"``{label}`` {fmt(c['updates'] / c['minutes'])}" for label, c in data["configs"].items())
         sb3 = statistics.mean(run["updates"] / run["minutes"][-1] for run in data["sb3_runs"].values())
-        out += (f"Gradient updates per minute: {ours}; SB3's SAC {fmt(sb3)} (one per frame after its random "
+        out += (f"Gradient updates per minute: {ours}; SB3's {algo} {fmt(sb3)} (one per frame after its random "
                 "frames, its evaluations in its minutes).\n\n")
     if data.get("note"):
         out += data["note"] + "\n\n"
     return out + provenance(data)
 
 
-def wallclock_tables(res: Results) -> str:
-    """Issue 44's suite: the finalists on 5 seeds, then the screening runs."""
-    parts = [f"**{title}**\n\n" + wallclock_table(res[key]) for key, title in WALLCLOCK.items() if key in res]
+def wallclock_tables(res: Results, files: dict[str, str] | None = None) -> str:
+    """Issue 44's suite for one algorithm (``files``: :data:`WALLCLOCK`, SAC's; :data:`WALLCLOCK_TD3`): the
+    finalists on 5 seeds, then the screening runs."""
+    files = files or WALLCLOCK
+    parts = [f"**{title}**\n\n" + wallclock_table(res[key]) for key, title in files.items() if key in res]
+    algo = "td3 sb3_td3" if files is WALLCLOCK_TD3 else "sac sb3_sac"
     return "\n".join(parts) or (f"Return against wall-clock: **{NOT_MEASURED}** "
-                                 "(``python benchmarks/learning.py --suite wallclock``).\n")
+                                 f"(``python benchmarks/learning.py --suite wallclock --algo {algo}``).\n")
 
 
-def wallclock_curves(res: Results) -> dict[str, list[dict]]:
-    """The curves of the wall-clock plot: every finalist's, with its band, and the screen's one-seed ``utd1`` (the
-    defaults before issue 44) as long as no finalist run measured it."""
+def wallclock_curves(res: Results, files: dict[str, str] | None = None, screened: tuple[str, ...] | None = ("utd1",)
+                     ) -> dict[str, list[dict]]:
+    """The curves of a wall-clock plot (``files``: :data:`WALLCLOCK`, SAC's; :data:`WALLCLOCK_TD3`): every
+    finalist's, with its band, and of the screen's one-seed runs those in ``screened`` (SAC: ``utd1``, the defaults
+    before issue 44; ``None``: all) that no finalist run measured."""
+    files = files or WALLCLOCK
+    screen = list(files)[-1]
     curves = {}
-    for key in WALLCLOCK:
+    for key in files:
         for label, c in res.get(key, {}).get("configs", {}).items():
-            if key == WALLCLOCK_SCREEN and (label != "utd1" or label in curves):
+            if key == screen and (screened is not None and label not in screened or label in curves):
                 continue
-            name = label if key != WALLCLOCK_SCREEN else f"{label}, screening"
+            name = label if key != screen else f"{label}, screening"
             curves[name] = [{"minute": minute, "mean": mean, "low": None if iv is None else iv[0],
                              "high": None if iv is None else iv[1], "seeds": c["seeds"]}
                             for minute, mean, iv in zip(c["minute"], c["mean_by_minute"], c["interval_by_minute"])]
@@ -676,6 +683,7 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
                                                     "``dropin_speedup.py``, before issue 43's changes (A) and after "
                                                     "them (B), one benchmark script measuring both packages"),
     "wallclock.rst": wallclock_tables,
+    "wallclock_td3.rst": lambda res: wallclock_tables(res, WALLCLOCK_TD3),
     "robot_learning.rst": robot_tables,
     "robot_speed.rst": robot_speed_table,
     "faults.rst": fault_tables,
@@ -686,6 +694,8 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
 #: issue 44's suite (benchmarks/learning.py --suite wallclock): its finalists on 5 seeds, and its screening runs.
 WALLCLOCK_FINAL, WALLCLOCK_SCREEN = "learning/wallclock.json", "learning/wallclock_screen.json"
 WALLCLOCK = {WALLCLOCK_FINAL: "Finalists", WALLCLOCK_SCREEN: "Screening"}
+#: its TD3 side, the same two files
+WALLCLOCK_TD3 = {"learning/wallclock_td3.json": "Finalists", "learning/wallclock_td3_screen.json": "Screening"}
 HEADER = ".. Generated by benchmarks/report.py from benchmarks/results/: do not edit, run the script.\n\n"
 
 
@@ -789,15 +799,16 @@ def plots(results: Path = RESULTS) -> list[Path]:
               {"local": [v["local_fps"] for v in r.values()], "Ray": [v["ray_fps"] for v in r.values()]},
               "frames per second")
     made += [PLOTS / "collector.png", PLOTS / "dropin.png", PLOTS / "ray.png"]
-    curves = wallclock_curves(res)
-    if curves:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        import wallclock
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import wallclock
 
-        w = res.get(WALLCLOCK_FINAL) or res[WALLCLOCK_SCREEN]
-        wallclock.plot_against_minutes(PLOTS / "wallclock.png", f"SAC HalfCheetah-v5: return against wall-clock "
-                                       f"({w['date']})", curves, w.get("reference"))
-        made.append(PLOTS / "wallclock.png")
+    for files, screened, name in ((WALLCLOCK, ("utd1",), "wallclock"), (WALLCLOCK_TD3, None, "wallclock_td3")):
+        curves = wallclock_curves(res, files, screened)
+        if curves:
+            w = next(res[key] for key in files if key in res)
+            wallclock.plot_against_minutes(PLOTS / f"{name}.png", f"{w['algo'].upper()} HalfCheetah-v5: return "
+                                           f"against wall-clock ({w['date']})", curves, w.get("reference"))
+            made.append(PLOTS / f"{name}.png")
     return made
 
 

@@ -122,3 +122,17 @@ def test_the_wallclock_plot_shows_the_finalists_and_the_old_defaults_until_they_
     final["configs"]["utd1"] = screen["configs"]["utd1"]  # measured among the finalists: the screen's is not shown
     (results_copy / "learning" / "wallclock.json").write_text(json.dumps(final))
     assert list(report.wallclock_curves(report.load(results_copy))) == ["defaults", "utd1"]
+
+
+def test_the_td3_side_of_the_wallclock_suite_gets_its_own_table_and_plot_curves(results_copy):
+    screen = json.loads((results_copy / "learning" / "wallclock_screen.json").read_text())
+    td3 = {**screen, "algo": "td3", "configs": {label: screen["configs"][label] for label in ("defaults", "utd1")}}
+    (results_copy / "learning" / "wallclock_td3_screen.json").write_text(json.dumps(td3))
+    res = report.load(results_copy)
+    # every screened TD3 configuration is drawn, and SAC's plot keeps only its own
+    assert list(report.wallclock_curves(res, report.WALLCLOCK_TD3, None)) == ["defaults, screening", "utd1, screening"]
+    assert "defaults, screening" not in report.wallclock_curves(res)
+    tables = report.outputs(results_copy)
+    td3_table = tables[report.GENERATED / "wallclock_td3.rst"]
+    assert "SB3's TD3" in td3_table and "SB3's SAC" not in td3_table and report.NOT_MEASURED not in td3_table
+    assert "SB3's TD3" not in tables[report.GENERATED / "wallclock.rst"]
