@@ -682,6 +682,8 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
                                                     "Our collector's frames/s in the three configurations of "
                                                     "``dropin_speedup.py``, before issue 43's changes (A) and after "
                                                     "them (B), one benchmark script measuring both packages"),
+    "dropin_torch_versions.rst": lambda res: ab_table(res, "dropin/torch_2.13_vs_2.14.1.json",
+                                                      "Pattern 1's frames/s on torch 2.13.0 (CPU build) and 2.14.1"),
     "wallclock.rst": wallclock_tables,
     "wallclock_td3.rst": lambda res: wallclock_tables(res, WALLCLOCK_TD3),
     "robot_learning.rst": robot_tables,
