@@ -78,7 +78,8 @@ class Task:
     """EnvPool info entries each snapshot's evaluation reports, their mean per step (Go1's reward terms)"""
     config: str | None = None
     """the recipe's config (``recipes/config/<config>.yaml``) the overrides apply to; ``None``: the algo's own
-    (``sac``, ``td3``). The suites measured before issue 44 changed SAC's defaults name ``sac_utd1``, the old ones."""
+    (``sac``, ``td3``). The suites measured before issue 44 changed the defaults name ``sac_utd1`` and
+    ``td3_utd1``, the old ones."""
 
     @property
     def name(self) -> str:
@@ -89,9 +90,9 @@ class Task:
 #: issue 22 made it one env (measured on HalfCheetah-v5).
 GO1_COLLECTION = ["collector.env_per_collector=4", "collector.frames_per_batch=64"]
 
-#: SAC at one update per frame (recipes/config/sac_utd1.yaml): the recipe's defaults before issue 44, which the
-#: suites measured before it keep, so that their saved results stay reproducible.
-UTD1 = "sac_utd1"
+#: SAC and TD3 at one update per frame (recipes/config/sac_utd1.yaml, td3_utd1.yaml): the recipes' defaults before
+#: issue 44, which the suites measured before it keep, so that their saved results stay reproducible.
+UTD1, TD3_UTD1 = "sac_utd1", "td3_utd1"
 
 #: The ``wallclock`` suite's budget per run (``--minutes`` changes it) and its frame bound (never reached).
 WALLCLOCK_MINUTES = 12.0
@@ -111,11 +112,6 @@ WALLCLOCK_CANDIDATES: dict[str, list[str]] = {
     "layernorm": ["network.use_layer_norm=true"],  # LayerNorm in every hidden layer (BRO, SimBa: Nauman et al. 2024,
                                                    # Lee et al. 2025), without their residual blocks
 }
-
-#: TD3 with SAC's supply of frames: its defaults are one env and no exploration noise (SB3's TD3), so 16 envs act
-#: with a noise std each in [td3_std_min, td3_std_max] (the per-env noise), unscreened.
-WALLCLOCK_TD3 = ["optim.utd_ratio=0.25", "collector.env_per_collector=16", "collector.frames_per_batch=256",
-                 "collector.max_lead_frames=2048", "replay_buffer.size=1000000", "collector.td3_noise=mixed"]
 
 #: issue 45: Go1 in the FastTD3 regime on one GPU and 16 cores. FastTD3's Playground settings
 #: (fast_td3/hyperparams.py: 1024 envs, batch 32768, 8 updates per step of all envs, gamma 0.97, tau 0.1, a noise
@@ -149,7 +145,8 @@ SUITES: dict[str, list[Task]] = {
     "halfcheetah": [
         Task("sac", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"],
              config=UTD1),
-        Task("td3", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"]),
+        Task("td3", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"],
+             config=TD3_UTD1),
     ],
     "robot": [
         Task("sac", "CheetahRun-v1", 100_000, 300.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"],
@@ -158,18 +155,18 @@ SUITES: dict[str, list[Task]] = {
              seeds=(0, 1), config=UTD1),
         Task("td3", "Go1JoystickFlatTerrain-v1", 100_000, None,
              ["logger.eval_iter=10000", "replay_buffer.size=100000", "network.critic_input=privileged",
-              "network.obs_norm=true", *GO1_COLLECTION], seeds=(0, 1), label="privileged"),
+              "network.obs_norm=true", *GO1_COLLECTION], seeds=(0, 1), label="privileged", config=TD3_UTD1),
         Task("td3", "Go1JoystickFlatTerrain-v1", 100_000, None,
              ["logger.eval_iter=10000", "replay_buffer.size=100000", "network.critic_input=observation",
-              "network.obs_norm=true", *GO1_COLLECTION], seeds=(0, 1), label="symmetric"),
+              "network.obs_norm=true", *GO1_COLLECTION], seeds=(0, 1), label="symmetric", config=TD3_UTD1),
     ],
     "td3": [  # issue 22: the recipe's defaults against SB3's; the targets are relative (see compare_with_sb3)
-        Task("td3", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"]),
-        Task("sb3_td3", "HalfCheetah-v5", 100_000, None),
+        Task("td3", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"], config=TD3_UTD1),
+        Task("sb3_td3", "HalfCheetah-v5", 100_000, None, config=TD3_UTD1),
     ],
     # issue 44: return against wall-clock minutes (benchmarks/wallclock.py). The defaults, the defaults before issue
     # 44 (one update per frame), then the screened levers; SB3's SAC is the reference (--algo sb3_sac, or
-    # --sb3-reference with its saved results).
+    # --sb3-reference with its saved results). TD3's side: the same, SB3's TD3 the reference.
     "wallclock": [
         Task("sac", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="defaults"),
         Task("sac", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="utd1", config=UTD1),
@@ -177,8 +174,8 @@ SUITES: dict[str, list[Task]] = {
           for label, overrides in WALLCLOCK_CANDIDATES.items()),
         Task("sb3_sac", "HalfCheetah-v5", 100_000, None),
         Task("td3", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="defaults"),
-        Task("td3", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, WALLCLOCK_TD3, minutes=WALLCLOCK_MINUTES,
-             label="utd0.25"),
+        Task("td3", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="utd1",
+             config=TD3_UTD1),
         Task("sb3_td3", "HalfCheetah-v5", 100_000, None),
     ],
     # issue 45: Go1 on one GPU and 16 cores, the privileged (asymmetric) critic and the symmetric one side by side
@@ -748,7 +745,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--algo", nargs="+", default=None,
                         help="only the suite's tasks of these algos (e.g. td3 or sb3_td3); default: all of them")
     parser.add_argument("--task", nargs="+", default=None,
-                        help="only the suite's tasks of these labels (e.g. utd0.25), or whose name "
+                        help="only the suite's tasks of these labels (e.g. utd1), or whose name "
                              "(algo_env_label, e.g. td3_Go1JoystickFlatTerrain-v1_symmetric) contains one of these; "
                              "default: all of them")
     parser.add_argument("--frames", type=int, default=None, help="frames per run instead of the suite's")

@@ -84,8 +84,8 @@ def list_table(header: list[str], rows: list[list[str]], widths: list[int] | Non
     return "\n".join(lines) + "\n"
 
 
-def provenance(data: dict) -> str:
-    """The line under each table: command, date, machine, torch."""
+def provenance_line(data: dict) -> str:
+    """The line under each table: the command, date, machine and torch that ``benchmarks/provenance.py`` recorded."""
     return (f"``{data['command']}``; measured {data['date']} on a {data['machine']}; torch {data['torch']}. "
             f"Data: ``benchmarks/results/{data['_file']}``.\n")
 
@@ -143,7 +143,7 @@ def collector_tables(res: Results) -> str:
         target = data["targets"].get(key, "")
         rows.append([label, f"``{key}``", fmt(data["steps_per_s"][key]), ratio, target])
     out = list_table(["configuration", "JSON key", "steps/s", "ratio to raw", "target"], rows, [40, 18, 10, 20, 12])
-    out += "\n" + provenance(data) + "\n"
+    out += "\n" + provenance_line(data) + "\n"
     phases = ("env_step", "policy", "buffer_write", "weight_sync", "pack", "other")
     labels = dict(COLLECTOR_ROWS)
     rows = [[labels[k]] + [fmt(v.get(phase, 0.0), 1) for phase in phases]
@@ -170,7 +170,7 @@ def dropin_tables(res: Results) -> str:
         rows.append([label, fmt(fps["torchrl"]), fmt(fps["ours"]), ratio])
     out = list_table(["pattern", "TorchRL ``MultiAsyncCollector`` frames/s", "``OffPolicyCollector`` frames/s",
                       "ratio"], rows, [40, 18, 18, 24])
-    return out + "\n" + provenance(speed)
+    return out + "\n" + provenance_line(speed)
 
 
 def sota_table(res: Results) -> str:
@@ -194,7 +194,7 @@ def sota_table(res: Results) -> str:
     ok = sum(1 for _, r in latest.values() if r["status"] == "ok")
     out += f"\n{ok} of {len(latest)} rows ok. "
     for run in runs:
-        out += provenance(run).rstrip("\n") + " "
+        out += provenance_line(run).rstrip("\n") + " "
     return out.rstrip() + "\n"
 
 
@@ -208,7 +208,7 @@ def sota_exit_table(res: Results) -> str:
         rows = [[str(i + 1), run["status"], fmt(run["seconds"]), fmt(run["exit_after_output_s"], 1)]
                 for i, run in enumerate(data["runs"])]
         out += list_table(["run", "result", "seconds", "exit after the last output (s)"], rows)
-        out += f"\n``{data['script']}``, limit {data['exit_within_s']} s. {data['note']} " + provenance(data)
+        out += f"\n``{data['script']}``, limit {data['exit_within_s']} s. {data['note']} " + provenance_line(data)
     return out
 
 
@@ -270,7 +270,7 @@ def sac_tables(res: Results) -> str:
     out += (f"\nSB3's mean return at 100k frames, {fmt(t['sb3_return_100k'])}, is reached by the recipe's mean curve "
             f"at {t['recipe_frames'] // 1000}k frames in {t['recipe_min']} min, against SB3's {t['sb3_min']} min "
             f"(**{t['ratio']:.2f}** of SB3's wall-clock; target at most {data['targets']['time_ratio_at_most']}).\n\n")
-    return out + provenance(data)
+    return out + provenance_line(data)
 
 
 def td3_tables(res: Results) -> str:
@@ -290,7 +290,7 @@ def td3_tables(res: Results) -> str:
     out += (f"\nSeeds 0-2, the issue's measure, three runs pooled ({p['runs']} runs): {signed(p['from_30k_to_90k'][0])} "
             f"to {signed(p['from_30k_to_90k'][1])} against SB3 from 30k to 90k, {fmt(a['recipe'])} against "
             f"{fmt(a['sb3'])} at 100k ({a['percent']:+.1f} %).\n\n")
-    return out + provenance(data)
+    return out + provenance_line(data)
 
 
 def td3_seeds_table(res: Results) -> str:
@@ -323,7 +323,7 @@ def learner_table(res: Results) -> str:
     out += (f"\nOne update's {p['total']} ms (``--profile``): loss forward {p['loss_forward']}, backward {p['backward']}, "
             f"optimiser {p['optimizer']}, target update {p['target_update']}, sampling {p['sample']}; matrix products "
             f"{p['matmul']} of it.\n\n")
-    return out + provenance(d)
+    return out + provenance_line(d)
 
 
 def learner_batch_table(res: Results) -> str:
@@ -340,12 +340,12 @@ def learner_batch_table(res: Results) -> str:
     out = list_table(["batch", "updates/s, 1 / 2 threads", "rows trained on per s, 1 / 2 threads",
                       "second thread", "fraction of the sgemm limit, 1 / 2 threads",
                       "``BufferSampler`` ms per batch (share of a 1-thread update)"], rows, [8, 16, 18, 10, 16, 20])
-    out += f"\nOn a buffer of {sweep['buffer_rows']:,} rows. " + provenance(sweep)
+    out += f"\nOn a buffer of {sweep['buffer_rows']:,} rows. " + provenance_line(sweep)
     for d in (d for d in topic(res, "learning") if d.get("benchmark") == "sampling"):
         out += (f"\n``benchmarks/sampling.py``, a full buffer of {d['rows']:,} rows, batch {d['batch_size']}: "
                 f"``BufferSampler`` {d['buffer_sampler_ms']:.3f} ms, a bare gather of the same keys "
                 f"{d['gather_ms']:.3f} ms ({d['buffer_sampler_over_gather']:.2f}x), ``rb.sample()`` "
-                f"{d['rb_sample_ms']:.3f} ms ({d['rb_sample_over_gather']:.2f}x). " + provenance(d))
+                f"{d['rb_sample_ms']:.3f} ms ({d['rb_sample_over_gather']:.2f}x). " + provenance_line(d))
     return out
 
 
@@ -407,25 +407,23 @@ def wallclock_table(data: dict) -> str:
                 "frames, its evaluations in its minutes).\n\n")
     if data.get("note"):
         out += data["note"] + "\n\n"
-    return out + provenance(data)
+    return out + provenance_line(data)
 
 
-def wallclock_tables(res: Results, files: dict[str, str] | None = None) -> str:
-    """Issue 44's suite for one algorithm (``files``: :data:`WALLCLOCK`, SAC's; :data:`WALLCLOCK_TD3`): the
-    finalists on 5 seeds, then the screening runs."""
-    files = files or WALLCLOCK
-    parts = [f"**{title}**\n\n" + wallclock_table(res[key]) for key, title in files.items() if key in res]
-    algo = "td3 sb3_td3" if files is WALLCLOCK_TD3 else "sac sb3_sac"
+def wallclock_tables(res: Results, algo: str = "sac") -> str:
+    """Issue 44's suite for one algorithm (``"sac"`` or ``"td3"``, the keys of :data:`WALLCLOCK`): the finalists
+    on 5 seeds, then the screening runs."""
+    parts = [f"**{title}**\n\n" + wallclock_table(res[key]) for key, title in WALLCLOCK[algo].items() if key in res]
     return "\n".join(parts) or (f"Return against wall-clock: **{NOT_MEASURED}** "
-                                 f"(``python benchmarks/learning.py --suite wallclock --algo {algo}``).\n")
+                                 f"(``python benchmarks/learning.py --suite wallclock --algo {algo} sb3_{algo}``).\n")
 
 
-def wallclock_curves(res: Results, files: dict[str, str] | None = None, screened: tuple[str, ...] | None = ("utd1",)
+def wallclock_curves(res: Results, algo: str = "sac", screened: tuple[str, ...] | None = ("utd1",)
                      ) -> dict[str, list[dict]]:
-    """The curves of a wall-clock plot (``files``: :data:`WALLCLOCK`, SAC's; :data:`WALLCLOCK_TD3`): every
-    finalist's, with its band, and of the screen's one-seed runs those in ``screened`` (SAC: ``utd1``, the defaults
-    before issue 44; ``None``: all) that no finalist run measured."""
-    files = files or WALLCLOCK
+    """The curves of one algorithm's wall-clock plot (``"sac"`` or ``"td3"``): every finalist's, with its band,
+    and of the screen's one-seed runs those in ``screened`` (SAC: ``utd1``, the defaults before issue 44; ``None``:
+    all) that no finalist run measured."""
+    files = WALLCLOCK[algo]
     screen = list(files)[-1]
     curves = {}
     for key in files:
@@ -455,7 +453,7 @@ def robot_tables(res: Results) -> str:
         if "mean_episode_steps_30k_100k" in t:
             steps = ", ".join(f"{k} {v}" for k, v in t["mean_episode_steps_30k_100k"].items())
             out += f"Mean evaluation episode length from 30k to 100k frames, in steps: {steps}.\n\n"
-    return out + provenance(data)
+    return out + provenance_line(data)
 
 
 def robot_speed_table(res: Results) -> str:
@@ -471,7 +469,7 @@ def robot_speed_table(res: Results) -> str:
                      f"{b['env_step']} / {b['policy']} / {b['buffer_write']}"])
     out = list_table(["task", "EnvPool alone", "``EnvPoolEnv`` alone", "collector", "collector / EnvPool",
                       "64 envs in 2 lanes / EnvPool on 64", "us per env step: physics / policy / buffer"], rows)
-    return out + "\n" + provenance(data)
+    return out + "\n" + provenance_line(data)
 
 
 # ------------------------------------------------------------------ faults
@@ -504,7 +502,7 @@ def fault_tables(res: Results) -> str:
          + ("no residue" if not st.get("residue") else f"**residue {st['residue']}**") + "; ``resume=`` "
          + ("restores the buffer exactly" if st.get("resume_buffer_exact", True) else "**does not restore the buffer**")],
     ]
-    out = list_table(["fault", "result"], rows, [50, 50]) + "\n" + provenance(f) + "\n"
+    out = list_table(["fault", "result"], rows, [50, 50]) + "\n" + provenance_line(f) + "\n"
     s = res["faults/soak.json"]
     r, y = s["recipe_soak"], s["ray_soak"]
     rows = [
@@ -518,7 +516,7 @@ def fault_tables(res: Results) -> str:
     out += "The SAC recipe with a worker (or a Ray node actor) SIGKILLed again and again, restarts on:\n\n"
     out += list_table(["soak", "kills / restarts", "frames lost", "torn rows", "longest learner stall", "final return",
                        "residue"], rows)
-    return out + "\n" + provenance(s)
+    return out + "\n" + provenance_line(s)
 
 
 # ------------------------------------------------------------------ Ray
@@ -533,7 +531,7 @@ def ray_table(res: Results) -> str:
     out = list_table(["``--frames-per-batch``", "local frames/s", "Ray frames/s (learner receives)",
                       f"Ray / local (target {d['target_ray_over_local']})", "Ray, nodes write a ``RayReplayBuffer``, / local",
                       "learner receive, us/frame", "bytes/frame on the wire"], rows)
-    return out + "\n" + provenance(d)
+    return out + "\n" + provenance_line(d)
 
 
 # ------------------------------------------------------------------ GPU
@@ -593,6 +591,7 @@ def headline_rows(res: Results) -> list[tuple[str, str, str, str]]:
         wallclock_headline(res) or
         ("SAC: wall-clock to SB3's 100k return",
          f"**{t['ratio']:.2f}** of SB3's ({t['recipe_min']} against {t['sb3_min']} min, 3 seeds)", sac["command"], sac["date"]),
+        wallclock_headline(res, "td3") or
         (f"TD3 vs SB3's TD3, {len(td3['recipe'])} seeds, 100k frames",
          f"{fmt(rec[-1])} against {fmt(sb3[-1])} ({(rec[-1] / sb3[-1] - 1) * 100:+.1f} %)",
          "python benchmarks/learning.py --suite td3 --seeds 0 1 2 3 4 5 6 7 8 9", td3["date"]),
@@ -608,9 +607,9 @@ def headline_rows(res: Results) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def wallclock_headline(res: Results) -> tuple[str, str, str, str] | None:
-    """The wall-clock suite's row for the recipe's defaults (its 5-seed finalists), once they are measured."""
-    data = res.get(WALLCLOCK_FINAL)
+def wallclock_headline(res: Results, algo: str = "sac") -> tuple[str, str, str, str] | None:
+    """The wall-clock suite's row for one recipe's defaults (its 5-seed finalists), once they are measured."""
+    data = res.get(next(iter(WALLCLOCK[algo])))
     side = data and data["configs"].get("defaults")
     if not side or not side.get("targets"):
         return None
@@ -619,7 +618,8 @@ def wallclock_headline(res: Results) -> tuple[str, str, str, str] | None:
                f"{fmt(t['sb3_minutes'], 1)} min)" if t["minute_reached"] else "not reached")
     half = t["return_ratio_at_half"]
     at_half = "" if half is None else f"; at half SB3's time, **{half:.2f}x** SB3's return"
-    return ("SAC: wall-clock to SB3's 100k return", f"{reached}{at_half} ({side['seeds']} seeds; SB3 {ref['seeds']})",
+    return (f"{algo.upper()}: wall-clock to SB3's 100k return",
+            f"{reached}{at_half} ({side['seeds']} seeds; SB3 {ref['seeds']})",
             data["command"], data["date"])
 
 
@@ -685,7 +685,7 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "dropin_torch_versions.rst": lambda res: ab_table(res, "dropin/torch_2.13_vs_2.14.1.json",
                                                       "Pattern 1's frames/s on torch 2.13.0 (CPU build) and 2.14.1"),
     "wallclock.rst": wallclock_tables,
-    "wallclock_td3.rst": lambda res: wallclock_tables(res, WALLCLOCK_TD3),
+    "wallclock_td3.rst": lambda res: wallclock_tables(res, "td3"),
     "robot_learning.rst": robot_tables,
     "robot_speed.rst": robot_speed_table,
     "faults.rst": fault_tables,
@@ -693,11 +693,10 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "gpu.rst": gpu_table,
     "figures.rst": figures_rst,
 }
-#: issue 44's suite (benchmarks/learning.py --suite wallclock): its finalists on 5 seeds, and its screening runs.
-WALLCLOCK_FINAL, WALLCLOCK_SCREEN = "learning/wallclock.json", "learning/wallclock_screen.json"
-WALLCLOCK = {WALLCLOCK_FINAL: "Finalists", WALLCLOCK_SCREEN: "Screening"}
-#: its TD3 side, the same two files
-WALLCLOCK_TD3 = {"learning/wallclock_td3.json": "Finalists", "learning/wallclock_td3_screen.json": "Screening"}
+#: issue 44's suite (benchmarks/learning.py --suite wallclock), per algorithm: its finalists on 5 seeds, and its
+#: screening runs (the screen last).
+WALLCLOCK = {"sac": {"learning/wallclock.json": "Finalists", "learning/wallclock_screen.json": "Screening"},
+             "td3": {"learning/wallclock_td3.json": "Finalists", "learning/wallclock_td3_screen.json": "Screening"}}
 HEADER = ".. Generated by benchmarks/report.py from benchmarks/results/: do not edit, run the script.\n\n"
 
 
@@ -804,10 +803,10 @@ def plots(results: Path = RESULTS) -> list[Path]:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import wallclock
 
-    for files, screened, name in ((WALLCLOCK, ("utd1",), "wallclock"), (WALLCLOCK_TD3, None, "wallclock_td3")):
-        curves = wallclock_curves(res, files, screened)
+    for algo, name in (("sac", "wallclock"), ("td3", "wallclock_td3")):
+        curves = wallclock_curves(res, algo)
         if curves:
-            w = next(res[key] for key in files if key in res)
+            w = next(res[key] for key in WALLCLOCK[algo] if key in res)
             wallclock.plot_against_minutes(PLOTS / f"{name}.png", f"{w['algo'].upper()} HalfCheetah-v5: return "
                                            f"against wall-clock ({w['date']})", curves, w.get("reference"))
             made.append(PLOTS / f"{name}.png")

@@ -8,7 +8,8 @@ target networks every ``optim.policy_update_delay`` critic updates. The collecti
 ``recipes/sac.py``: an ``OffPolicyCollector`` fills the shared replay buffer
 from worker processes while this process learns at ``optim.utd_ratio``.
 
-    python recipes/td3.py                                   # HalfCheetah-v5, 40k frames (100k: 10-11.5 min on 2 cores)
+    python recipes/td3.py                                   # HalfCheetah-v5, 130k frames, 4 per update, 16 envs
+    python recipes/td3.py --config-name td3_utd1            # 40k frames at one update per frame (SB3's TD3)
     python recipes/td3.py env.name=Hopper-v5 collector.total_frames=200000
     python recipes/td3.py env.name=Go1JoystickFlatTerrain-v1 network.critic_input=privileged   # asymmetric critic
     python recipes/td3.py collector.lockstep=true           # collect, train, repeat: reproducible

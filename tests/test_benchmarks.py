@@ -233,13 +233,14 @@ def test_set_reaches_the_config_an_sb3_run_reads(tmp_path, monkeypatch):
     assert learning.sb3_config(learning.SUITES["td3"][1], 0).optim.num_threads == "auto"
 
 
-def test_a_task_runs_on_the_config_it_names():
-    # the suites measured before issue 44 keep one update per frame (recipes/config/sac_utd1.yaml) ...
-    (old,) = [t for t in learning.SUITES["sb3"] if t.algo == "sac"]
+@pytest.mark.parametrize("algo, old_suite", [("sac", "sb3"), ("td3", "td3")])
+def test_a_task_runs_on_the_config_it_names(algo, old_suite):
+    # the suites measured before issue 44 keep one update per frame (recipes/config/<algo>_utd1.yaml) ...
+    (old,) = [t for t in learning.SUITES[old_suite] if t.algo == algo]
     assert learning.sb3_config(old, 0).optim.utd_ratio == 1.0
     # ... while the wallclock suite's "defaults" run the recipe's own
-    (new,) = [t for t in learning.SUITES["wallclock"] if (t.algo, t.label) == ("sac", "defaults")]
-    assert learning.sb3_config(new, 0).optim.utd_ratio == learning.recipe_config("sac", []).optim.utd_ratio
+    (new,) = [t for t in learning.SUITES["wallclock"] if (t.algo, t.label) == (algo, "defaults")]
+    assert learning.sb3_config(new, 0).optim.utd_ratio == learning.recipe_config(algo, []).optim.utd_ratio == 0.25
 
 
 def test_an_interrupted_run_is_not_saved_for_reuse(tmp_path, monkeypatch):

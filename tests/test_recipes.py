@@ -344,10 +344,12 @@ def test_max_minutes_ends_the_run_and_its_snapshots_hold_the_policy_it_evaluated
     assert points[-1]["return"] == pytest.approx(summary["final_return"])
 
 
-def test_sac_utd1_is_the_defaults_at_one_update_per_frame():
-    # python recipes/sac.py --config-name sac_utd1: SB3's schedule, the defaults before issue 44
+@pytest.mark.parametrize("algo, envs, frames, noise", [("sac", 4, 40_000, set()),
+                                                       ("td3", 1, 40_000, {"collector.td3_noise"})])
+def test_utd1_is_the_defaults_at_one_update_per_frame(algo, envs, frames, noise):
+    # python recipes/<algo>.py --config-name <algo>_utd1: SB3's schedule, the defaults before issue 44
     with initialize_config_dir(config_dir=str(RECIPES / "config"), version_base="1.3"):
-        defaults, utd1 = compose(config_name="sac"), compose(config_name="sac_utd1")
+        defaults, utd1 = compose(config_name=algo), compose(config_name=f"{algo}_utd1")
 
     def leaves(cfg, prefix=""):
         return {k: v for key, value in cfg.items()
@@ -355,10 +357,11 @@ def test_sac_utd1_is_the_defaults_at_one_update_per_frame():
                              {f"{prefix}{key}": value}).items()}
 
     changed = {key for key, value in leaves(utd1).items() if leaves(defaults)[key] != value}
-    assert (utd1.optim.utd_ratio, utd1.collector.env_per_collector, utd1.collector.total_frames) == (1.0, 4, 40_000)
+    assert (utd1.optim.utd_ratio, utd1.collector.env_per_collector, utd1.collector.total_frames) == (1.0, envs, frames)
     assert changed <= {"collector.total_frames", "collector.frames_per_batch", "collector.env_per_collector",
                        "collector.max_lead_frames", "replay_buffer.size", "optim.utd_ratio", "logger.eval_iter",
-                       "logger.checkpoint_every"}
+                       "logger.checkpoint_every", *noise}
+    assert defaults.optim.utd_ratio == 0.25 and defaults.collector.env_per_collector == 16
 
 
 def test_max_minutes_must_be_positive(tmp_path):

@@ -129,10 +129,19 @@ def test_the_td3_side_of_the_wallclock_suite_gets_its_own_table_and_plot_curves(
     td3 = {**screen, "algo": "td3", "configs": {label: screen["configs"][label] for label in ("defaults", "utd1")}}
     (results_copy / "learning" / "wallclock_td3_screen.json").write_text(json.dumps(td3))
     res = report.load(results_copy)
-    # every screened TD3 configuration is drawn, and SAC's plot keeps only its own
-    assert list(report.wallclock_curves(res, report.WALLCLOCK_TD3, None)) == ["defaults, screening", "utd1, screening"]
-    assert "defaults, screening" not in report.wallclock_curves(res)
+    # TD3's finalists with their band and the screen's old defaults; each plot draws its own algorithm's files
+    td3_curves, sac_curves = report.wallclock_curves(res, "td3"), report.wallclock_curves(res)
+    assert list(td3_curves) == ["defaults", "utd1, screening"]
+    for curves, final in ((td3_curves, "wallclock_td3.json"), (sac_curves, "wallclock.json")):
+        assert curves["defaults"][0]["mean"] == res[f"learning/{final}"]["configs"]["defaults"]["mean_by_minute"][0]
+    assert td3_curves["defaults"][0]["mean"] != sac_curves["defaults"][0]["mean"]
+    # without the finalists, every screened configuration is drawn
+    del res["learning/wallclock_td3.json"]
+    assert list(report.wallclock_curves(res, "td3", None)) == ["defaults, screening", "utd1, screening"]
     tables = report.outputs(results_copy)
     td3_table = tables[report.GENERATED / "wallclock_td3.rst"]
     assert "SB3's TD3" in td3_table and "SB3's SAC" not in td3_table and report.NOT_MEASURED not in td3_table
     assert "SB3's TD3" not in tables[report.GENERATED / "wallclock.rst"]
+    # README's headline reports each recipe's finalists against its own SB3 reference
+    rows = {row[0]: row[1] for row in report.headline_rows(report.load(results_copy))}
+    assert "TD3: wall-clock to SB3's 100k return" in rows and "SAC: wall-clock to SB3's 100k return" in rows
