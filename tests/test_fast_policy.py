@@ -72,3 +72,28 @@ def test_fast_path_covers_an_actor_reading_privileged_context(algo):
         with set_exploration_type(ExplorationType.RANDOM):
             torch.manual_seed(0)
             assert not torch.allclose(fast(changed), got)
+
+
+@pytest.mark.parametrize("mapping", ["biased_softplus_1.0", "biased_softplus_0.5_0.05", "exp"])
+def test_normal_params_step_equals_the_extractor_and_keeps_loc_and_scale(mapping):
+    from tensordict.nn import NormalParamExtractor
+
+    from torchrl_unilab.modules._mlp import normal_params
+
+    extractor = NormalParamExtractor(scale_mapping=mapping, scale_lb=0.3)
+    x = torch.randn(64, 6) * 4  # large negative inputs reach scale_lb
+    for got, expected in zip(normal_params(extractor)(x), extractor(x), strict=True):
+        assert torch.equal(got, expected)
+    # the fast path writes the sota actor's loc and scale, as TorchRL's call does (issue 43: rows hold them)
+    from torchrl.modules import MLP, ProbabilisticActor, TanhNormal
+
+    net = torch.nn.Sequential(MLP(in_features=5, out_features=6, num_cells=[16]), extractor)
+    actor = ProbabilisticActor(TensorDictModule(net, in_keys=["observation"], out_keys=["loc", "scale"]),
+                               in_keys=["loc", "scale"], distribution_class=TanhNormal,
+                               distribution_kwargs={"low": -1.0, "high": 1.0})
+    obs = torch.randn(8, 5)
+    values = {"observation": obs}
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        tensor_policy(actor)(values)
+        expected = actor(TensorDict({"observation": obs}, [8]))
+    assert torch.equal(values["loc"], expected["loc"]) and torch.equal(values["scale"], expected["scale"])

@@ -18,9 +18,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDictBase
+from tensordict.nn import NormalParamExtractor
+from tensordict.nn.utils import biased_softplus
 from torch import nn
 
-__all__ = ["MLPExecutor", "concatenates_inputs", "mlp_steps"]
+__all__ = ["MLPExecutor", "concatenates_inputs", "mlp_steps", "normal_params"]
 
 #: ("linear" | "norm", parameter-key prefix, layer) or ("call", function)
 Step = tuple
@@ -72,6 +74,8 @@ def mlp_steps(net: nn.Module, *, root: nn.Module | None = None) -> list[Step] | 
             steps.append(("linear", names[id(module)], module))
         elif isinstance(module, nn.LayerNorm):
             steps.append(("norm", names[id(module)], module))
+        elif isinstance(module, NormalParamExtractor):
+            steps.append(("call", normal_params(module)))
         elif next(module.parameters(), None) is None:
             steps.append(("call", _FUNCTIONS.get(type(module), module.forward)))
         else:
@@ -79,6 +83,33 @@ def mlp_steps(net: nn.Module, *, root: nn.Module | None = None) -> list[Step] | 
         return True
 
     return steps if visit(net) else None
+
+
+def normal_params(module: NormalParamExtractor) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """``module``'s forward on one tensor, ``(loc, scale)``, without its two module calls when it maps the scale
+    with a biased softplus (the SAC actor's); otherwise its own forward.
+
+    The module calls of ``NormalParamExtractor`` and its ``biased_softplus`` took about 6 % of a collection
+    worker's time with TorchRL's sota SAC actor (py-spy, HalfCheetah-v5, 2 workers x 4 envs, issue 43); this is
+    the same arithmetic in the same order, so the values are equal bit for bit.
+
+    Examples:
+        >>> import torch
+        >>> extractor = NormalParamExtractor()
+        >>> x = torch.randn(5, 6)
+        >>> all(torch.equal(a, b) for a, b in zip(normal_params(extractor)(x), extractor(x)))
+        True
+    """
+    mapping, lower = module.scale_mapping, module.scale_lb
+    if type(mapping) is not biased_softplus:
+        return module.forward
+    bias, min_val = mapping.bias, mapping.min_val
+
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc, scale = x.chunk(2, -1)
+        return loc, (F.softplus(scale + bias) + min_val).clamp_min(lower)
+
+    return forward
 
 
 class MLPExecutor:
