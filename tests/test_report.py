@@ -118,6 +118,12 @@ def test_the_wallclock_plot_shows_the_finalists_and_the_old_defaults_until_they_
     tables = report.outputs(results_copy)[report.GENERATED / "wallclock.rst"]
     assert tables.index("**Finalists**") < tables.index("**Screening**")
     assert "``--config-name sac_utd1``" in tables and "wallclock_screen.json" in tables
+    # a second screen, made on another machine with its own run of the defaults: its own table, after the first,
+    # without SB3's targets (no SB3 run on its machine); its defaults are not drawn over the finalists' curve
+    second = tables[tables.index("**Screening: batch size"):]
+    assert tables.index("**Screening**") < tables.index("**Screening: batch size")
+    assert "wallclock_screen_batch.json" in second and "``batch1024_lr6e-4``" in second and "SB3's SAC" not in second
+    assert "defaults, screening" not in curves
 
     final["configs"]["utd1"] = screen["configs"]["utd1"]  # measured among the finalists: the screen's is not shown
     (results_copy / "learning" / "wallclock.json").write_text(json.dumps(final))
