@@ -74,12 +74,12 @@ def mlp_steps(net: nn.Module, *, root: nn.Module | None = None) -> list[Step] | 
             steps.append(("linear", names[id(module)], module))
         elif isinstance(module, nn.LayerNorm):
             steps.append(("norm", names[id(module)], module))
+        elif next(module.parameters(), None) is not None:
+            return False
         elif isinstance(module, NormalParamExtractor):
             steps.append(("call", normal_params(module)))
-        elif next(module.parameters(), None) is None:
-            steps.append(("call", _FUNCTIONS.get(type(module), module.forward)))
         else:
-            return False
+            steps.append(("call", _FUNCTIONS.get(type(module), module.forward)))
         return True
 
     return steps if visit(net) else None
