@@ -595,14 +595,14 @@ def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, bac
     Local: 2 workers, a kill every 20-40 s, and an undisturbed run at the same settings and seed beside it
     (concurrently, so both share the machine alike). Ray: 2 node actors of 1 worker on a local cluster,
     a node actor killed every 60 s, no run beside it. ``frames`` defaults to what the machine collects in
-    ``minutes`` at one update per frame: 55 frames/s for each of two runs side by side on 2 cores (24,576
-    frames took 6.1 and 7.1 min, 2026-12-01), 40 on Ray.
+    ``minutes`` at the recipe's defaults (4 frames per update): 430 frames/s for each of two runs side by side on
+    2 cores (430,080 frames took 16.6 min, 2026-12-06), 400 on Ray (73,728 in 3.0 min).
     Reports kills, restarts, frames lost (counted but not in the buffer), torn rows in the final buffer (each
     row is checked, and it holds every row ever sampled: the buffer never wraps), the learner's longest wait
     for data, the final eval returns, and the residue.
     """
     ray = backend == "ray"
-    frames = -(-(frames or int(minutes * 60 * (40 if ray else 55))) // 1024) * 1024  # whole batches of every worker
+    frames = -(-(frames or int(minutes * 60 * (400 if ray else 430))) // 1024) * 1024  # whole batches of every worker
     size = frames + 1024
     overrides = [f"env.seed={seed}", f"collector.total_frames={frames}", f"replay_buffer.size={size}",
                  "logger.eval_iter=1000000000", "logger.checkpoint_every=0", "logger.progress_bar=false",
@@ -676,9 +676,26 @@ def results_file(results: dict) -> dict:
     }
 
 
-def soak_results_file(soak: dict) -> dict:
+def saved_soaks(logs: list[Path]) -> dict:
+    """The soaks (``recipe_soak``, ``ray_soak``) in the JSON lines that ``--soak-minutes`` and
+    ``--ray-soak-minutes`` runs printed, saved in ``logs``: for each soak its line in the last log that has one.
+    Other lines (a recipe's log, warnings) are skipped; nothing but JSON is read."""
+    soak = {}
+    for log in logs:
+        for line in log.read_text().splitlines():
+            try:
+                found = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(found, dict):
+                soak.update({k: v for k, v in found.items() if k in ("recipe_soak", "ray_soak")})
+    return soak
+
+
+def soak_results_file(soak: dict, note: str | None = None) -> dict:
     """``--out``'s file from both soaks' JSON object ``soak`` (``recipe_soak`` and ``ray_soak``): the soak table
-    and README's soak figures, as ``benchmarks/report.py`` reads them."""
+    and README's soak figures, as ``benchmarks/report.py`` reads them. ``note``: how the soaks ran, if not in one
+    command."""
     def killed_run(result: dict, restarts: str) -> dict:
         runs = [result[name] for name in ("killed", "undisturbed") if name in result]
         left = sum(run["residue"] for run in runs), sum(run["processes_left"] for run in runs)
@@ -693,7 +710,7 @@ def soak_results_file(soak: dict) -> dict:
     quiet = local["undisturbed"]
     recipe = killed_run(local, "worker_restarts")
     return {
-        **provenance("faults", local["load_1min_start"], ray["load_1min_end"]),
+        **provenance("faults", local["load_1min_start"], ray["load_1min_end"], note=note),
         "recipe_soak": {"workers": SOAK_PROCESSES, **recipe, "undisturbed_minutes": quiet["minutes"],
                         "undisturbed_max_stall_s": quiet["longest_learner_stall_s"],
                         "undisturbed_final_return": quiet["final_return"]},
@@ -716,10 +733,24 @@ def main() -> None:
     parser.add_argument("--soak-frames", type=int, default=None, help="the soak's total_frames (default: from minutes)")
     parser.add_argument("--ray-soak-minutes", type=float, default=None,
                         help="the recipe on a local Ray cluster, a node actor killed every minute")
+    parser.add_argument("--ray-soak-frames", type=int, default=None,
+                        help="the Ray soak's total_frames (default: from minutes)")
+    parser.add_argument("--soak-json", type=Path, nargs="+", default=None, metavar="LOG",
+                        help="instead of running: soak.json (--out) from what earlier soak runs printed (their "
+                             "saved output; a later LOG's soak replaces an earlier one's), to rerun one soak alone")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write the docs' figures to this file: faults.json's (results_file), or with "
                              "--soak-minutes and --ray-soak-minutes soak.json's (soak_results_file)")
     args = parser.parse_args()
+    if args.soak_json:
+        soak = saved_soaks(args.soak_json)
+        missing = [name for name in ("recipe_soak", "ray_soak") if name not in soak]
+        if args.out is None or missing:
+            parser.error(f"--soak-json needs --out and a recipe_soak and a ray_soak line in its logs (missing: "
+                         f"{', '.join(missing) or 'none'})")
+        note = f"the soaks from {len(args.soak_json)} runs, one after the other"
+        args.out.write_text(json.dumps(soak_results_file(soak, note), indent=1) + "\n")
+        return
     soaks = bool(args.soak_minutes or args.ray_soak_minutes)
     if args.out is not None and soaks and not (args.soak_minutes and args.ray_soak_minutes):
         parser.error("--out with a soak needs both --soak-minutes and --ray-soak-minutes (soak.json holds both)")
@@ -731,7 +762,7 @@ def main() -> None:
             soak["recipe_soak"] = recipe_soak(args.soak_minutes, frames=args.soak_frames)
             print(json.dumps({"recipe_soak": soak["recipe_soak"]}), flush=True)
         if args.ray_soak_minutes:
-            soak["ray_soak"] = recipe_soak(args.ray_soak_minutes, backend="ray")
+            soak["ray_soak"] = recipe_soak(args.ray_soak_minutes, frames=args.ray_soak_frames, backend="ray")
             print(json.dumps({"ray_soak": soak["ray_soak"]}), flush=True)
         print(json.dumps(soak))
         if args.out is not None:

@@ -30,8 +30,9 @@ It prints one JSON line per task (final and best return, their means over seeds,
 frames, minutes) and writes to ``--out``: ``results.md``/``results.csv``, the
 learning curves (``*.png``), each task's per-seed table (``*_table.rst``) and,
 for the SB3 suites, ``<algo>_vs_sb3.md`` (each mark's difference and its 90 %
-interval over seeds, SB3's band, the targets). The figures the docs show are kept
-in ``benchmarks/results/learning/`` and ``robot/`` (``benchmarks/report.py``).
+interval over seeds, SB3's band, the targets), for ``robot`` ``robot.json``. The
+figures the docs show are kept in ``benchmarks/results/learning/`` and ``robot/``
+(``benchmarks/report.py``; ``robot.json`` is ``robot/learning.json``).
 """
 
 from __future__ import annotations
@@ -737,6 +738,42 @@ def report_go1(out: Path, sides: dict[str, dict[int, dict]], minutes: float) -> 
     return summary
 
 
+def episode_lengths(run: dict) -> dict[float, float]:
+    """A recipe run's mean evaluation episode length at each 10k mark (:func:`on_grid`), from its scalars."""
+    path = next(Path(run["run_dir"]).glob("*/scalars/eval/episode_length.csv"))
+    return on_grid([tuple(map(float, line.split(","))) for line in open(path)])
+
+
+def report_robot(out: Path, by_env: dict[tuple[str, str], dict[str, dict[int, dict]]], note: str | None) -> dict:
+    """The ``robot`` suite's results file (``robot.json``, read by ``benchmarks/report.py`` as
+    ``robot/learning.json``): per task, its reference return (the suite's target), each run's return at every
+    10k mark and its minutes, each variant's mean and, for a task with variants, the mean evaluation episode
+    length from 30k frames on (how long the robot stays up). ``note``: how the runs shared the machine."""
+    frames = max(r["frames"] for sides in by_env.values() for runs in sides.values() for r in runs.values())
+    marks = [float(m) for m in range(SB3_EVAL_EVERY, frames + 1, SB3_EVAL_EVERY)]
+    references = {t.env: t.target for t in SUITES["robot"]}
+    summary = {**provenance("learning", note=note), "suite": "robot", "frames": int(marks[-1]),
+               "marks": [int(m) for m in marks], "tasks": {}}
+    for (algo, env), sides in by_env.items():
+        entry = {"algo": algo, **({"reference": references[env]} if references[env] is not None else {}),
+                 "runs": {}, "means": {}}
+        for side, runs in sides.items():
+            prefix = "" if side.startswith("recipes/") else f"{side}, "
+            for seed, run in sorted(runs.items()):
+                grid = on_grid(run["curve"])
+                entry["runs"][f"{prefix}seed {seed}"] = {"returns": [round(grid[m]) for m in marks],
+                                                          "minutes": round(run["elapsed_s"] / 60)}
+            entry["means"][side] = [round(statistics.fmean(on_grid(r["curve"])[m] for r in runs.values()))
+                                    for m in marks]
+        standing = {side: [v for r in runs.values() for m, v in episode_lengths(r).items() if m >= 30_000]
+                    for side, runs in sides.items()} if len(sides) > 1 else {}
+        if standing and all(standing.values()):  # a run shorter than 30k frames has none
+            entry["mean_episode_steps_30k_100k"] = {side: round(statistics.fmean(v)) for side, v in standing.items()}
+        summary["tasks"][env] = entry
+    (out / "robot.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=[*SUITES, "all"], default="pendulum")
@@ -761,6 +798,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="hydra overrides for every recipe run, after the suite's, and for the recipe config an "
                              "SB3 run reads (sb3_config); e.g. optim.num_threads=1 for two suites side by side "
                              "on 2 cores (one torch thread each from the start, SB3's too)")
+    parser.add_argument("--note", default=None,
+                        help="robot suite: how the runs shared the machine (e.g. two side by side), for robot.json")
     parser.add_argument("--reruns", type=Path, nargs="+", default=[], metavar="DIR",
                         help="td3 and sb3 suites: --out directories of other runs of the same seeds; writes "
                              "<algo>_reruns.md, the return targets for each run against SB3 and against each other "
@@ -810,6 +849,8 @@ def main(argv: list[str] | None = None) -> None:
             (args.out / f"{stem}_table.rst").write_text("\n".join(rst_table(sides)) + "\n")
             if len(sides) > 1:
                 plot_sides(args.out / f"{stem}_sides.png", f"{algo.upper()} {env}: {' against '.join(sides)}", sides)
+        if suite == "robot" and by_env:
+            report_robot(args.out, by_env, args.note)
         if suite == "go1_gpu":
             report_go1(args.out, by_env.get(("td3", "Go1JoystickFlatTerrain-v1"), {}),
                        args.minutes or GO1_GPU_MINUTES)

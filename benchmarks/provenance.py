@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import sys
 import time
 
@@ -31,6 +32,7 @@ def provenance(benchmark: str, load_start: float | None = None, load_end: float 
     loads = [f"{load} at the {when}" for load, when in ((load_start, "start"), (load_end, "end")) if load is not None]
     machine = "; ".join([f"{os.cpu_count()}-core {platform.machine()} CPU",
                          *([f"load average {', '.join(loads)}"] if loads else []), *([note] if note else [])])
-    return {"benchmark": benchmark, "date": time.strftime("%Y-%m-%d"),
-            "command": " ".join([f"python benchmarks/{benchmark}.py", *(sys.argv[1:] if argv is None else argv)]),
+    return {"benchmark": benchmark, "date": time.strftime("%Y-%m-%d"),  # quoted as a shell would need it
+            "command": " ".join([f"python benchmarks/{benchmark}.py",
+                                 shlex.join(sys.argv[1:] if argv is None else argv)]).rstrip(),
             "machine": machine, "torch": torch.__version__}

@@ -603,7 +603,8 @@ def headline_rows(res: Results) -> list[tuple[str, str, str, str]]:
          f"**{ray512['ray_over_local']:.2f}** at 512 frames per batch", ray["command"], ray["date"]),
         ("Robot tasks (Control Suite, Playground)",
          f"SAC 100k: CheetahRun {fmt(cheetah)}, WalkerWalk {fmt(walker)}; Go1 collector {go1:.2f} of EnvPool",
-         "python benchmarks/learning.py --suite robot", robot["date"]),
+         "python benchmarks/learning.py --suite robot (and collector_throughput.py --task)",
+         f"{robot['date']}, collector {rspeed['date']}"),
     ]
 
 

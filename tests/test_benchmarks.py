@@ -198,14 +198,20 @@ def test_set_reaches_every_recipe_run_and_a_tasks_variants_are_compared(tmp_path
 
     def fake_run(task, seed, run_dir):
         seen.append(task)
-        return _result([(10_000.0, float(seed)), (float(task.frames), 10.0 + seed)], task.frames)
+        scalars = run_dir / "exp" / "scalars" / "eval"  # where a recipe logs its evaluations' episode lengths
+        scalars.mkdir(parents=True)
+        standing = 100 * (seed + 1) * (2 if task.label == "privileged" else 1)
+        (scalars / "episode_length.csv").write_text(f"10048,1000\n20032,1000\n30016,{standing}\n40000,{standing}\n")
+        # evaluated at the first log past each 10k mark, as the recipe does
+        curve = [(m + 48.0, 2.0 * seed + m / 10_000) for m in range(10_000, task.frames + 1, 10_000)]
+        return {**_result(curve, task.frames), "run_dir": str(run_dir)}
 
     monkeypatch.setattr(learning, "run", fake_run)
-    learning.main(["--suite", "robot", "--seeds", "0", "1", "--frames", "20000", "--out", str(tmp_path),
-                   "--set", "optim.num_threads=1", "logger.eval_iter=5000"])
+    learning.main(["--suite", "robot", "--seeds", "0", "1", "--frames", "40000", "--out", str(tmp_path),
+                   "--set", "optim.num_threads=1", "logger.eval_iter=5000", "--note", "two runs side by side"])
     assert len(seen) == 2 * len(learning.SUITES["robot"])
     for task in seen:  # after the suite's own overrides, so that hydra lets them win
-        assert task.overrides[-2:] == ["optim.num_threads=1", "logger.eval_iter=5000"] and task.frames == 20_000
+        assert task.overrides[-2:] == ["optim.num_threads=1", "logger.eval_iter=5000"] and task.frames == 40_000
     go1 = "robot_td3_Go1JoystickFlatTerrain-v1"
     assert (tmp_path / f"{go1}_sides.png").stat().st_size > 0
     table = (tmp_path / f"{go1}_table.rst").read_text()
@@ -213,6 +219,21 @@ def test_set_reaches_every_recipe_run_and_a_tasks_variants_are_compared(tmp_path
         assert f"* - {row}" in table
     assert "* - recipes/sac.py, seed 0" in (tmp_path / "robot_sac_CheetahRun-v1_table.rst").read_text()
     assert not (tmp_path / "robot_sac_CheetahRun-v1_sides.png").exists()  # one variant: nothing to compare
+    # robot.json, the results file the docs' robot tables and plots are made from
+    saved = json.loads((tmp_path / "robot.json").read_text())
+    assert saved["marks"] == [10_000, 20_000, 30_000, 40_000] and saved["machine"].endswith("two runs side by side")
+    cheetah, go1 = saved["tasks"]["CheetahRun-v1"], saved["tasks"]["Go1JoystickFlatTerrain-v1"]
+    assert cheetah["reference"] == 300.0 and "reference" not in go1
+    assert cheetah["runs"]["seed 1"] == {"returns": [3, 4, 5, 6], "minutes": 1}
+    assert cheetah["means"] == {"recipes/sac.py": [2, 3, 4, 5]}
+    assert go1["runs"]["symmetric, seed 1"]["returns"] == [3, 4, 5, 6]
+    assert set(go1["means"]) == {"privileged", "symmetric"}
+    # how long the robot stays up, from 30k frames on: a task with variants compares them
+    assert go1["mean_episode_steps_30k_100k"] == {"privileged": 300, "symmetric": 150}
+    assert "mean_episode_steps_30k_100k" not in cheetah
+    import report
+    shown = report.robot_tables({"robot/learning.json": {**saved, "_file": "robot/learning.json"}})
+    assert "**symmetric, mean of 2**" in shown and "two runs side by side" in shown
     seen.clear()
     learning.main(["--suite", "robot", "--seeds", "0", "--task", "WalkerWalk", "--out", str(tmp_path / "one")])
     assert [(task.env, task.overrides[-1]) for task in seen] == [("WalkerWalk-v1", "replay_buffer.size=100000")]

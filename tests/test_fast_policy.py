@@ -97,3 +97,26 @@ def test_normal_params_step_equals_the_extractor_and_keeps_loc_and_scale(mapping
         tensor_policy(actor)(values)
         expected = actor(TensorDict({"observation": obs}, [8]))
     assert torch.equal(values["loc"], expected["loc"]) and torch.equal(values["scale"], expected["scale"])
+
+
+def test_an_extractor_with_a_learned_scale_mapping_is_not_flattened(monkeypatch):
+    # normal_params repeats the biased softplus' arithmetic; a mapping with parameters of its own must keep its
+    # module call, or the fast path would act with stale (never trained) parameters
+    from tensordict.nn import NormalParamExtractor, utils
+
+    from torchrl_unilab.modules._mlp import mlp_steps
+
+    class LearnedGainSoftplus(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.log_gain = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.softplus(x) * self.log_gain.exp()
+
+    monkeypatch.setitem(utils._MAPPINGS, "learned_gain_softplus", LearnedGainSoftplus())
+    learned = NormalParamExtractor(scale_mapping="learned_gain_softplus")
+    assert [name for name, _ in learned.named_parameters()] == ["scale_mapping.log_gain"]
+    assert mlp_steps(torch.nn.Sequential(torch.nn.Linear(3, 4), learned)) is None
+    steps = mlp_steps(torch.nn.Sequential(torch.nn.Linear(3, 4), NormalParamExtractor()))
+    assert [step[0] for step in steps] == ["linear", "call"]  # the stock mapping is flattened

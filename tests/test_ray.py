@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -381,6 +382,49 @@ def test_a_replacement_is_not_owed_the_random_frames_of_a_batch_its_node_finishe
         random = data["policy_version"] == -1
         node = data["collector", "traj_ids"] % 2
         assert [int((random & (node == i)).sum()) for i in (0, 1)] == [128, 128]
+    finally:
+        collector.shutdown(raise_on_error=False)
+    reap_killed_nodes(first)
+
+
+@pytest.mark.timeout(600)
+def test_a_node_lost_to_its_batch_call_and_its_ping_is_replaced_once():
+    """A node idle with a finished batch is pinged. SIGKILLed (as the soak kills it: Ray learns of the death a
+    moment later), its loss shows to a ping sent meanwhile and to the batch call the learner makes once it takes
+    that batch; when the batch call sees it first, the stale ping must not replace the replacement (it did, a
+    likely cause of the 9 replacements for 8 kills in the Ray soak of 2026-12-06)."""
+    rb = make_replay_buffer(400_000)
+    collector = RayOffPolicyCollector(
+        "Pendulum-v1", linear_policy(3, 1), num_nodes=2, num_workers=1, num_envs=4, frames_per_batch=64,
+        init_random_frames=0, seed=0, replay_buffer=rb, remote_configs=NODE, max_node_restarts=3,
+    )
+    first = node_processes(collector)
+    try:
+        collector.allow_frames(1)  # one batch, then hold: both nodes' next batches wait, and the nodes are pinged
+        assert collector.wait_for_frames(64, timeout=120)
+        assert wait_until(lambda: len(collector._pings) == 2 and "pid" in collector.node_hosts[1], timeout=60)  # noqa: SLF001
+        lost = collector.remote_collectors[1]
+        # the collection thread checks its nodes under this lock: the order of the two failures is the test's
+        with collector._cond:  # noqa: SLF001
+            ray.wait(list(collector._pings), num_returns=2, timeout=60)  # noqa: SLF001
+            collector._watch_nodes()  # noqa: SLF001  the live nodes' answers: no ping left in flight
+            assert not collector._pings and collector.node_restarts == [0, 0]  # noqa: SLF001
+            os.kill(int(collector.node_hosts[1].rsplit("(pid ", 1)[1].rstrip(")")), signal.SIGKILL)
+            collector._watch_nodes()  # noqa: SLF001  pings both nodes; node 1's answer is not in yet
+            batch_call = lost.next.remote()  # what the learner asks a node for after taking its batch
+            collector._pending[batch_call] = 1  # noqa: SLF001
+            collector._fetch([batch_call])  # noqa: SLF001  the batch call sees the loss first: replaced
+            assert collector.node_restarts == [0, 1]
+            ray.wait(list(collector._pings), num_returns=len(collector._pings), timeout=60)  # noqa: SLF001
+            collector._watch_nodes()  # noqa: SLF001  then the ping's failure is read
+            assert collector.node_restarts == [0, 1], "a stale ping replaced the replacement"
+        collector.allow_frames(None)
+
+        def replacement_rows() -> int:  # its trajectory ids come from a block of their own
+            return int((rb[: len(rb)]["collector", "traj_ids"] >= (2 << 44)).sum())
+
+        assert wait_until(lambda: replacement_rows() >= 128, timeout=180)
+        assert collector.node_restarts == [0, 1] and collector.metrics()["lost_nodes"] == []
     finally:
         collector.shutdown(raise_on_error=False)
     reap_killed_nodes(first)

@@ -130,6 +130,29 @@ def test_faults_out_files_render_in_the_faults_tables(monkeypatch, tmp_path):
     assert kills["recipe_sigterm"]["resume_buffer_exact"] is True
 
 
+def test_soak_json_writes_soak_json_from_soaks_run_apart(monkeypatch, tmp_path):
+    # a full soak's output, then a Ray soak run again on its own: the second's Ray figures win
+    first, second = tmp_path / "soak.log", tmp_path / "ray.log"
+    first.write_text("a recipe's log line\n" + json.dumps({"recipe_soak": RECIPE_SOAK}) + "\n"
+                     + json.dumps({"recipe_soak": RECIPE_SOAK, "ray_soak": {**RAY_SOAK, "frames": 1}}) + "\n")
+    second.write_text("[INFO] ray started\n" + json.dumps({"ray_soak": RAY_SOAK}) + "\n[1, 2]\n")
+    monkeypatch.setattr(faults, "recipe_soak", must_not_run("recipe_soak"))
+    run_main(faults, monkeypatch, "--soak-json", str(first), str(second), "--out", str(tmp_path / "soak.json"))
+    soak = written(tmp_path / "soak.json", "faults/soak.json")
+    assert soak["machine"].endswith("load average 1.5 at the start, 3.5 at the end; the soaks from 2 runs, one "
+                                    "after the other")
+    assert soak["ray_soak"]["frames"] == 24576 and soak["recipe_soak"]["kills"] == 51
+    text = report.fault_tables({"faults/faults.json": {**json.loads((BENCHMARKS / "results" / "faults" / "faults.json")
+                                                                    .read_text()), "_file": "faults/faults.json"},
+                                "faults/soak.json": soak})
+    assert "Ray, 2 nodes, 24,576 frames, 7.9 min" in text and "- 51 / 50\n" in text
+    local_only = tmp_path / "local.log"
+    local_only.write_text(json.dumps({"recipe_soak": RECIPE_SOAK}) + "\n")
+    with pytest.raises(SystemExit) as stopped:  # no Ray soak in this log
+        run_main(faults, monkeypatch, "--soak-json", str(local_only), "--out", str(tmp_path / "x.json"))
+    assert stopped.value.code == 2 and not (tmp_path / "x.json").exists()
+
+
 def test_a_failed_fault_case_reads_as_failed_in_the_table(monkeypatch, tmp_path):
     replace_faults_cases(monkeypatch)
     monkeypatch.setattr(faults, "learner_kill", lambda *a, **k: {**LEARNER_KILL, "residue_after_next_start": 2})

@@ -427,7 +427,8 @@ class RayOffPolicyCollector(RayCollector):
         self._lost: dict[int, str] = {}
         self._pending: dict[Any, int] = {}  # the next() call in flight on each node -> node index
         self._fetched: dict[Any, TensorDictBase | None] = {}  # finished calls, in arrival order
-        self._pings: dict[Any, int] = {}  # liveness calls to nodes whose batch waits in _fetched -> node index
+        # liveness calls to nodes whose batch waits in _fetched -> (node index, the actor pinged)
+        self._pings: dict[Any, tuple[int, Any]] = {}
         self._pump_error: BaseException | None = None
         self._cond = threading.Condition()
         self._written = 0
@@ -617,16 +618,19 @@ class RayOffPolicyCollector(RayCollector):
         if waiting:
             self._fetch(ray.wait(waiting, num_returns=len(waiting), timeout=0)[0])
         idle = {self._pending[f] for f in self._fetched if f in self._pending} - set(self._lost)
-        for idx in idle - set(self._pings.values()):
-            self._pings[self._nodes[idx].host.remote()] = idx
+        for idx in idle - {idx for idx, _ in self._pings.values()}:
+            self._pings[self._nodes[idx].host.remote()] = (idx, self._nodes[idx])
         if not self._pings:
             return
         for ref in ray.wait(list(self._pings), num_returns=len(self._pings), timeout=0)[0]:
-            idx = self._pings.pop(ref)
+            idx, actor = self._pings.pop(ref)
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError as err:
-                self._node_lost(idx, err)  # its fetched batch is still delivered; it is not asked again
+                # a ping to an actor already replaced (its batch call saw the loss first) is stale: replacing
+                # again would throw away the healthy replacement and spend a restart
+                if self._nodes[idx] is actor:
+                    self._node_lost(idx, err)  # its fetched batch is still delivered; it is not asked again
 
     def _node_lost(self, idx: int, err: Exception) -> None:
         if self.node_restarts[idx] < self.max_node_restarts and not self._stop_event.is_set():
