@@ -252,6 +252,11 @@ def run_or_reuse(task: Task, seed: int, run_dir: Path, reuse: bool) -> dict:
     return result
 
 
+def scalar_points(path: Path) -> list[tuple[float, float]]:
+    """A recipe's logged scalar (``<run>/<exp>/scalars/<group>/<name>.csv``: ``frames,value`` lines) as points."""
+    return [tuple(map(float, line.split(","))) for line in open(path)]
+
+
 def run(task: Task, seed: int, run_dir: Path) -> dict:
     if task.algo.startswith("sb3_"):
         return run_sb3(task, seed)
@@ -267,10 +272,10 @@ def run(task: Task, seed: int, run_dir: Path) -> dict:
     ])
     summary = recipe.main(cfg)
     exp = run_dir / cfg.logger.exp_name / "scalars"
-    curve = [tuple(map(float, line.split(","))) for line in open(exp / "eval" / "return.csv")]
+    curve = scalar_points(exp / "eval" / "return.csv")
     # a budgeted run shorter than one log interval logs no times (its snapshots have them)
     times = exp / "time" / "elapsed_s.csv"
-    elapsed = dict(tuple(map(float, line.split(","))) for line in open(times)) if times.exists() else {}
+    elapsed = dict(scalar_points(times)) if times.exists() else {}
     snapshots = ([] if task.minutes is None else
                  wallclock.evaluate_snapshots(Path(summary["run_dir"]), cfg, task.algo, task.info_keys))
     return {**summary, "curve": curve, "elapsed_at": elapsed, "snapshots": snapshots}
@@ -740,8 +745,7 @@ def report_go1(out: Path, sides: dict[str, dict[int, dict]], minutes: float) -> 
 
 def episode_lengths(run: dict) -> dict[float, float]:
     """A recipe run's mean evaluation episode length at each 10k mark (:func:`on_grid`), from its scalars."""
-    path = next(Path(run["run_dir"]).glob("*/scalars/eval/episode_length.csv"))
-    return on_grid([tuple(map(float, line.split(","))) for line in open(path)])
+    return on_grid(scalar_points(next(Path(run["run_dir"]).glob("*/scalars/eval/episode_length.csv"))))
 
 
 def report_robot(out: Path, by_env: dict[tuple[str, str], dict[str, dict[int, dict]]], note: str | None) -> dict:
@@ -763,8 +767,8 @@ def report_robot(out: Path, by_env: dict[tuple[str, str], dict[str, dict[int, di
                 grid = on_grid(run["curve"])
                 entry["runs"][f"{prefix}seed {seed}"] = {"returns": [round(grid[m]) for m in marks],
                                                           "minutes": round(run["elapsed_s"] / 60)}
-            entry["means"][side] = [round(statistics.fmean(on_grid(r["curve"])[m] for r in runs.values()))
-                                    for m in marks]
+            means = mean_curve(runs)
+            entry["means"][side] = [round(means[m]) for m in marks]
         standing = {side: [v for r in runs.values() for m, v in episode_lengths(r).items() if m >= 30_000]
                     for side, runs in sides.items()} if len(sides) > 1 else {}
         if standing and all(standing.values()):  # a run shorter than 30k frames has none

@@ -92,9 +92,14 @@ def cmdline(pid: int) -> str:
     return ""
 
 
+def actor_pid(host: str) -> int:
+    """The node actor's process id in its ``node_hosts`` entry (``"host (pid N)"``)."""
+    return int(host.rsplit("(pid ", 1)[1].rstrip(")"))
+
+
 def node_processes(collector: RayOffPolicyCollector) -> list[int]:
     """PIDs of every node actor and of its worker processes."""
-    actors = [int(host.rsplit("pid ", 1)[1].rstrip(")")) for host in collector.node_hosts]
+    actors = [actor_pid(host) for host in collector.node_hosts]
     return actors + [child for pid in actors for child in descendants(pid)]
 
 
@@ -409,7 +414,7 @@ def test_a_node_lost_to_its_batch_call_and_its_ping_is_replaced_once():
             ray.wait(list(collector._pings), num_returns=2, timeout=60)  # noqa: SLF001
             collector._watch_nodes()  # noqa: SLF001  the live nodes' answers: no ping left in flight
             assert not collector._pings and collector.node_restarts == [0, 0]  # noqa: SLF001
-            os.kill(int(collector.node_hosts[1].rsplit("(pid ", 1)[1].rstrip(")")), signal.SIGKILL)
+            os.kill(actor_pid(collector.node_hosts[1]), signal.SIGKILL)
             collector._watch_nodes()  # noqa: SLF001  pings both nodes; node 1's answer is not in yet
             batch_call = lost.next.remote()  # what the learner asks a node for after taking its batch
             collector._pending[batch_call] = 1  # noqa: SLF001
@@ -514,7 +519,7 @@ def test_a_node_killed_mid_batch_at_shutdown_leaves_nothing_behind():
     its weight block and fork-server directory stayed in /dev/shm and /tmp until the next collector started."""
     collector = RayOffPolicyCollector(slow_env, linear_policy(3, 1), num_nodes=1, num_workers=1, num_envs=2,
                                       frames_per_batch=64, seed=0, remote_configs=NODE)
-    pid = int(collector.node_hosts[0].rsplit("(pid ", 1)[1].rstrip(")"))
+    pid = actor_pid(collector.node_hosts[0])
     mine = f"tul_mp_{pid}_"
     next(iter(collector))  # the node now collects its next batch
     assert any(e.startswith(mine) for e in os.listdir(tempfile.gettempdir()))
