@@ -440,10 +440,11 @@ def recipe_sigterm() -> dict:
 
     from torchrl_unilab.trainers.checkpoint import Checkpointer
 
-    tiny = ["env.name=Pendulum-v1", "network.hidden_sizes=[32,32]", "optim.batch_size=64", "collector.env_per_collector=4",
-            "collector.frames_per_batch=64", "collector.init_random_frames=256", "collector.max_lead_frames=256",
-            "replay_buffer.size=20000", "logger.num_eval_envs=2", "logger.log_every=128", "logger.eval_iter=100000",
-            "logger.checkpoint_every=0", "logger.progress_bar=false"]
+    tiny = ["env.name=Pendulum-v1", "network.hidden_sizes=[32,32]", "optim.batch_size=64",
+            "collector.env_per_collector=4", "collector.frames_per_batch=64", "collector.init_random_frames=256",
+            "collector.max_lead_frames=256", "replay_buffer.size=20000", "logger.num_eval_envs=2",
+            "logger.log_every=128", "logger.eval_iter=100000", "logger.checkpoint_every=0",
+            "logger.progress_bar=false"]
     with tempfile.TemporaryDirectory(prefix="faults_recipe_") as tmp:
         run_dir = Path(tmp) / "run"
         recipe = [sys.executable, str(ROOT / "recipes" / "sac.py"), *tiny, f"logger.log_dir={run_dir}"]
@@ -728,8 +729,12 @@ def main() -> None:
     parser.add_argument("--worker-kill-minutes", type=float, default=None,
                         help="stop the worker kills after this many minutes even if fewer were done")
     parser.add_argument("--skip-recipe", action="store_true", help="leave out the recipe SIGTERM case")
-    parser.add_argument("--soak-minutes", type=float, default=None,
-                        help="instead: the SAC recipe with a worker SIGKILLed every 20-40 s, an undisturbed run beside it")
+    parser.add_argument(
+        "--soak-minutes",
+        type=float,
+        default=None,
+        help="instead: the SAC recipe with a worker SIGKILLed every 20-40 s, an undisturbed run beside it",
+    )
     parser.add_argument("--soak-frames", type=int, default=None, help="the soak's total_frames (default: from minutes)")
     parser.add_argument("--ray-soak-minutes", type=float, default=None,
                         help="the recipe on a local Ray cluster, a node actor killed every minute")

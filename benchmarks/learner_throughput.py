@@ -49,9 +49,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from provenance import provenance
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from provenance import provenance
 from tensordict import TensorDict
 from torchrl.objectives import SACLoss, SoftUpdate
 
@@ -73,13 +73,24 @@ def filled_buffer(rows: int = 50_000):
     rb = make_replay_buffer(max(100_000, rows), batch_size=BATCH)
     g = torch.Generator().manual_seed(0)
     flags = torch.zeros(rows, 1, dtype=torch.bool)
-    rb.extend(TensorDict({
-        "observation": torch.randn(rows, OBS, generator=g), "action": torch.rand(rows, ACT, generator=g) * 2 - 1,
-        ("next", "observation"): torch.randn(rows, OBS, generator=g), ("next", "reward"): torch.randn(rows, 1, generator=g),
-        ("next", "done"): flags, ("next", "terminated"): flags, ("next", "truncated"): flags,
-        ("collector", "traj_ids"): torch.zeros(rows, dtype=torch.int64), "step_count": torch.zeros(rows, 1, dtype=torch.int64),
-        ("next", "step_count"): torch.ones(rows, 1, dtype=torch.int64), "policy_version": torch.ones(rows, dtype=torch.int64),
-    }, [rows]))
+    rb.extend(
+        TensorDict(
+            {
+                "observation": torch.randn(rows, OBS, generator=g),
+                "action": torch.rand(rows, ACT, generator=g) * 2 - 1,
+                ("next", "observation"): torch.randn(rows, OBS, generator=g),
+                ("next", "reward"): torch.randn(rows, 1, generator=g),
+                ("next", "done"): flags,
+                ("next", "terminated"): flags,
+                ("next", "truncated"): flags,
+                ("collector", "traj_ids"): torch.zeros(rows, dtype=torch.int64),
+                "step_count": torch.zeros(rows, 1, dtype=torch.int64),
+                ("next", "step_count"): torch.ones(rows, 1, dtype=torch.int64),
+                "policy_version": torch.ones(rows, dtype=torch.int64),
+            },
+            [rows],
+        )
+    )
     return rb
 
 
@@ -634,22 +645,32 @@ def main() -> None:
     limits = {n: sgemm_limit(n) for n in (1, 2)}
     td3_hidden = tuple(OmegaConf.load(ROOT / "recipes" / "config" / "td3.yaml").network.hidden_sizes)
     td3_limit = sgemm_limit(1, "td3", td3_hidden)
-    out = {"benchmark": "learner_throughput", "batch_size": BATCH, "hidden": [HIDDEN, HIDDEN], "threads": 1,
-           **{f"{name}_ups": round(r["ups"], 1) for name, r in rates.items()},
-           **{f"{name}_best_ups": round(r["best_ups"], 1) for name, r in rates.items()},
-           **{f"{name}_ratio": round(r["ups"] / rates["plain"]["ups"], 2) for name, r in rates.items() if name != "plain"},
-           # issue 19's figures: the update against the sgemm limit on 1 and 2 threads
-           "update_mflop": round(limits[1]["update_mflop"], 1),
-           "sgemm_gflops_1t": round(limits[1]["gflops"], 1), "sgemm_gflops_2t": round(limits[2]["gflops"], 1),
-           "limit_ups_1t": round(limits[1]["ups"], 1), "limit_ups_2t": round(limits[2]["ups"], 1),
-           "plain_ups_1t": round(rates["plain"]["ups"], 1),
-           "recipe_ups_1t": round(rates["recipe"]["ups"], 1), "recipe_ups_2t": round(rates["recipe_2t"]["ups"], 1),
-           "recipe_fraction_of_limit_1t": round(rates["recipe"]["ups"] / limits[1]["ups"], 3),
-           "recipe_fraction_of_limit_2t": round(rates["recipe_2t"]["ups"] / limits[2]["ups"], 3),
-           # the same for recipes/td3.py's update, with its own sizes and policy delay
-           "td3_hidden": list(td3_hidden), "td3_update_mflop": round(td3_limit["update_mflop"], 1),
-           "td3_limit_ups_1t": round(td3_limit["ups"], 1), "td3_recipe_ups_1t": round(rates["td3_recipe"]["ups"], 1),
-           "td3_fraction_of_limit_1t": round(rates["td3_recipe"]["ups"] / td3_limit["ups"], 3)}
+    out = {
+        "benchmark": "learner_throughput",
+        "batch_size": BATCH,
+        "hidden": [HIDDEN, HIDDEN],
+        "threads": 1,
+        **{f"{name}_ups": round(r["ups"], 1) for name, r in rates.items()},
+        **{f"{name}_best_ups": round(r["best_ups"], 1) for name, r in rates.items()},
+        **{f"{name}_ratio": round(r["ups"] / rates["plain"]["ups"], 2) for name, r in rates.items() if name != "plain"},
+        # issue 19's figures: the update against the sgemm limit on 1 and 2 threads
+        "update_mflop": round(limits[1]["update_mflop"], 1),
+        "sgemm_gflops_1t": round(limits[1]["gflops"], 1),
+        "sgemm_gflops_2t": round(limits[2]["gflops"], 1),
+        "limit_ups_1t": round(limits[1]["ups"], 1),
+        "limit_ups_2t": round(limits[2]["ups"], 1),
+        "plain_ups_1t": round(rates["plain"]["ups"], 1),
+        "recipe_ups_1t": round(rates["recipe"]["ups"], 1),
+        "recipe_ups_2t": round(rates["recipe_2t"]["ups"], 1),
+        "recipe_fraction_of_limit_1t": round(rates["recipe"]["ups"] / limits[1]["ups"], 3),
+        "recipe_fraction_of_limit_2t": round(rates["recipe_2t"]["ups"] / limits[2]["ups"], 3),
+        # the same for recipes/td3.py's update, with its own sizes and policy delay
+        "td3_hidden": list(td3_hidden),
+        "td3_update_mflop": round(td3_limit["update_mflop"], 1),
+        "td3_limit_ups_1t": round(td3_limit["ups"], 1),
+        "td3_recipe_ups_1t": round(rates["td3_recipe"]["ups"], 1),
+        "td3_fraction_of_limit_1t": round(rates["td3_recipe"]["ups"] / td3_limit["ups"], 3),
+    }
     if "recipe_compiled" in rates:
         out["compile_warmup_s"] = round(rates["recipe_compiled"]["warmup_s"], 1)
     if args.prefetch:

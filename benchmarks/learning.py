@@ -480,7 +480,8 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: 
     whether the seeds tell them apart.
     """
     # each side's returns by seed and mark, put on the 10k grid once
-    grids = {name: {seed: on_grid(r["curve"]) for seed, r in side.items()} for name, side in (("ours", ours), ("sb3", sb3))}
+    grids = {name: {seed: on_grid(r["curve"]) for seed, r in side.items()}
+             for name, side in (("ours", ours), ("sb3", sb3))}
 
     def at_mark(name: str, mark: float) -> dict[int, float]:
         return {seed: grid[mark] for seed, grid in grids[name].items() if mark in grid}
@@ -649,10 +650,14 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
         curve = curves[label] = wallclock.mean_with_interval(per_seed)
         table[label] = {
             "overrides": overrides.get(label),
-            "by_seed": {seed: [None if v is None else round(v, 1) for v in curve_] for seed, curve_ in per_seed.items()},
-            "seeds": len(runs), "minutes": round(statistics.fmean(r["elapsed_s"] for r in runs.values()) / 60, 1),
+            "by_seed": {
+                seed: [None if v is None else round(v, 1) for v in curve_] for seed, curve_ in per_seed.items()
+            },
+            "seeds": len(runs),
+            "minutes": round(statistics.fmean(r["elapsed_s"] for r in runs.values()) / 60, 1),
             "frames": round(statistics.fmean(r.get("frames_collected", r["frames"]) for r in runs.values())),
-            "updates": round(statistics.fmean(r["updates"] for r in runs.values())), "curve": curve,
+            "updates": round(statistics.fmean(r["updates"] for r in runs.values())),
+            "curve": curve,
             "targets": reference and wallclock.wallclock_targets(curve, reference),
         }
     if sb3_runs:

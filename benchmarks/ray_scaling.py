@@ -135,7 +135,8 @@ def measure(fpb: int, rounds: int, frames: int, n: int) -> dict:
     ray_buffer = ReplayBuffer(storage=functools.partial(LazyTensorStorage, 1_000_000, compilable=True),
                               writer=functools.partial(RoundRobinWriter, compilable=True), batch_size=256,
                               service_backend="ray", service_backend_options={"remote_config": {"num_cpus": 0}})
-    node_cfg = dict(num_nodes=2, num_workers=1, num_envs=n, remote_configs={"num_cpus": 0.5}, **common)  # 4 actors on 2 CPUs
+    # 4 actors on 2 CPUs
+    node_cfg = dict(num_nodes=2, num_workers=1, num_envs=n, remote_configs={"num_cpus": 0.5}, **common)
     collectors = {
         "local": OffPolicyCollector(ENV, sac_policy(), num_workers=2, num_envs=n, replay_buffer=local_rb, **common),
         "ray": RayOffPolicyCollector(ENV, sac_policy(), replay_buffer=ray_rb, **node_cfg),
@@ -164,10 +165,13 @@ def measure(fpb: int, rounds: int, frames: int, n: int) -> dict:
             "local_fps": statistics.median(rates["local"]),
             "ray_fps": statistics.median(rates["ray"]),
             "ray_buffer_fps": statistics.median(rates["ray_buffer"]),
-            "ray_over_local": statistics.median(r / l for r, l in zip(rates["ray"], rates["local"])),
+            "ray_over_local": statistics.median(remote / local for remote, local in zip(rates["ray"], rates["local"])),
             "ray_buffer_over_local": statistics.median(
-                r / l for r, l in zip(rates["ray_buffer"], rates["local"])),
-            "ray_over_local_per_round": [round(r / l, 3) for r, l in zip(rates["ray"], rates["local"])],
+                remote / local for remote, local in zip(rates["ray_buffer"], rates["local"])
+            ),
+            "ray_over_local_per_round": [
+                round(remote / local, 3) for remote, local in zip(rates["ray"], rates["local"])
+            ],
             "bytes_per_frame": tensor_bytes(batch) / fpb,
             "serialized_bytes_per_frame": len(ray.cloudpickle.dumps(batch.clone())) / fpb,
             "receive_us_per_frame": ray_receive_s / max(ray_frames, 1) * 1e6,

@@ -97,7 +97,8 @@ def marks_header(marks: list[int]) -> list[str]:
 
 def mean_curve(runs: dict[str, dict]) -> list[float]:
     """The mean over seeds at each mark (of the rounded per-seed figures: prefer a file's printed ``means``)."""
-    return [statistics.mean(r["returns"][i] for r in runs.values()) for i in range(len(next(iter(runs.values()))["returns"]))]
+    return [statistics.mean(r["returns"][i] for r in runs.values())
+            for i in range(len(next(iter(runs.values()))["returns"]))]
 
 
 def side_mean(data: dict, key: str) -> list[float]:
@@ -230,7 +231,8 @@ def conformance_table(res: Results) -> str:
         if run.get("pass_stock_not_ours") is not None and rows:
             rows[-1].append(str(len(run["pass_stock_not_ours"])))
     if not rows:
-        return f"TorchRL's own collector tests: **{NOT_MEASURED}** (no side's counts in ``benchmarks/results/conformance/``).\n"
+        return (f"TorchRL's own collector tests: **{NOT_MEASURED}** "
+                "(no side's counts in ``benchmarks/results/conformance/``).\n")
     width = max(len(r) for r in rows)
     rows = [r + ["-"] * (width - len(r)) for r in rows]
     header = ["date", "collector", "passed", "failed", "skipped", "crashed", "pass with stock, not ours"][:width]
@@ -287,9 +289,9 @@ def td3_tables(res: Results) -> str:
                       "recipe - SB3", "90 % interval over seeds"], rows)
     p = data["pooled_seeds_0_2"]
     a = p["at_100k"]
-    out += (f"\nSeeds 0-2, the issue's measure, three runs pooled ({p['runs']} runs): {signed(p['from_30k_to_90k'][0])} "
-            f"to {signed(p['from_30k_to_90k'][1])} against SB3 from 30k to 90k, {fmt(a['recipe'])} against "
-            f"{fmt(a['sb3'])} at 100k ({a['percent']:+.1f} %).\n\n")
+    out += (f"\nSeeds 0-2, the issue's measure, three runs pooled ({p['runs']} runs): "
+            f"{signed(p['from_30k_to_90k'][0])} to {signed(p['from_30k_to_90k'][1])} against SB3 from 30k to 90k, "
+            f"{fmt(a['recipe'])} against {fmt(a['sb3'])} at 100k ({a['percent']:+.1f} %).\n\n")
     return out + provenance_line(data)
 
 
@@ -303,26 +305,52 @@ def learner_table(res: Results) -> str:
     """learner_throughput: updates/s against TorchRL's loop and the machine's limit, and end to end."""
     d = res["learning/learner_throughput.json"]
     rows = [
-        ["TorchRL's sota SAC loop (``SACLoss``, three ``Adam``), one thread", "``plain_ups_1t``", fmt(d["plain_ups_1t"], 1)],
-        ["the recipe's update (tensor-level loss), one / two threads", "``recipe_ups_1t`` / ``_2t``",
-         f"{d['recipe_ups_1t']} / {d['recipe_ups_2t']}"],
-        ["the limit: every matrix product at the best sgemm rate, one / two threads", "``limit_ups_1t`` / ``_2t``",
-         f"{d['limit_ups_1t']} / {d['limit_ups_2t']}"],
-        ["fraction of the limit, one thread", "``recipe_fraction_of_limit_1t``",
-         f"**{d['recipe_fraction_of_limit_1t']}** (target {d['targets']['recipe_fraction_of_limit_1t']})"],
-        ["TD3's update ([400, 300]): recipe, limit, fraction", "``td3_*``",
-         f"{d['td3']['recipe_ups_1t']}, {d['td3']['limit_ups_1t']}, {d['td3']['fraction']}"],
-        ["the same SAC update under ``torch.compile`` (CPU)", "``recipe_compiled_ups``", fmt(d["recipe_compiled_ups"], 1)],
-        ["``recipes/sac.py`` end to end, ``optim.num_threads=auto`` / ``1``: env frames/s", "``e2e_fps_auto`` / ``_1t``",
-         f"{d['e2e_fps_auto']} / {d['e2e_fps_1t']} (**{d['e2e_auto_over_1t']:.2f}x**)"],
-        ["Stable-Baselines3's SAC on both cores: env frames/s", "``sb3_fps``",
-         f"{d['sb3_fps']} (the recipe: {d['e2e_auto_over_sb3']:.2f}x)"],
+        [
+            "TorchRL's sota SAC loop (``SACLoss``, three ``Adam``), one thread",
+            "``plain_ups_1t``",
+            fmt(d["plain_ups_1t"], 1),
+        ],
+        [
+            "the recipe's update (tensor-level loss), one / two threads",
+            "``recipe_ups_1t`` / ``_2t``",
+            f"{d['recipe_ups_1t']} / {d['recipe_ups_2t']}",
+        ],
+        [
+            "the limit: every matrix product at the best sgemm rate, one / two threads",
+            "``limit_ups_1t`` / ``_2t``",
+            f"{d['limit_ups_1t']} / {d['limit_ups_2t']}",
+        ],
+        [
+            "fraction of the limit, one thread",
+            "``recipe_fraction_of_limit_1t``",
+            f"**{d['recipe_fraction_of_limit_1t']}** (target {d['targets']['recipe_fraction_of_limit_1t']})",
+        ],
+        [
+            "TD3's update ([400, 300]): recipe, limit, fraction",
+            "``td3_*``",
+            f"{d['td3']['recipe_ups_1t']}, {d['td3']['limit_ups_1t']}, {d['td3']['fraction']}",
+        ],
+        [
+            "the same SAC update under ``torch.compile`` (CPU)",
+            "``recipe_compiled_ups``",
+            fmt(d["recipe_compiled_ups"], 1),
+        ],
+        [
+            "``recipes/sac.py`` end to end, ``optim.num_threads=auto`` / ``1``: env frames/s",
+            "``e2e_fps_auto`` / ``_1t``",
+            f"{d['e2e_fps_auto']} / {d['e2e_fps_1t']} (**{d['e2e_auto_over_1t']:.2f}x**)",
+        ],
+        [
+            "Stable-Baselines3's SAC on both cores: env frames/s",
+            "``sb3_fps``",
+            f"{d['sb3_fps']} (the recipe: {d['e2e_auto_over_sb3']:.2f}x)",
+        ],
     ]
     out = list_table(["figure (updates/s unless said)", "JSON key", "value"], rows, [56, 24, 20])
     p = d["profile_ms"]
-    out += (f"\nOne update's {p['total']} ms (``--profile``): loss forward {p['loss_forward']}, backward {p['backward']}, "
-            f"optimiser {p['optimizer']}, target update {p['target_update']}, sampling {p['sample']}; matrix products "
-            f"{p['matmul']} of it.\n\n")
+    out += (f"\nOne update's {p['total']} ms (``--profile``): loss forward {p['loss_forward']}, "
+            f"backward {p['backward']}, optimiser {p['optimizer']}, target update {p['target_update']}, "
+            f"sampling {p['sample']}; matrix products {p['matmul']} of it.\n\n")
     return out + provenance_line(d)
 
 
@@ -482,36 +510,65 @@ def fault_tables(res: Results) -> str:
     b, w, c = f["buffer_kills"], f["worker_kills"], f["cycles"]
     lk, st = f["learner_kill"], f["recipe_sigterm"]
     rows = [
-        [f"{b['kills']} SIGKILLs of a process writing {fmt(b['batch_rows'])}-row batches into a full buffer "
-         f"({b['inside_write']} inside a write), the learner sampling",
-         f"longest ``sample()`` {b['max_sample_s']} s (limit {b['limit_s']} s); torn rows {b['torn_rows']} in "
-         f"{fmt(b['samples'])} samples"],
-        [f"{w['kills']} SIGKILLs of an ``OffPolicyCollector`` worker, the learner sampling",
-         f"hangs {w['hangs']}; ``WorkerError`` within {w['max_error_s']} s; longest ``sample()`` "
-         f"{w['max_sample_s']} s; torn rows {w['torn_rows']}"],
-        [f"{c['cycles']} create / collect / shutdown cycles",
-         "residue: " + ", ".join(f"{v} {RESIDUE.get(k, k)}" for k, v in c["residue"].items())],
-        ["SIGKILL of the learner during collection",
-         f"workers gone {lk['workers_gone_s']} s later; its leftovers "
-         + ("removed" if lk.get("residue_removed_by_next_collector", True) else "**not removed**")
-         + " when the next collector starts"],
+        [
+            f"{b['kills']} SIGKILLs of a process writing {fmt(b['batch_rows'])}-row batches into a full buffer "
+            f"({b['inside_write']} inside a write), the learner sampling",
+            f"longest ``sample()`` {b['max_sample_s']} s (limit {b['limit_s']} s); torn rows {b['torn_rows']} in "
+            f"{fmt(b['samples'])} samples",
+        ],
+        [
+            f"{w['kills']} SIGKILLs of an ``OffPolicyCollector`` worker, the learner sampling",
+            f"hangs {w['hangs']}; ``WorkerError`` within {w['max_error_s']} s; longest ``sample()`` "
+            f"{w['max_sample_s']} s; torn rows {w['torn_rows']}",
+        ],
+        [
+            f"{c['cycles']} create / collect / shutdown cycles",
+            "residue: " + ", ".join(f"{v} {RESIDUE.get(k, k)}" for k, v in c["residue"].items()),
+        ],
+        [
+            "SIGKILL of the learner during collection",
+            f"workers gone {lk['workers_gone_s']} s later; its leftovers "
+            + ("removed" if lk.get("residue_removed_by_next_collector", True) else "**not removed**")
+            + " when the next collector starts",
+        ],
         # the hand-typed file before faults.py --out stated these as passed; a file it writes says what happened
-        ["SIGTERM of ``recipes/sac.py``",
-         f"exit {st['exit_code']} after {st['exit_s']} s "
-         + ("with a checkpoint" if st.get("checkpoint", True) else "**without a checkpoint**") + ", "
-         + ("no residue" if not st.get("residue") else f"**residue {st['residue']}**") + "; ``resume=`` "
-         + ("restores the buffer exactly" if st.get("resume_buffer_exact", True) else "**does not restore the buffer**")],
+        [
+            "SIGTERM of ``recipes/sac.py``",
+            f"exit {st['exit_code']} after {st['exit_s']} s "
+            + ("with a checkpoint" if st.get("checkpoint", True) else "**without a checkpoint**")
+            + ", "
+            + ("no residue" if not st.get("residue") else f"**residue {st['residue']}**")
+            + "; ``resume=`` "
+            + (
+                "restores the buffer exactly"
+                if st.get("resume_buffer_exact", True)
+                else "**does not restore the buffer**"
+            ),
+        ],
     ]
     out = list_table(["fault", "result"], rows, [50, 50]) + "\n" + provenance_line(f) + "\n"
     s = res["faults/soak.json"]
     r, y = s["recipe_soak"], s["ray_soak"]
     rows = [
-        [f"local, {r['workers']} workers, {fmt(r['frames'])} frames, {r['minutes']} min (undisturbed {r['undisturbed_minutes']})",
-         f"{r['kills']} / {r['restarts']}", str(r["frames_lost"]), str(r["torn_rows"]),
-         f"{r['max_stall_s']} s (undisturbed {r['undisturbed_max_stall_s']})",
-         f"{fmt(r['final_return'])} (undisturbed {fmt(r['undisturbed_final_return'])})", r["residue"]],
-        [f"Ray, {y['nodes']} nodes, {fmt(y['frames'])} frames, {y['minutes']} min", f"{y['kills']} / {y['restarts']}",
-         str(y["frames_lost"]), str(y["torn_rows"]), f"{y['max_stall_s']} s", fmt(y["final_return"]), y["residue"]],
+        [
+            f"local, {r['workers']} workers, {fmt(r['frames'])} frames, {r['minutes']} min "
+            f"(undisturbed {r['undisturbed_minutes']})",
+            f"{r['kills']} / {r['restarts']}",
+            str(r["frames_lost"]),
+            str(r["torn_rows"]),
+            f"{r['max_stall_s']} s (undisturbed {r['undisturbed_max_stall_s']})",
+            f"{fmt(r['final_return'])} (undisturbed {fmt(r['undisturbed_final_return'])})",
+            r["residue"],
+        ],
+        [
+            f"Ray, {y['nodes']} nodes, {fmt(y['frames'])} frames, {y['minutes']} min",
+            f"{y['kills']} / {y['restarts']}",
+            str(y["frames_lost"]),
+            str(y["torn_rows"]),
+            f"{y['max_stall_s']} s",
+            fmt(y["final_return"]),
+            y["residue"],
+        ],
     ]
     out += "The SAC recipe with a worker (or a Ray node actor) SIGKILLed again and again, restarts on:\n\n"
     out += list_table(["soak", "kills / restarts", "frames lost", "torn rows", "longest learner stall", "final return",
@@ -526,11 +583,29 @@ def ray_table(res: Results) -> str:
     rows = []
     for fpb, r in d["by_frames_per_batch"].items():
         low, high = r["ray_rounds"]
-        rows.append([fpb, fmt(r["local_fps"]), fmt(r["ray_fps"]), f"**{r['ray_over_local']:.2f}** (rounds {low:.2f}-{high:.2f})",
-                     f"{r['ray_buffer_over_local']:.2f}", str(r["receive_us_per_frame"]), str(r["wire_bytes_per_frame"])])
-    out = list_table(["``--frames-per-batch``", "local frames/s", "Ray frames/s (learner receives)",
-                      f"Ray / local (target {d['target_ray_over_local']})", "Ray, nodes write a ``RayReplayBuffer``, / local",
-                      "learner receive, us/frame", "bytes/frame on the wire"], rows)
+        rows.append(
+            [
+                fpb,
+                fmt(r["local_fps"]),
+                fmt(r["ray_fps"]),
+                f"**{r['ray_over_local']:.2f}** (rounds {low:.2f}-{high:.2f})",
+                f"{r['ray_buffer_over_local']:.2f}",
+                str(r["receive_us_per_frame"]),
+                str(r["wire_bytes_per_frame"]),
+            ]
+        )
+    out = list_table(
+        [
+            "``--frames-per-batch``",
+            "local frames/s",
+            "Ray frames/s (learner receives)",
+            f"Ray / local (target {d['target_ray_over_local']})",
+            "Ray, nodes write a ``RayReplayBuffer``, / local",
+            "learner receive, us/frame",
+            "bytes/frame on the wire",
+        ],
+        rows,
+    )
     return out + "\n" + provenance_line(d)
 
 
@@ -552,9 +627,11 @@ def gpu_table(res: Results) -> str:
     """gpu_check's results (its ``--quick`` dry runs left out), or 'not yet measured' without a results file."""
     runs = [run for run in topic(res, "gpu") if not run.get("quick")]
     if not runs:
-        return (f"**No GPU figures: {NOT_MEASURED}.** No GPU has been lent to this project yet. On a machine with one, "
-                "``python benchmarks/gpu_check.py`` measures them and saves its results to ``benchmarks/results/gpu/``; "
-                "``python benchmarks/report.py`` then fills this table.\n")
+        return (
+            f"**No GPU figures: {NOT_MEASURED}.** No GPU has been lent to this project yet. On a machine with one, "
+            "``python benchmarks/gpu_check.py`` measures them and saves its results to ``benchmarks/results/gpu/``; "
+            "``python benchmarks/report.py`` then fills this table.\n"
+        )
     out = ""
     for run in runs:
         rows = [[f"``{k}``", str(v)] for k, v in flatten(run)]
@@ -580,31 +657,59 @@ def headline_rows(res: Results) -> list[tuple[str, str, str, str]]:
     walker = robot["tasks"]["WalkerWalk-v1"]["means"]["recipes/sac.py"][-1]
     go1 = rspeed["tasks"]["Go1JoystickFlatTerrain-v1"]["ratio_offpolicy_over_envpool"]
     return [
-        ("Collector vs a raw gymnasium loop (HalfCheetah-v5)",
-         f"**{r['offpolicy_envpool_64']:.2f}x** (1 worker x 64 envs), {r['offpolicy_envpool_2w']:.2f}x (2 workers)",
-         c["command"], c["date"]),
-        ("Collector vs TorchRL's `Collector` (16 envs, same run)",
-         f"**{s['offpolicy_envpool_16'] / s['torchrl_collector']:.1f}x** ({fmt(s['offpolicy_envpool_16'])} against "
-         f"{fmt(s['torchrl_collector'])} steps/s)", c["command"], c["date"]),
-        ("Drop-in: TorchRL's SAC scripts, only the class changed",
-         f"**{d['ratio_pattern1']:.2f}x** (batches), **{d['ratio_pattern2']:.2f}x** (shared buffer)", d["command"], d["date"]),
-        wallclock_headline(res) or
-        ("SAC: wall-clock to SB3's 100k return",
-         f"**{t['ratio']:.2f}** of SB3's ({t['recipe_min']} against {t['sb3_min']} min, 3 seeds)", sac["command"], sac["date"]),
-        wallclock_headline(res, "td3") or
-        (f"TD3 vs SB3's TD3, {len(td3['recipe'])} seeds, 100k frames",
-         f"{fmt(rec[-1])} against {fmt(sb3[-1])} ({(rec[-1] / sb3[-1] - 1) * 100:+.1f} %)",
-         "python benchmarks/learning.py --suite td3 --seeds 0 1 2 3 4 5 6 7 8 9", td3["date"]),
-        ("Faults survived",
-         f"{f['worker_kills']['kills']} worker and {f['buffer_kills']['kills']} writer SIGKILLs: 0 hangs, 0 torn rows; "
-         f"SAC soak: {soak['kills']} kills, {soak['restarts']} restarts, {soak['frames_lost']} frames lost",
-         f["command"] + " (and --soak-minutes)", f"{f['date']}, soak {res['faults/soak.json']['date']}"),
-        ("Ray vs local collector (2 nodes, same cores)",
-         f"**{ray512['ray_over_local']:.2f}** at 512 frames per batch", ray["command"], ray["date"]),
-        ("Robot tasks (Control Suite, Playground)",
-         f"SAC 100k: CheetahRun {fmt(cheetah)}, WalkerWalk {fmt(walker)}; Go1 collector {go1:.2f} of EnvPool",
-         "python benchmarks/learning.py --suite robot (and collector_throughput.py --task)",
-         f"{robot['date']}, collector {rspeed['date']}"),
+        (
+            "Collector vs a raw gymnasium loop (HalfCheetah-v5)",
+            f"**{r['offpolicy_envpool_64']:.2f}x** (1 worker x 64 envs), {r['offpolicy_envpool_2w']:.2f}x (2 workers)",
+            c["command"],
+            c["date"],
+        ),
+        (
+            "Collector vs TorchRL's `Collector` (16 envs, same run)",
+            f"**{s['offpolicy_envpool_16'] / s['torchrl_collector']:.1f}x** ({fmt(s['offpolicy_envpool_16'])} against "
+            f"{fmt(s['torchrl_collector'])} steps/s)",
+            c["command"],
+            c["date"],
+        ),
+        (
+            "Drop-in: TorchRL's SAC scripts, only the class changed",
+            f"**{d['ratio_pattern1']:.2f}x** (batches), **{d['ratio_pattern2']:.2f}x** (shared buffer)",
+            d["command"],
+            d["date"],
+        ),
+        wallclock_headline(res)
+        or (
+            "SAC: wall-clock to SB3's 100k return",
+            f"**{t['ratio']:.2f}** of SB3's ({t['recipe_min']} against {t['sb3_min']} min, 3 seeds)",
+            sac["command"],
+            sac["date"],
+        ),
+        wallclock_headline(res, "td3")
+        or (
+            f"TD3 vs SB3's TD3, {len(td3['recipe'])} seeds, 100k frames",
+            f"{fmt(rec[-1])} against {fmt(sb3[-1])} ({(rec[-1] / sb3[-1] - 1) * 100:+.1f} %)",
+            "python benchmarks/learning.py --suite td3 --seeds 0 1 2 3 4 5 6 7 8 9",
+            td3["date"],
+        ),
+        (
+            "Faults survived",
+            f"{f['worker_kills']['kills']} worker and {f['buffer_kills']['kills']} writer SIGKILLs: "
+            "0 hangs, 0 torn rows; SAC soak: "
+            f"{soak['kills']} kills, {soak['restarts']} restarts, {soak['frames_lost']} frames lost",
+            f["command"] + " (and --soak-minutes)",
+            f"{f['date']}, soak {res['faults/soak.json']['date']}",
+        ),
+        (
+            "Ray vs local collector (2 nodes, same cores)",
+            f"**{ray512['ray_over_local']:.2f}** at 512 frames per batch",
+            ray["command"],
+            ray["date"],
+        ),
+        (
+            "Robot tasks (Control Suite, Playground)",
+            f"SAC 100k: CheetahRun {fmt(cheetah)}, WalkerWalk {fmt(walker)}; Go1 collector {go1:.2f} of EnvPool",
+            "python benchmarks/learning.py --suite robot (and collector_throughput.py --task)",
+            f"{robot['date']}, collector {rspeed['date']}",
+        ),
     ]
 
 
@@ -719,7 +824,8 @@ def stale(results: Path = RESULTS, readme: Path = README) -> list[Path]:
 
 # ------------------------------------------------------------------ plots
 def plot_learning(path: Path, title: str, sides: list[tuple[str, dict, list[float]]], marks: list[int]) -> None:
-    """Mean deterministic eval return against frames, one line per side, its band from the lowest to the highest seed."""
+    """Mean deterministic eval return against frames, one line per side, its band from the lowest to the highest
+    seed."""
     import matplotlib
 
     matplotlib.use("Agg")

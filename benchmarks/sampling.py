@@ -40,15 +40,26 @@ def filled(rows: int, batch: int, sampler=None):
     """A shared buffer of ``rows`` random rows with the collector's keys, every slot written."""
     rb = make_replay_buffer(rows, batch_size=batch, sampler=sampler)
     flags = torch.zeros(rows, 1, dtype=torch.bool)
-    rb.extend(TensorDict({
-        "observation": torch.randn(rows, OBS), "action": torch.rand(rows, ACT),
-        "loc": torch.randn(rows, ACT), "scale": torch.rand(rows, ACT),  # the exploration policy's, as TorchRL's rows
-        ("next", "observation"): torch.randn(rows, OBS), ("next", "reward"): torch.randn(rows, 1),
-        ("next", "done"): flags, ("next", "terminated"): flags, ("next", "truncated"): flags,
-        ("collector", "traj_ids"): torch.zeros(rows, dtype=torch.int64),
-        "step_count": torch.zeros(rows, 1, dtype=torch.int64), ("next", "step_count"): torch.ones(rows, 1, dtype=torch.int64),
-        "policy_version": torch.ones(rows, dtype=torch.int64),
-    }, [rows]))
+    rb.extend(
+        TensorDict(
+            {
+                "observation": torch.randn(rows, OBS),
+                "action": torch.rand(rows, ACT),
+                "loc": torch.randn(rows, ACT),
+                "scale": torch.rand(rows, ACT),  # the exploration policy's, as TorchRL's rows
+                ("next", "observation"): torch.randn(rows, OBS),
+                ("next", "reward"): torch.randn(rows, 1),
+                ("next", "done"): flags,
+                ("next", "terminated"): flags,
+                ("next", "truncated"): flags,
+                ("collector", "traj_ids"): torch.zeros(rows, dtype=torch.int64),
+                "step_count": torch.zeros(rows, 1, dtype=torch.int64),
+                ("next", "step_count"): torch.ones(rows, 1, dtype=torch.int64),
+                "policy_version": torch.ones(rows, dtype=torch.int64),
+            },
+            [rows],
+        )
+    )
     return rb
 
 

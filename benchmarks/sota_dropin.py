@@ -81,8 +81,9 @@ def swap_collector_imports(source: str, target: str = SWAP_TARGET) -> tuple[str,
     Examples:
         >>> new, swapped = swap_collector_imports(
         ...     "from torchrl.collectors import BaseCollector, Collector  # why\\nx = Collector(env)\\n")
-        >>> print(new)
-        from torchrl.collectors import BaseCollector, Collector; from torchrl_unilab import OffPolicyCollector as Collector  # sota_dropin: collector swapped  # why
+        >>> print(new)  # doctest: +NORMALIZE_WHITESPACE
+        from torchrl.collectors import BaseCollector, Collector;
+        from torchrl_unilab import OffPolicyCollector as Collector  # sota_dropin: collector swapped  # why
         x = Collector(env)
         <BLANKLINE>
         >>> swapped
@@ -303,10 +304,11 @@ def select_scripts(only: str | None) -> list[Script]:
     Examples:
         >>> [s.path for s in select_scripts("td3,sac/sac.py")]
         ['sac/sac.py', 'td3/td3.py']
-        >>> select_scripts("sac3")
+        >>> select_scripts("sac3")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        ValueError: --only: unknown script 'sac3'; accepted: sac, sac_prb, sac-async, td3, ddpg, tqc, crossq, redq, iql, cql, discrete_sac, sac_trainer, td3_trainer, ddpg_trainer (or their paths, e.g. sac/sac.py)
+        ValueError: --only: unknown script 'sac3'; accepted: sac, sac_prb, sac-async, td3, ddpg, tqc, crossq, redq,
+        iql, cql, discrete_sac, sac_trainer, td3_trainer, ddpg_trainer (or their paths, e.g. sac/sac.py)
     """
     if only is None:
         return list(SCRIPTS)

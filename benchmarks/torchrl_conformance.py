@@ -142,7 +142,9 @@ def rebind_targets(source: str) -> tuple[list[str], list[str]]:
     Examples:
         >>> rebind_targets("from torchrl.collectors import Collector, MultiAsyncCollector as MAC\\n"
         ...                "from torchrl.collectors.collectors import MultiaSyncDataCollector\\n")
-        (['torchrl.collectors:MultiAsyncCollector', 'torchrl.collectors.collectors:MultiaSyncDataCollector'], ['MAC', 'MultiaSyncDataCollector'])
+        ... # doctest: +NORMALIZE_WHITESPACE
+        (['torchrl.collectors:MultiAsyncCollector', 'torchrl.collectors.collectors:MultiaSyncDataCollector'],
+         ['MAC', 'MultiaSyncDataCollector'])
     """
     rebind, bound = ["torchrl.collectors:MultiAsyncCollector"], []
     tree = ast.parse(source)
@@ -247,7 +249,8 @@ def pytest_configure(config: Any) -> None:
 
 
 def _rebind(ours: type) -> list[str]:
-    """Binds ``ours`` to each name of the class under test (``ENV_REBIND``, and the legacy alias where TorchRL has it)."""
+    """Binds ``ours`` to each name of the class under test (``ENV_REBIND``, and the legacy alias where TorchRL
+    has it)."""
     specs = [s for s in os.environ.get(ENV_REBIND, "torchrl.collectors:MultiAsyncCollector").split(",") if s]
     collectors = importlib.import_module("torchrl.collectors")
     specs += [f"torchrl.collectors:{name}" for name in TARGET_NAMES[1:]
@@ -259,7 +262,8 @@ def _rebind(ours: type) -> list[str]:
 
 
 class _RebindAfterImport(importlib.abc.MetaPathFinder):
-    """Rebinds the class under test as soon as ``torchrl.collectors`` has been imported (see :func:`install_script_hook`)."""
+    """Rebinds the class under test as soon as ``torchrl.collectors`` has been imported (see
+    :func:`install_script_hook`)."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name != "torchrl.collectors":
@@ -389,7 +393,8 @@ def _first_error(message: str) -> str:
     Examples:
         >>> _first_error("KeyError: 'traj_pool'\\nmore")
         "KeyError: 'traj_pool'"
-        >>> _first_error("AssertionError: assert {1, 2} == {1}\\n  \\n  Extra items in the left set:\\n  2\\n  Full diff:")
+        >>> _first_error("AssertionError: assert {1, 2} == {1}\\n  \\n  Extra items in the left set:"
+        ...              "\\n  2\\n  Full diff:")
         'AssertionError: assert {1, 2} == {1} | Extra items in the left set: | 2'
     """
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
@@ -534,12 +539,14 @@ def outcomes_from_events(events: list[dict], cases: Iterable[str], crash: str | 
 
     Examples:
         >>> ev = [{"event": "start", "nodeid": "a"},
-        ...       {"event": "report", "nodeid": "a", "when": "call", "outcome": "passed", "xfail": False, "error": None},
+        ...       {"event": "report", "nodeid": "a", "when": "call", "outcome": "passed", "xfail": False,
+        ...        "error": None},
         ...       {"event": "report", "nodeid": "a", "when": "teardown", "outcome": "passed", "xfail": False,
         ...        "error": None},
         ...       {"event": "start", "nodeid": "b"}]
-        >>> outcomes_from_events(ev, ["a", "b", "c"], "hung: no exit within 300 s")
-        ({'a': 'passed', 'b': 'failed', 'c': 'failed'}, {'b': 'hung: no exit within 300 s', 'c': 'not run: hung: no exit within 300 s'})
+        >>> outcomes_from_events(ev, ["a", "b", "c"], "hung: no exit within 300 s")  # doctest: +NORMALIZE_WHITESPACE
+        ({'a': 'passed', 'b': 'failed', 'c': 'failed'},
+         {'b': 'hung: no exit within 300 s', 'c': 'not run: hung: no exit within 300 s'})
     """
     reports: dict[str, list[dict]] = {}
     started: set[str] = set()
@@ -726,10 +733,14 @@ def _summary(args: argparse.Namespace, head: dict[str, Any], tests: list[str], c
     outcomes = {side: {c: o for r in runs.values() for c, o in r.outcomes.items()} for side, runs in results.items()}
     errors = {side: {c: e for r in runs.values() for c, e in r.errors.items()} for side, runs in results.items()}
     summary: dict[str, Any] = head | {
-        "selection": {"functions": len(tests), "cases": sum(len(cases[t]) for t in tests), "multisync_cases_left_out": left_out,
-                      "by_class_decorator": [f"{TEST_FILE}::{t}" for t in tests
-                                             if selected[t] == "class decorator"],
-                      "only": args.only, "timeout_per_function": args.timeout_per_function},
+        "selection": {
+            "functions": len(tests),
+            "cases": sum(len(cases[t]) for t in tests),
+            "multisync_cases_left_out": left_out,
+            "by_class_decorator": [f"{TEST_FILE}::{t}" for t in tests if selected[t] == "class decorator"],
+            "only": args.only,
+            "timeout_per_function": args.timeout_per_function,
+        },
         "stock": _side_summary(results["stock"], wall.get("stock", 0.0)) if "stock" in results else None,
         "ours": _side_summary(results["ours"], wall.get("ours", 0.0)) if "ours" in results else None,
     }

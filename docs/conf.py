@@ -162,9 +162,9 @@ def _documented_module(name: str, obj) -> str:
 
 
 def _reexports_directive():
+    from docutils import nodes
     from docutils.statemachine import StringList
     from sphinx.util.docutils import SphinxDirective
-    from docutils import nodes
 
     class Reexports(SphinxDirective):
         def run(self):

@@ -1,14 +1,16 @@
-"""Soft Actor-Critic on a MuJoCo task (gymnasium, MuJoCo Playground or the Control Suite), learning while workers collect in the background.
+"""Soft Actor-Critic on a MuJoCo task, learning while workers collect in the background.
 
-The shape of TorchRL's ``sota-implementations/sac/sac.py``: a Hydra config with
-the sections ``env``, ``collector``, ``replay_buffer``, ``optim``, ``network``
-and ``logger``, TorchRL's ``SACLoss`` and ``SoftUpdate``, then a loop of
-sample, loss, backward, optimiser step and target update. The difference: an
+The task comes from gymnasium, MuJoCo Playground or the Control Suite. The
+shape of TorchRL's ``sota-implementations/sac/sac.py``: a Hydra config with the
+sections ``env``, ``collector``, ``replay_buffer``, ``optim``, ``network`` and
+``logger``, TorchRL's ``SACLoss`` and ``SoftUpdate``, then a loop of sample,
+loss, backward, optimiser step and target update. The difference: an
 ``OffPolicyCollector`` steps the envs in worker processes and writes straight
 into the shared replay buffer, while this process only learns, holding
 ``optim.utd_ratio`` gradient updates per collected frame.
 
-    python recipes/sac.py                                   # HalfCheetah-v5, 140k frames, 4 per update: 4.6 min on 2 cores
+    python recipes/sac.py                                   # HalfCheetah-v5, 140k frames, 4 per update:
+                                                            # 4.6 min on 2 cores
     python recipes/sac.py --config-name sac_utd1            # 40k frames at one update per frame (SB3's schedule)
     python recipes/sac.py env.name=Hopper-v5 collector.total_frames=200000
     python recipes/sac.py env.name=CheetahRun-v1              # the DeepMind Control Suite, on EnvPool
@@ -43,7 +45,8 @@ from torchrl_unilab.trainers.threads import flush_denormals
 
 @hydra.main(config_path="config", config_name="sac", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
-    flush_denormals(cfg.optim.get("flush_denormal", True))  # before any parallel op: torch's threads copy the flag at start
+    # before any parallel op: torch's threads copy the flag at start
+    flush_denormals(cfg.optim.get("flush_denormal", True))
     torch.manual_seed(cfg.env.seed)
     device = learner_device(cfg.network.device)  # TorchRL's key; null: cuda if available, else cpu
 

@@ -1,10 +1,11 @@
-"""TD3 on a MuJoCo task (gymnasium, MuJoCo Playground or the Control Suite), learning while workers collect in the background.
+"""TD3 on a MuJoCo task, learning while workers collect in the background.
 
-The shape of TorchRL's ``sota-implementations/td3/td3.py``: a Hydra config
-with the sections ``env``, ``collector``, ``replay_buffer``, ``optim``,
-``network`` and ``logger``, TorchRL's ``TD3Loss`` and ``SoftUpdate``, the
-critics updated on every batch, the actor (on the updated critics) and the
-target networks every ``optim.policy_update_delay`` critic updates. The collection differs as in
+The task comes from gymnasium, MuJoCo Playground or the Control Suite. The
+shape of TorchRL's ``sota-implementations/td3/td3.py``: a Hydra config with the
+sections ``env``, ``collector``, ``replay_buffer``, ``optim``, ``network`` and
+``logger``, TorchRL's ``TD3Loss`` and ``SoftUpdate``, the critics updated on
+every batch, the actor (on the updated critics) and the target networks every
+``optim.policy_update_delay`` critic updates. The collection differs as in
 ``recipes/sac.py``: an ``OffPolicyCollector`` fills the shared replay buffer
 from worker processes while this process learns at ``optim.utd_ratio``.
 
@@ -104,7 +105,8 @@ def make_update(loss_module: TD3Loss, optimizer: torch.optim.Optimizer, target_n
 
 @hydra.main(config_path="config", config_name="td3", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
-    flush_denormals(cfg.optim.get("flush_denormal", True))  # before any parallel op: torch's threads copy the flag at start
+    # before any parallel op: torch's threads copy the flag at start
+    flush_denormals(cfg.optim.get("flush_denormal", True))
     torch.manual_seed(cfg.env.seed)
     device = learner_device(cfg.network.device)  # TorchRL's key; null: cuda if available, else cpu
 

@@ -149,17 +149,40 @@ def unilab_log():
     logger.removeHandler(handler)
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Keeps each phase's report on the test item, so that a fixture's teardown knows whether the test failed."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+def remove_temp_dirs(names: set[str]) -> None:
+    for name in names:
+        shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
+
+
 @pytest.fixture
-def no_leaks():
-    """Asserts the test leaves no child process, /dev/shm entry or temp dir behind."""
+def no_leaks(request):
+    """Asserts the test leaves no child process, /dev/shm entry or temp dir behind.
+
+    A test that failed still holds its buffers in the traceback pytest keeps, so their temp dirs outlive it: they
+    are removed here, and reported only for a test that passed.
+    """
     mp.active_children()  # reap finished children from earlier tests
     before_children = child_pids()
     before_shm, before_tmp = shm_entries(), tmp_entries()
     yield
+    report = getattr(request.node, "report_call", None)
+    if report is None or report.failed:
+        remove_temp_dirs(tmp_entries() - before_tmp)
+        return
     gc.collect()  # multiprocessing unlinks a lock's /dev/shm semaphore when the lock is collected
     mp.active_children()
     assert wait_until(lambda: child_pids() - before_children <= multiprocessing_helpers()), (
         f"leftover child processes: {child_pids() - before_children}"
     )
     assert shm_entries() - before_shm == set(), f"leftover /dev/shm entries: {shm_entries() - before_shm}"
-    assert tmp_entries() - before_tmp == set(), f"leftover temp dirs: {tmp_entries() - before_tmp}"
+    leftover_tmp = tmp_entries() - before_tmp
+    remove_temp_dirs(leftover_tmp)
+    assert leftover_tmp == set(), f"leftover temp dirs: {leftover_tmp}"

@@ -18,7 +18,11 @@ HOPPER_OBS, HOPPER_ACT = 11, 3
 #: The integrity tests run on both engines that step gymnasium ids, and on EnvPool with two
 #: asynchronous lanes (the worker loop overlaps one lane's policy with the other's physics).
 ENGINES = pytest.mark.parametrize("engine", ["envpool", "gymnasium", "envpool-lanes"])
-ENV_CLASSES = {"envpool": EnvPoolEnv, "gymnasium": BatchedGymEnv, "envpool-lanes": functools.partial(EnvPoolEnv, lanes=2)}
+ENV_CLASSES = {
+    "envpool": EnvPoolEnv,
+    "gymnasium": BatchedGymEnv,
+    "envpool-lanes": functools.partial(EnvPoolEnv, lanes=2),
+}
 
 
 def by_trajectory(rows: TensorDictBase) -> dict[int, TensorDictBase]:
@@ -56,8 +60,8 @@ def hopper_collector(rb, **kwargs) -> OffPolicyCollector:
     defaults.update(kwargs)
     if defaults.get("engine") == "envpool-lanes":
         del defaults["engine"]
-        env = functools.partial(EnvPoolEnv, "Hopper-v5", defaults.pop("num_envs"), env_kwargs=defaults.pop("env_kwargs"),
-                                lanes=2)
+        env = functools.partial(EnvPoolEnv, "Hopper-v5", defaults.pop("num_envs"),
+                                env_kwargs=defaults.pop("env_kwargs"), lanes=2)
         return OffPolicyCollector(env, linear_policy(HOPPER_OBS, HOPPER_ACT), **defaults)
     return OffPolicyCollector("Hopper-v5", linear_policy(HOPPER_OBS, HOPPER_ACT), **defaults)
 
@@ -125,7 +129,8 @@ def test_frames_count_every_batch_handed_over(with_buffer, no_leaks):
 
 @ENGINES
 def test_episode_end_keeps_final_observation(engine):
-    env = ENV_CLASSES[engine]("Hopper-v5", num_envs=2, seed=3, env_kwargs={"max_episode_steps": 5}, stagger_resets=False)
+    env = ENV_CLASSES[engine]("Hopper-v5", num_envs=2, seed=3, env_kwargs={"max_episode_steps": 5},
+                              stagger_resets=False)
     td = env.reset()
     initial = td["observation"].clone()
     for _ in range(4):
@@ -191,7 +196,8 @@ def test_random_actions_do_not_replay_the_draws_of_the_callers_seed(no_leaks):
     stream = torch.rand(len(actions)) * 2 - 1  # what an action spec's rand() gives on that stream
     for draws in (weights, stream):
         correlation = torch.corrcoef(torch.stack([actions, draws]))[0, 1]
-        assert correlation.abs() < 0.2, f"the workers' random actions follow the caller's seeded draws ({correlation:.3f})"
+        assert correlation.abs() < 0.2, (
+            f"the workers' random actions follow the caller's seeded draws ({correlation:.3f})")
 
 
 def test_weight_sync_changes_worker_actions(no_leaks):

@@ -144,7 +144,8 @@ def leaf_keys(td: TensorDictBase) -> set:
 def test_the_probe_acts_with_the_policys_own_action(policy, no_leaks):
     """The probe at construction stepped the env with a zero action, which an env that checks its actions refuses
     (``action must be one-hot``): it acts with the policy's action, as the first step of collection does."""
-    module = TensorDictModule(OneHotPolicy(), in_keys=["observation"], out_keys=["action"]) if policy == "policy" else None
+    module = (TensorDictModule(OneHotPolicy(), in_keys=["observation"], out_keys=["action"])
+              if policy == "policy" else None)
     collector = OffPolicyCollector([OneHotEnv, OneHotEnv], module, frames_per_batch=8, total_frames=16)
     batch = first_batch(collector)
     assert batch["action"].shape == (8, 4)

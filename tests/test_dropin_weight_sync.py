@@ -7,7 +7,6 @@ what they guard (a segfault, an interpreter that does not exit) would take the t
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 import textwrap
@@ -34,21 +33,15 @@ def _run_script(tmp_path, body: str, timeout: float) -> tuple[subprocess.Complet
 
 
 @pytest.mark.parametrize("scheme_cls", [MultiProcessWeightSyncScheme, SharedMemWeightSyncScheme])
-def test_torchrl_schemes_are_honoured_on_our_transport(scheme_cls, caplog, no_leaks):
-    """TorchRL's own schemes were refused (ValueError: must be a SeqlockWeightSyncScheme). Now weights published
-    with update_policy_weights_() reach every worker, and one log line says how."""
+def test_torchrl_schemes_are_honoured_on_our_transport(scheme_cls, unilab_log, no_leaks):
+    """TorchRL's own schemes: weights published with update_policy_weights_() reach every worker, and one log
+    record says how."""
     rb = make_replay_buffer(8192)
     policy = linear_policy(3, 1)
-    log = logging.getLogger("torchrl.unilab")  # TorchRL's "torchrl" logger does not propagate to caplog's root
-    log.addHandler(caplog.handler)
-    try:
-        with caplog.at_level(logging.INFO, logger="torchrl.unilab"):
-            collector = OffPolicyCollector("Pendulum-v1", policy, replay_buffer=rb,
-                                           weight_sync_schemes={"policy": scheme_cls()}, **PENDULUM)
-    finally:
-        log.removeHandler(caplog.handler)
+    collector = OffPolicyCollector("Pendulum-v1", policy, replay_buffer=rb,
+                                   weight_sync_schemes={"policy": scheme_cls()}, **PENDULUM)
     with collector:
-        said = [r.getMessage() for r in caplog.records if scheme_cls.__name__ in r.getMessage()]
+        said = [r.getMessage() for r in unilab_log if scheme_cls.__name__ in r.getMessage()]
         assert len(said) == 1 and "update_policy_weights_() reaches every worker" in said[0], said
         collector.start()
         assert collector.wait_for_frames(256, timeout=120)

@@ -10,8 +10,8 @@ from torch import nn
 from torchrl.modules import TanhNormal, ValueOperator
 from torchrl.objectives import SACLoss, SoftUpdate, ValueEstimators
 
-from torchrl_unilab.modules.models import make_actor, make_critic
 from torchrl_unilab.modules._tanh_normal import TanhNormalSampler
+from torchrl_unilab.modules.models import make_actor, make_critic
 from torchrl_unilab.objectives import ForeachSoftUpdate
 from torchrl_unilab.objectives._fast_loss import tensor_loss
 from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
@@ -160,7 +160,6 @@ def test_td3_recipe_update_follows_stable_baselines3(fast_loss):
     import gymnasium as gym
     from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.type_aliases import ReplayBufferSamples
-
     from test_recipes import load_recipe
 
     lr, n, width = 1e-3, 64, 32
@@ -326,7 +325,7 @@ def test_tanh_normal_sampler_gives_tanh_normals_samples_log_probs_and_gradients(
                                     [loc_, scale_])
         return action.detach(), log_prob.detach(), grads
 
-    reference = draw(lambda l, s: TanhNormal(l, s, low=low, high=high).rsample_and_log_prob())
+    reference = draw(lambda loc, scale: TanhNormal(loc, scale, low=low, high=high).rsample_and_log_prob())
     sampler = TanhNormalSampler(low, high)
     for ours, ref in zip(draw(sampler.rsample_and_log_prob), reference):
         torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)

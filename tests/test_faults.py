@@ -18,8 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import faults  # noqa: E402
-
 from conftest import wait_until  # noqa: E402
+
 from torchrl_unilab import make_replay_buffer  # noqa: E402
 from torchrl_unilab._residue import live_processes  # noqa: E402
 from torchrl_unilab.modules.normalization import ObservationNormalizer  # noqa: E402
@@ -518,8 +518,8 @@ def test_a_worker_killed_holding_the_frame_lock_or_polling_stop_blocks_nobody(no
     With multiprocessing's Lock and Event the dead process kept their semaphores
     and the collector's shutdown hung in ``stop_event.set()`` (benchmarks/faults.py).
     """
-    from torchrl_unilab.collectors._control import FrameControl
     from torchrl_unilab._sync import StopFlag
+    from torchrl_unilab.collectors._control import FrameControl
 
     control, stop, holding = FrameControl(), StopFlag(), StopFlag()
     child = faults.CTX.Process(target=_hold_frame_lock_then_sleep, args=(control, stop, holding))

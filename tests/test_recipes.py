@@ -112,7 +112,8 @@ def test_td3_runs_end_to_end_and_resumes(tmp_path, no_leaks):
 
 @contextlib.contextmanager
 def running_sac(tmp_path: Path, run_dir: Path) -> Iterator[subprocess.Popen]:
-    """``recipes/sac.py`` in a session of its own, yielded once it has logged; killed on the way out if still running."""
+    """``recipes/sac.py`` in a session of its own, yielded once it has logged; killed on the way out if still
+    running."""
     cmd = [sys.executable, str(RECIPES / "sac.py"), *TINY, f"logger.log_dir={run_dir}",
            "collector.total_frames=100000", "logger.checkpoint_every=0"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -157,8 +158,8 @@ def test_lockstep_runs_are_reproducible(tmp_path, no_leaks):
 def test_lockstep_collects_each_chunk_with_the_weights_of_the_last_update(tmp_path, no_leaks):
     """Lock-step publishes before each chunk, whatever ``collector.sync_every``: every chunk a new policy version."""
     run_dir = tmp_path / "run"
-    run_recipe("td3", run_dir, "collector.lockstep=true", "collector.env_per_collector=1", "collector.frames_per_batch=16",
-               "collector.sync_every=1000", "collector.total_frames=384")
+    run_recipe("td3", run_dir, "collector.lockstep=true", "collector.env_per_collector=1",
+               "collector.frames_per_batch=16", "collector.sync_every=1000", "collector.total_frames=384")
     rb = make_replay_buffer(20_000, scratch_dir=tmp_path / "loaded")  # the size of TINY's buffer
     load_buffer(rb, run_dir / "checkpoint" / "replay_buffer")
     versions = rb.storage[: len(rb)]["policy_version"].reshape(-1)
@@ -197,7 +198,8 @@ def test_sac_learns_pendulum_at_the_configured_utd(tmp_path, no_leaks):
 
 
 def test_sac_trains_with_prioritized_replay_and_resumes_its_priorities(tmp_path, no_leaks):
-    """replay_buffer.prb=true: rows the workers write get priorities, the TD errors move them, a resume restores them."""
+    """replay_buffer.prb=true: rows the workers write get priorities, the TD errors move them, a resume restores
+    them."""
     run_dir = tmp_path / "run"
     prb = ["replay_buffer.prb=true", "replay_buffer.size=4096", "collector.total_frames=1024"]
     first = run_recipe("sac", run_dir, *prb)
@@ -226,7 +228,8 @@ def test_sac_trains_on_the_n_step_rows_its_workers_write(tmp_path, no_leaks):
     assert sorted(steps.unique().tolist()) == [1, 2, 3] and int((steps == 3).sum()) >= 640 * 13 // 16
     one = steps == 1  # one reward: the row's own
     assert torch.equal(rows["next", "reward"].reshape(-1)[one], rows["next", "original_reward"].reshape(-1)[one])
-    assert not torch.allclose(rows["next", "reward"].reshape(-1)[~one], rows["next", "original_reward"].reshape(-1)[~one])
+    assert not torch.allclose(rows["next", "reward"].reshape(-1)[~one],
+                              rows["next", "original_reward"].reshape(-1)[~one])
 
 
 def _kill_a_worker_once_the_run_logs(run_dir: Path, frames: int, stop: threading.Event, killed: list) -> None:

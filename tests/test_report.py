@@ -97,8 +97,9 @@ def test_gpu_results_fill_the_gpu_table(results_copy):
     (results_copy / "gpu" / "h100.json").write_text(json.dumps({
         "benchmark": "gpu_check", "date": "2026-12-05T10:00:00+00:00", "device": "cuda", "quick": False,
         "learner": {"eager_ups": 812.5, "gpu": "NVIDIA H100"}}))
-    (results_copy / "gpu" / "dry_run.json").write_text(json.dumps({"benchmark": "gpu_check", "quick": True,
-                                                                    "date": "2026-12-05", "learner": {"eager_ups": 1.0}}))
+    (results_copy / "gpu" / "dry_run.json").write_text(
+        json.dumps({"benchmark": "gpu_check", "quick": True, "date": "2026-12-05", "learner": {"eager_ups": 1.0}})
+    )
     table = report.outputs(results_copy)[report.GENERATED / "gpu.rst"]
     assert report.NOT_MEASURED not in table
     assert "``learner.eager_ups``\n     - 812.5" in table and "1.0" not in table and "h100.json" in table
@@ -106,9 +107,17 @@ def test_gpu_results_fill_the_gpu_table(results_copy):
 
 def test_the_wallclock_plot_shows_the_finalists_and_the_old_defaults_until_they_are_run(results_copy):
     screen = json.loads((results_copy / "learning" / "wallclock_screen.json").read_text())
-    final = {**screen, "command": "python benchmarks/learning.py --suite wallclock --seeds 0 1 2 3 4",
-             "configs": {"defaults": {**screen["configs"]["defaults"], "seeds": 5,
-                                      "interval_by_minute": [[1.0, 2.0]] * len(screen["configs"]["defaults"]["minute"])}}}
+    final = {
+        **screen,
+        "command": "python benchmarks/learning.py --suite wallclock --seeds 0 1 2 3 4",
+        "configs": {
+            "defaults": {
+                **screen["configs"]["defaults"],
+                "seeds": 5,
+                "interval_by_minute": [[1.0, 2.0]] * len(screen["configs"]["defaults"]["minute"]),
+            }
+        },
+    }
     (results_copy / "learning" / "wallclock.json").write_text(json.dumps(final))
     res = report.load(results_copy)
     curves = report.wallclock_curves(res)

@@ -229,7 +229,8 @@ def test_a_worker_that_keeps_failing_stops_the_run_with_every_traceback(restarts
 
 
 class DivergingPendulum(BatchedGymEnv):
-    """Pendulum whose observations are NaN from step 30 of each episode until the env is reset (a diverged simulation)."""
+    """Pendulum whose observations are NaN from step 30 of each episode until the env is reset (a diverged
+    simulation)."""
 
     def __init__(self) -> None:
         super().__init__("Pendulum-v1", 1, stagger_resets=False)

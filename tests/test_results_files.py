@@ -100,7 +100,8 @@ def written(path: Path, name: str) -> dict:
 def test_faults_out_files_render_in_the_faults_tables(monkeypatch, tmp_path):
     replace_faults_cases(monkeypatch)
     run_main(faults, monkeypatch, "--buffer-kills", "9", "--out", str(tmp_path / "faults.json"))
-    run_main(faults, monkeypatch, "--soak-minutes", "1", "--ray-soak-minutes", "1", "--out", str(tmp_path / "soak.json"))
+    run_main(faults, monkeypatch, "--soak-minutes", "1", "--ray-soak-minutes", "1",
+             "--out", str(tmp_path / "soak.json"))
     kills, soak = written(tmp_path / "faults.json", "faults/faults.json"), written(tmp_path / "soak.json",
                                                                                     "faults/soak.json")
     assert kills["command"] == f"python benchmarks/faults.py --buffer-kills 9 --out {tmp_path / 'faults.json'}"

@@ -59,7 +59,10 @@ def test_layouts(env_id, family, dims):
     [  # dm_control/suite/<domain>.py, get_observation: the OrderedDict each task builds
         (CHEETAH, ["position", "velocity"]),
         ("WalkerWalk-v1", ["orientations", "height", "velocity"]),
-        ("HumanoidRun-v1", ["joint_angles", "head_height", "extremities", "torso_vertical", "com_velocity", "velocity"]),
+        (
+            "HumanoidRun-v1",
+            ["joint_angles", "head_height", "extremities", "torso_vertical", "com_velocity", "velocity"],
+        ),
         ("HumanoidRunPureState-v1", ["position", "velocity"]),
         ("FishSwim-v1", ["joint_angles", "upright", "target", "velocity"]),
         ("FingerSpin-v1", ["position", "velocity", "touch"]),

@@ -11,8 +11,8 @@ themselves against a pytorch/rl checkout.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -195,7 +195,8 @@ def test_one_env_instance_serves_several_workers(no_leaks):
     try:
         collector.set_seed(3)
         collector.start()
-        assert wait_until(lambda: all(w["frames"] > 0 for w in collector.metrics()["workers"]), timeout=120)
+        metrics = collector.metrics
+        assert wait_until(lambda: all(w["frames"] > 0 for w in metrics()["workers"]), timeout=120)
     finally:
         collector.shutdown()
     assert env.base_env.is_closed, "the instance itself never started: workers run copies"
@@ -345,8 +346,11 @@ def test_every_field_of_torchrl_collector_configs_is_taken_at_its_default(config
 
     from torchrl.trainers.algorithms.configs import collectors
 
-    defaults = {f.name: f.default for f in fields(getattr(collectors, config))
-                if f.default is not MISSING and not f.name.startswith("_") and f.name not in ("create_env_fn", "policy")}
+    defaults = {
+        f.name: f.default
+        for f in fields(getattr(collectors, config))
+        if f.default is not MISSING and not f.name.startswith("_") and f.name not in ("create_env_fn", "policy")
+    }
     assert "backend" in defaults or config != "CollectorConfig"
     defaults.update(frames_per_batch=100, total_frames=200)
     with OffPolicyCollector(make_env, actor_net(), **defaults) as collector:

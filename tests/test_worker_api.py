@@ -218,7 +218,8 @@ def test_unknown_kwarg_and_bad_values():
     try:
         with pytest.raises(ValueError, match=r"sim_backend must be one of \('mujoco',\), got 'isaac'"):
             off_policy_collector_fn(None, ENV, 2, rb, weights.name, layout_of(actor), sim_backend="isaac")
-        with pytest.raises(ValueError, match=r"algo_type must be one of \('sac', 'td3', 'sac_priv', 'td3_priv'\), got 'ppo'"):
+        with pytest.raises(ValueError,
+                           match=r"algo_type must be one of \('sac', 'td3', 'sac_priv', 'td3_priv'\), got 'ppo'"):
             off_policy_collector_fn(None, ENV, 2, rb, weights.name, layout_of(actor), algo_type="ppo")
         with pytest.raises(ValueError, match="storage is not laid out"):
             off_policy_collector_fn(None, ENV, 2, make_replay_buffer(10), weights.name, layout_of(actor))

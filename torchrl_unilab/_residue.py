@@ -53,7 +53,9 @@ def live_processes(*, parent: int | None = None, session: int | None = None) -> 
                 state, ppid, _pgrp, sid = f.read().rsplit(")", 1)[1].split()[:4]
         except (OSError, ValueError):
             continue
-        if state == "Z" or (parent is not None and int(ppid) != parent) or (session is not None and int(sid) != session):
+        if state == "Z" or (parent is not None and int(ppid) != parent):
+            continue
+        if session is not None and int(sid) != session:
             continue
         out.add(int(entry))
     return out

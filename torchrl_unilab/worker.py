@@ -96,7 +96,9 @@ def _make_env(env_name: str, num_envs: int, sim_backend: str, env_cfg_override: 
     if sim_backend not in SIM_BACKENDS:
         raise ValueError(f"sim_backend must be one of {SIM_BACKENDS}, got {sim_backend!r}")
     if env_cfg_override is not None and not isinstance(env_cfg_override, Mapping):
-        raise TypeError(f"env_cfg_override must be a dict of env constructor kwargs, got {type(env_cfg_override).__name__}")
+        raise TypeError(
+            f"env_cfg_override must be a dict of env constructor kwargs, got {type(env_cfg_override).__name__}"
+        )
     if isinstance(privileged, Mapping):
         privileged = PrivilegedInfoTransform(**privileged)
     if privileged is not None and not isinstance(privileged, PrivilegedInfoTransform):

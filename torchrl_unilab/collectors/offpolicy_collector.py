@@ -16,8 +16,7 @@ import torch
 from tensordict import TensorDictBase, is_non_tensor
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
-from torchrl.collectors import MultiAsyncCollector
-from torchrl.collectors import _constants as torchrl_constants
+from torchrl.collectors import MultiAsyncCollector, _constants as torchrl_constants
 from torchrl.collectors.utils import _validate_traj_format, split_trajectories
 from torchrl.data import ReplayBuffer
 from torchrl.envs import EnvBase
@@ -35,6 +34,9 @@ from torchrl_unilab.collectors._arguments import (
 )
 from torchrl_unilab.collectors._batches import BatchSlots, FeedThread, torchrl_layout
 from torchrl_unilab.collectors._control import FrameControl, split_random_frames
+from torchrl_unilab.collectors._env_view import EnvView
+from torchrl_unilab.collectors._in_process_api import InProcessCollectorAPI
+from torchrl_unilab.collectors._policy import PolicyFromFactory, PolicyRecipe
 from torchrl_unilab.collectors._processes import (
     RestartPolicy,
     WorkerError,
@@ -56,9 +58,6 @@ from torchrl_unilab.collectors._worker import (
     probe_step,
     worker_main,
 )
-from torchrl_unilab.collectors._env_view import EnvView
-from torchrl_unilab.collectors._in_process_api import InProcessCollectorAPI
-from torchrl_unilab.collectors._policy import PolicyFromFactory, PolicyRecipe
 from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.data.local_writer import LocalBufferWriter, local_write_reason
 from torchrl_unilab.data.replay_buffer import holds_row, prepare_storage
@@ -106,8 +105,8 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
             Playground or Control Suite id (``"Go1JoystickFlatTerrain-v1"``, ``"CheetahRun-v1"``,
             EnvPool only; see :mod:`~torchrl_unilab.envs.task_families`), run with ``num_envs`` envs per
             worker on the engine ``engine`` selects
-            (:class:`~torchrl_unilab.EnvPoolEnv` or :class:`~torchrl_unilab.BatchedGymEnv`); a callable (or ``EnvCreator``) returning a batched or
-            unbatched TorchRL ``EnvBase``, run in each worker process; a live
+            (:class:`~torchrl_unilab.EnvPoolEnv` or :class:`~torchrl_unilab.BatchedGymEnv`); a callable
+            (or ``EnvCreator``) returning a batched or unbatched TorchRL ``EnvBase``, run in each worker process; a live
             ``EnvBase`` instance, stepped by a thread of this process (a started
             ``ParallelEnv`` cannot be pickled into another process, and its own
             processes do the physics); or a list of those, one per worker.

@@ -1,4 +1,6 @@
-"""Collection across machines: one :class:`~torchrl_unilab.OffPolicyCollector` per Ray node, driven by TorchRL's ``RayCollector``.
+"""Collection across machines: one :class:`~torchrl_unilab.OffPolicyCollector` per Ray node.
+
+TorchRL's ``RayCollector`` drives the nodes.
 
 Ray does the cluster work (placement, transport, actor lifecycle) and TorchRL's
 ``RayCollector`` the coordination; this module only adapts our collector to
@@ -729,7 +731,10 @@ class RayOffPolicyCollector(RayCollector):
 
     # ----------------------------------------------------------------- weights
     def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None, **kwargs: Any) -> None:
-        """Sends new weights to every live node (TorchRL's ``RayWeightSyncScheme``); each publishes them to its workers."""
+        """Sends new weights to every live node (TorchRL's ``RayWeightSyncScheme``).
+
+        Each node publishes them to its workers.
+        """
         self._raise_if_failed()
         super().update_policy_weights_(policy_or_weights, worker_ids=worker_ids, **kwargs)
         self.published_version += 1

@@ -29,8 +29,7 @@ from typing import Any
 import torch
 import torchrl
 from torchrl.data import ReplayBuffer
-from torchrl.data.replay_buffers.samplers import PrioritizedSampler, RandomSampler
-from torchrl.data.replay_buffers.samplers import prioritized as _torchrl_prioritized
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler, RandomSampler, prioritized as _torchrl_prioritized
 from torchrl.data.replay_buffers.storages import Storage
 
 __all__ = ["SharedPrioritizedSampler"]
@@ -80,7 +79,8 @@ class SharedPrioritizedSampler(PrioritizedSampler):
         if not _extension_loaded():
             raise ImportError(
                 "SharedPrioritizedSampler keeps its priorities in TorchRL's C++ segment trees, and torchrl._torchrl "
-                f"did not load: torchrl {torchrl.__version__} is built for torch 2.14, this is torch {torch.__version__}. "
+                f"did not load: torchrl {torchrl.__version__} is built for torch 2.14, "
+                f"this is torch {torch.__version__}. "
                 "Install the torch this package pins (pip install -e .) or use a uniform sampler."
             )
         self._caught_up = 0

@@ -19,11 +19,11 @@ import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
-from tensordict import NestedKey, TensorDictBase, unravel_key
 import torch
+from tensordict import NestedKey, TensorDictBase, unravel_key
 from torchrl.data import LazyMemmapStorage, ReplayBuffer
-from torchrl.data.replay_buffers.writers import TensorDictMaxValueWriter, TensorDictRoundRobinWriter
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
+from torchrl.data.replay_buffers.writers import TensorDictMaxValueWriter, TensorDictRoundRobinWriter
 
 from torchrl_unilab._residue import sweep_stale
 from torchrl_unilab.data.buffer_writer import CommitWriter

@@ -42,7 +42,9 @@ if mujoco.get_mju_user_warning() is None:
 # gymnasium's half_cheetah.xml (HalfCheetah-v5) sets 'settotalmass', which MuJoCo 4 deprecates at every compile
 # (each env, each worker). The model is gymnasium's and compiles to the masses gymnasium intends, so the warning
 # names nothing a user of ours can change; only that message is filtered, other MuJoCo warnings still show.
-warnings.filterwarnings("ignore", message="MuJoCo: compiler attribute 'settotalmass' is deprecated", category=RuntimeWarning)
+warnings.filterwarnings(
+    "ignore", message="MuJoCo: compiler attribute 'settotalmass' is deprecated", category=RuntimeWarning
+)
 
 
 def make_gym_env(env_id: str, **env_kwargs: Any) -> gym.Env:
@@ -60,7 +62,9 @@ def make_gym_env(env_id: str, **env_kwargs: Any) -> gym.Env:
         (3,)
     """
     if not isinstance(env_id, str):
-        raise TypeError(f"env must be a gymnasium id (str) or a callable returning an EnvBase, got {type(env_id).__name__}")
+        raise TypeError(
+            f"env must be a gymnasium id (str) or a callable returning an EnvBase, got {type(env_id).__name__}"
+        )
     module, _, name = env_id.rpartition(":")
     if module:
         try:
@@ -255,7 +259,9 @@ class BatchedTaskEnv(EnvBase):
         """
         return self._autoreset(tensordict, self._step_all(tensordict.get("action")), slice(None))
 
-    def _autoreset(self, tensordict: TensorDictBase, stepped: tuple, envs: slice) -> tuple[TensorDictBase, TensorDictBase]:
+    def _autoreset(
+        self, tensordict: TensorDictBase, stepped: tuple, envs: slice
+    ) -> tuple[TensorDictBase, TensorDictBase]:
         """Resets the finished envs among ``envs`` in place; ``(transition, next_root)`` over those envs."""
         next_obs, reward, terminated, truncated = stepped
         root_obs = next_obs.copy()

@@ -77,7 +77,9 @@ _NO_LIMIT = 2**30
 
 @functools.cache
 def envpool_task_ids() -> frozenset[str]:
-    """The MuJoCo ids EnvPool runs here (routed to it by ``engine="auto"``): gymnasium's, Playground's, the Control Suite's.
+    """The MuJoCo ids EnvPool runs here (routed to it by ``engine="auto"``).
+
+    They are gymnasium's, Playground's and the Control Suite's.
 
     Examples:
         >>> "HalfCheetah-v5" in envpool_task_ids(), "Go1JoystickFlatTerrain-v1" in envpool_task_ids()

@@ -210,9 +210,10 @@ def resolve_offpolicy_actor_priv_info(
     Examples:
         >>> import numpy as np
         >>> obs = np.zeros((2, 3))
-        >>> resolve_offpolicy_actor_priv_info(algo_type="sac", obs_np=obs, critic_np=np.ones((2, 5)), info={}) is None
+        >>> critic = np.ones((2, 5))
+        >>> resolve_offpolicy_actor_priv_info(algo_type="sac", obs_np=obs, critic_np=critic, info={}) is None
         True
-        >>> resolve_offpolicy_actor_priv_info(algo_type="td3_priv", obs_np=obs, critic_np=np.ones((2, 5)), info={}).shape
+        >>> resolve_offpolicy_actor_priv_info(algo_type="td3_priv", obs_np=obs, critic_np=critic, info={}).shape
         (2, 5)
     """
     accepted = ALGOS + PRIVILEGED_ALGOS

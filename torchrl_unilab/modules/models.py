@@ -322,7 +322,8 @@ def make_critic(
         ... )
         >>> critic(td)["state_action_value"].shape
         torch.Size([4, 1])
-        >>> [m.out_features for m in make_critic(5, 2, hidden_sizes=[32, 16]).modules() if isinstance(m, torch.nn.Linear)]
+        >>> critic = make_critic(5, 2, hidden_sizes=[32, 16])
+        >>> [m.out_features for m in critic.modules() if isinstance(m, torch.nn.Linear)]
         [32, 16, 1]
     """
     _check_positive(obs_dim, "obs_dim")

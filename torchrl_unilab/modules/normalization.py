@@ -52,8 +52,10 @@ class ObservationNormalizer(TensorDictModuleBase):
         >>> from torchrl_unilab.modules.normalization import ObservationNormalizer
         >>> norm = ObservationNormalizer(2)
         >>> norm.update(torch.tensor([[0.0, 10.0], [2.0, 30.0]]))
-        >>> norm.mean, norm.var, norm.count
-        (tensor([ 1., 20.], dtype=torch.float64), tensor([  1., 100.], dtype=torch.float64), tensor(2., dtype=torch.float64))
+        >>> norm.mean, norm.var
+        (tensor([ 1., 20.], dtype=torch.float64), tensor([  1., 100.], dtype=torch.float64))
+        >>> norm.count
+        tensor(2., dtype=torch.float64)
         >>> td = TensorDict({"observation": torch.tensor([[3.0, 0.0]])}, batch_size=[1])
         >>> norm(td)["observation"]
         tensor([[ 2., -2.]])

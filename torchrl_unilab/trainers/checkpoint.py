@@ -94,7 +94,9 @@ class Checkpointer:
         self.directory = Path(directory)
         for name, obj in modules.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(f"modules[{name!r}] must have state_dict() and load_state_dict(), got {type(obj).__name__}")
+                raise TypeError(
+                    f"modules[{name!r}] must have state_dict() and load_state_dict(), got {type(obj).__name__}"
+                )
         self.modules = dict(modules)
         self.normalizer = normalizer
 

@@ -40,7 +40,7 @@ def learner_device(value: Any) -> torch.device:
         Traceback (most recent call last):
         ...
         ValueError: network.device must be null (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:<index>', got 'mps'
-    """
+    """  # noqa: E501
     if value is None or value == "":
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     try:

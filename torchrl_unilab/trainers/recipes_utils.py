@@ -31,9 +31,9 @@ from torchrl.objectives.utils import TargetNetUpdater
 
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.data import replay_buffer as _rb
-from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.data.buffer_sampler import SAMPLE_KEYS
 from torchrl_unilab.data.postprocs import MultiStepWithDone
+from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.envs.envpool_env import EnvPoolEnv, make_gym_id_env
 from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.models import ALGOS, PassThroughActor, make_actor, make_critic
@@ -138,14 +138,15 @@ def critic_input(cfg: DictConfig, info: EnvInfo | None = None) -> str:
         Traceback (most recent call last):
         ...
         ValueError: network.critic_input=privileged needs an env with a 'privileged' entry, and Pendulum-v1 has none; use a MuJoCo Playground robot (e.g. env.name=Go1JoystickFlatTerrain-v1) or network.critic_input=observation
-    """
+    """  # noqa: E501
     value = cfg.network.get("critic_input", "observation") or "observation"
     if value not in CRITIC_INPUTS:
         raise ValueError(f"network.critic_input must be one of {CRITIC_INPUTS}, got {value!r}")
     if value == "privileged" and info is not None and info.privileged_dim is None:
         raise ValueError(
             f"network.critic_input=privileged needs an env with a 'privileged' entry, and {info.env_name} has none; "
-            "use a MuJoCo Playground robot (e.g. env.name=Go1JoystickFlatTerrain-v1) or network.critic_input=observation"
+            "use a MuJoCo Playground robot (e.g. env.name=Go1JoystickFlatTerrain-v1) or "
+            "network.critic_input=observation"
         )
     return value
 

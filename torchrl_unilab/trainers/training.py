@@ -17,7 +17,6 @@ import signal
 import threading
 import time
 
-import torch
 from tensordict import TensorDictBase
 from torch import nn
 from torchrl.data import ReplayBuffer
