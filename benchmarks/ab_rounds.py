@@ -9,7 +9,7 @@ side's torch version and commit, each compared key's median over its rounds
 over A within the round, with ``ratios_<key>`` (each round's) and, from 3 rounds,
 ``ratio_<key>_interval``: a 90 % percentile-bootstrap interval of that median.
 
-    # the learner on torch 2.13 (a venv with `pip install --no-deps -e .`) against 2.14.1 (issue 47)
+    # the learner on torch 2.13 (a venv with `pip install --no-deps -e .`) against 2.14.1
     python benchmarks/ab_rounds.py --a /venv213/bin/python --b python --benchmark learner_throughput \\
         --keys plain_ups,recipe_ups,td3_recipe_ups -- --blocks 6 --e2e-frames 0 --no-compile --no-sb3
     # collection before and after a change (a clone of the old commit in /tmp/before)

@@ -62,7 +62,7 @@ from torchrl_unilab.modules.models import make_actor
 ENV = "HalfCheetah-v5"
 NUM_ENVS = 16
 FRAME_SKIP = 5
-#: --task: the ratio of our collector to EnvPool alone that issues 18 and 45 set as the target
+#: --task: the target ratio of our collector to EnvPool alone on each robot task
 TASK_TARGETS = {"Go1JoystickFlatTerrain-v1": 0.9, "CheetahRun-v1": 0.6}
 #: --task: the envs of the worker whose policy overlaps EnvPool's physics (EnvPoolEnv(lanes=2))
 LANES_ENVS = 64
@@ -70,7 +70,7 @@ LANES_ENVS = 64
 RATE_KEYS = ("raw", "bare_mujoco", "envpool", "envpool_env", "torchrl_collector", "offpolicy_gymnasium",
              "offpolicy_envpool_16", "offpolicy_envpool_64", "offpolicy_lanes_16", "offpolicy_lanes_64",
              "offpolicy_envpool_2w")
-#: --out: issue 5's targets, which the docs' table shows beside the rows they apply to
+#: --out: the collector's targets, which the docs' table shows beside the rows they apply to
 TARGETS = {"offpolicy_envpool_16": "ratio to raw >= 1.2", "offpolicy_envpool_64": "ratio to raw >= 1.2",
            "offpolicy_envpool_2w": ">= 1.8 x 1 worker"}
 #: --out: a worker's phases (the collector's metrics' names), each configuration's missing ones as 0
@@ -134,8 +134,8 @@ class EnvPoolAlone:
 
     EnvPool resets a finished env on its next step and returns the reset state
     (``elapsed_step == 0``) instead of a transition; those rows are not counted.
-    A Go1 under random actions falls every ~42 steps, which made 2.4 % of its rows
-    reset rows (issue 45).
+    A Go1 under random actions falls every ~42 steps, so about 2.4 % of its rows
+    are reset rows.
     """
 
     def __init__(self, env_id: str = ENV, num_envs: int | None = None) -> None:
@@ -164,7 +164,7 @@ class EnvPoolEnvAlone:
 
     def __call__(self, seconds: float) -> float:
         def step():
-            # Drawn as cheaply as EnvPoolAlone draws its own: action_spec.rand() costs ~100 us a batch (issue 45)
+            # Drawn as cheaply as EnvPoolAlone draws its own: action_spec.rand() costs ~100 us a batch
             self.td["action"] = self.low + self.width * torch.rand(self.width.shape)
             _, self.td = self.env.step_and_maybe_reset(self.td)
 

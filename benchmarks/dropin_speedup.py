@@ -213,7 +213,7 @@ def run_in_subprocess(name: str, args: argparse.Namespace) -> tuple[dict | None,
 #: --out: each pattern's two sides, TorchRL's collector then ours (the fast path's baseline is pattern 2's)
 PATTERNS = {"pattern1": ("p1_torchrl", "p1_offpolicy"), "pattern2": ("p2_torchrl", "p2_offpolicy"),
             "fast_path": ("p2_torchrl", "fast_path")}
-#: --out: issue 2's targets for the two patterns of TorchRL's SAC scripts
+#: --out: the targets for the two patterns of TorchRL's SAC scripts
 TARGETS = {"pattern1": 3, "pattern2": 4}
 
 

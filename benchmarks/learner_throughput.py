@@ -11,7 +11,7 @@ with ``optim.num_threads=auto`` and ``=1`` (``e2e_fps_*``) against Stable-Baseli
 (``sb3_fps``; needs the ``bench`` extra). ``--profile`` adds where an update's milliseconds
 go, ``--prefetch`` a thread sampling the next batch, ``--checkpoint DIR`` the update from a
 trained run's state with and without flushing denormals. ``--batch-sizes`` measures only the
-update at other batch sizes on 1 and 2 threads, with sampling's share (issue 44).
+update at other batch sizes on 1 and 2 threads, with sampling's share.
 
 ``--device cuda`` measures a learner on a GPU instead (collection stays on CPU workers):
 eager, compiled and CUDA-graph updates per second, with and without overlapping the next
@@ -373,7 +373,7 @@ def sgemm_limit(threads: int, algo: str = "sac", hidden: tuple[int, ...] = (HIDD
     """An update's matrix products alone (:func:`update_matmuls`), each at the best rate torch reaches on its
     shape on ``threads`` threads: updates/s, that rate in GFLOP/s, and the MFLOP of one update.
 
-    The limit the recipe's update is measured against (issue 19): everything
+    The limit the recipe's update is measured against: everything
     else an update does -- elementwise ops, the optimiser, the target update,
     sampling, Python -- is what separates the two.
     """
@@ -653,7 +653,7 @@ def main() -> None:
         **{f"{name}_ups": round(r["ups"], 1) for name, r in rates.items()},
         **{f"{name}_best_ups": round(r["best_ups"], 1) for name, r in rates.items()},
         **{f"{name}_ratio": round(r["ups"] / rates["plain"]["ups"], 2) for name, r in rates.items() if name != "plain"},
-        # issue 19's figures: the update against the sgemm limit on 1 and 2 threads
+        # the update against the sgemm limit on 1 and 2 threads
         "update_mflop": round(limits[1]["update_mflop"], 1),
         "sgemm_gflops_1t": round(limits[1]["gflops"], 1),
         "sgemm_gflops_2t": round(limits[2]["gflops"], 1),

@@ -79,26 +79,25 @@ class Task:
     """EnvPool info entries each snapshot's evaluation reports, their mean per step (Go1's reward terms)"""
     config: str | None = None
     """the recipe's config (``recipes/config/<config>.yaml``) the overrides apply to; ``None``: the algo's own
-    (``sac``, ``td3``). The suites measured before issue 44 changed the defaults name ``sac_utd1`` and
-    ``td3_utd1``, the old ones."""
+    (``sac``, ``td3``). The suites measured at one update per frame name ``sac_utd1`` and ``td3_utd1``."""
 
     @property
     def name(self) -> str:
         return "_".join(filter(None, (self.algo, self.env, self.label)))
 
 
-#: The Go1 runs in docs/results/robot_tasks.rst collected with 4 envs per worker, the TD3 recipe's default before
-#: issue 22 made it one env (measured on HalfCheetah-v5).
+#: The robot suite's Go1 runs collect with 4 envs per worker, in place of ``td3_utd1``'s one env (a choice measured
+#: on HalfCheetah-v5 only).
 GO1_COLLECTION = ["collector.env_per_collector=4", "collector.frames_per_batch=64"]
 
-#: SAC and TD3 at one update per frame (recipes/config/sac_utd1.yaml, td3_utd1.yaml): the recipes' defaults before
-#: issue 44, which the suites measured before it keep, so that their saved results stay reproducible.
+#: SAC and TD3 at one update per frame (recipes/config/sac_utd1.yaml, td3_utd1.yaml): SB3's schedule, the configs
+#: of the suites measured at it, so that their saved results stay reproducible.
 UTD1, TD3_UTD1 = "sac_utd1", "td3_utd1"
 
 #: The ``wallclock`` suite's budget per run (``--minutes`` changes it) and its frame bound (never reached).
 WALLCLOCK_MINUTES = 12.0
 WALLCLOCK_FRAMES = 5_000_000
-#: The levers screened against the defaults (issue 44), each a change of one setting.
+#: The levers screened against the defaults, each a change of one setting.
 WALLCLOCK_CANDIDATES: dict[str, list[str]] = {
     "utd0.5": ["optim.utd_ratio=0.5"],
     "utd0.125": ["optim.utd_ratio=0.125"],
@@ -108,13 +107,13 @@ WALLCLOCK_CANDIDATES: dict[str, list[str]] = {
     # scaling past 2x gives rates SAC is not run at): 3e-4 * sqrt(4), 3e-4 * sqrt(8)
     "batch1024_lr6e-4": ["optim.batch_size=1024", "optim.lr=6e-4"],
     "batch2048_lr8.5e-4": ["optim.batch_size=2048", "optim.lr=8.5e-4"],
-    "buffer100k": ["replay_buffer.size=100000"],  # the buffer size before issue 44, at 4 frames per update
+    "buffer100k": ["replay_buffer.size=100000"],  # sac_utd1's buffer size, at 4 frames per update
     "nstep3": ["collector.multi_step=3"],  # n-step returns (TorchRL's MultiStep in the workers)
     "layernorm": ["network.use_layer_norm=true"],  # LayerNorm in every hidden layer (BRO, SimBa: Nauman et al. 2024,
                                                    # Lee et al. 2025), without their residual blocks
 }
 
-#: issue 45: Go1 in the FastTD3 regime on one GPU and 16 cores. FastTD3's Playground settings
+#: Go1 in the FastTD3 regime on one GPU and 16 cores. FastTD3's Playground settings
 #: (fast_td3/hyperparams.py: 1024 envs, batch 32768, 8 updates per step of all envs, gamma 0.97, tau 0.1, a noise
 #: std per env in [0.2, 0.8], target noise 0.2, observation normalisation) on our collector: 14 workers x 64 envs,
 #: the learner on cuda. Its own critic (no distributional C51 head) and the recipe's MLPs.
@@ -161,13 +160,13 @@ SUITES: dict[str, list[Task]] = {
              ["logger.eval_iter=10000", "replay_buffer.size=100000", "network.critic_input=observation",
               "network.obs_norm=true", *GO1_COLLECTION], seeds=(0, 1), label="symmetric", config=TD3_UTD1),
     ],
-    "td3": [  # issue 22: the recipe's defaults against SB3's; the targets are relative (see compare_with_sb3)
+    "td3": [  # the recipe at SB3's schedule against SB3's TD3; the targets are relative (see compare_with_sb3)
         Task("td3", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"], config=TD3_UTD1),
         Task("sb3_td3", "HalfCheetah-v5", 100_000, None, config=TD3_UTD1),
     ],
-    # issue 44: return against wall-clock minutes (benchmarks/wallclock.py). The defaults, the defaults before issue
-    # 44 (one update per frame), then the screened levers; SB3's SAC is the reference (--algo sb3_sac, or
-    # --sb3-reference with its saved results). TD3's side: the same, SB3's TD3 the reference.
+    # return against wall-clock minutes (benchmarks/wallclock.py). The defaults, one update per frame (utd1), then
+    # the screened levers; SB3's SAC is the reference (--algo sb3_sac, or --sb3-reference with its saved results).
+    # TD3's side: the same, SB3's TD3 the reference.
     "wallclock": [
         Task("sac", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="defaults"),
         Task("sac", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="utd1", config=UTD1),
@@ -179,21 +178,21 @@ SUITES: dict[str, list[Task]] = {
              config=TD3_UTD1),
         Task("sb3_td3", "HalfCheetah-v5", 100_000, None),
     ],
-    # issue 45: Go1 on one GPU and 16 cores, the privileged (asymmetric) critic and the symmetric one side by side
+    # Go1 on one GPU and 16 cores, the privileged (asymmetric) critic and the symmetric one side by side
     "go1_gpu": [
         Task("td3", "Go1JoystickFlatTerrain-v1", WALLCLOCK_FRAMES * 20, None,
              [*GO1_GPU, f"network.critic_input={critic}"], seeds=(0,), label=critic_label,
              minutes=GO1_GPU_MINUTES, info_keys=GO1_WALK_TERMS)
         for critic, critic_label in (("privileged", "privileged"), ("observation", "symmetric"))
     ],
-    "sb3": [  # issue 19: the SAC recipe at one update per frame against SB3's SAC, same sizes and batch
+    "sb3": [  # the SAC recipe at one update per frame against SB3's SAC, same sizes and batch
         Task("sac", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"], config=UTD1),
         Task("sb3_sac", "HalfCheetah-v5", 100_000, None, config=UTD1),
     ],
 }
 
-#: Each algorithm's targets against SB3 (the keyword arguments of :func:`compare_with_sb3`): issue 22's for
-#: TD3, issue 19's for SAC.
+#: Each algorithm's targets against SB3 (the keyword arguments of :func:`compare_with_sb3`): the ``td3`` suite's
+#: and the ``sb3`` suite's.
 SB3_TARGETS: dict[str, dict] = {
     "td3": {"from_mark": 30_000, "last_within": 0.1, "band_mark": 40_000},
     "sac": {"from_mark": 50_000, "last_within": None, "speedup": 1.5, "band_mark": 100_000},
@@ -298,9 +297,9 @@ def run_sb3(task: Task, seed: int) -> dict:
     """Stable-Baselines3's TD3 or SAC (``task.algo``: ``"sb3_td3"``, ``"sb3_sac"``); returns what :func:`run` returns.
 
     * ``sb3_td3``: ``TD3("MlpPolicy", env, learning_starts=<the recipe's init_random_frames>, seed=seed)``,
-      else its defaults (issue 22);
+      else its defaults;
     * ``sb3_sac``: ``SAC("MlpPolicy", env, learning_starts=..., train_freq=1, gradient_steps=1)`` with the
-      SAC recipe's network sizes (``net_arch``) and batch size, else its defaults (issue 19).
+      SAC recipe's network sizes (``net_arch``) and batch size, else its defaults.
 
     Evaluated every :data:`SB3_EVAL_EVERY` frames by the recipe's ``EvalRunner`` (its episodes, seeds and
     deterministic actions), on the torch threads the recipe's learner may take (``optim.num_threads``; with
@@ -418,7 +417,7 @@ def mean_curve(runs: dict[int, dict]) -> dict[float, float]:
 
 def return_targets(ours: dict[float, float], reference: dict[float, float], *, from_mark: float,
                    last_within: float | None) -> tuple[list[float], bool]:
-    """The return targets of a comparison of two mean curves (issues 22 and 19): the marks from ``from_mark``
+    """The return targets of a comparison of two mean curves (TD3's and SAC's against SB3): the marks from ``from_mark``
     on where ``ours`` is below ``reference``, and whether ``ours`` is at the last common mark within
     ``last_within`` of it or above (``True`` with no ``last_within``).
 
@@ -472,8 +471,8 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: 
     """The table of a recipe against SB3: mean eval return per 10k mark of both sides, and the targets.
 
     Passed: ours >= SB3 at every mark from ``from_mark`` on; with ``last_within``, at the last mark within
-    that fraction of SB3 or above (issue 22); with ``speedup``, SB3's mean return at its last mark reached
-    by our mean curve within ``1 / speedup`` of SB3's mean wall-clock to it (issue 19). At ``band_mark``
+    that fraction of SB3 or above (TD3's target); with ``speedup``, SB3's mean return at its last mark reached
+    by our mean curve within ``1 / speedup`` of SB3's mean wall-clock to it (SAC's). At ``band_mark``
     frames, each of the recipe's seeds is placed against SB3's band, the lowest to the highest of SB3's
     seeds there. Each mark's row also gives the difference of the means and, with 3 seeds a side or more,
     its interval over seeds (:func:`difference_interval`): the targets compare means, the interval says

@@ -289,7 +289,7 @@ def td3_tables(res: Results) -> str:
                       "recipe - SB3", "90 % interval over seeds"], rows)
     p = data["pooled_seeds_0_2"]
     a = p["at_100k"]
-    out += (f"\nSeeds 0-2, the issue's measure, three runs pooled ({p['runs']} runs): "
+    out += (f"\nSeeds 0-2, three runs pooled ({p['runs']} runs): "
             f"{signed(p['from_30k_to_90k'][0])} to {signed(p['from_30k_to_90k'][1])} against SB3 from 30k to 90k, "
             f"{fmt(a['recipe'])} against {fmt(a['sb3'])} at 100k ({a['percent']:+.1f} %).\n\n")
     return out + provenance_line(data)
@@ -355,7 +355,7 @@ def learner_table(res: Results) -> str:
 
 
 def learner_batch_table(res: Results) -> str:
-    """learner_throughput --batch-sizes and sampling.py on a large buffer (issue 44): what a larger batch costs the
+    """learner_throughput --batch-sizes and sampling.py on a large buffer: what a larger batch costs the
     update on one and two threads, and what sampling it costs."""
     sweep = next((d for d in topic(res, "learning") if d.get("mode") == "batch_sizes"), None)
     if sweep is None:
@@ -439,7 +439,7 @@ def wallclock_table(data: dict) -> str:
 
 
 def wallclock_tables(res: Results, algo: str = "sac") -> str:
-    """Issue 44's suite for one algorithm (``"sac"`` or ``"td3"``, the keys of :data:`WALLCLOCK`): the finalists
+    """The wall-clock suite for one algorithm (``"sac"`` or ``"td3"``, the keys of :data:`WALLCLOCK`): the finalists
     on 5 seeds, then the screening runs."""
     parts = [f"**{title}**\n\n" + wallclock_table(res[key]) for key, title in WALLCLOCK[algo].items() if key in res]
     return "\n".join(parts) or (f"Return against wall-clock: **{NOT_MEASURED}** "
@@ -449,7 +449,7 @@ def wallclock_tables(res: Results, algo: str = "sac") -> str:
 def wallclock_curves(res: Results, algo: str = "sac", screened: tuple[str, ...] | None = ("utd1",)
                      ) -> dict[str, list[dict]]:
     """The curves of one algorithm's wall-clock plot (``"sac"`` or ``"td3"``): every finalist's, with its band,
-    and of the screens' one-seed runs those in ``screened`` (SAC: ``utd1``, the defaults before issue 44; ``None``:
+    and of the screens' one-seed runs those in ``screened`` (SAC: ``utd1``, one update per frame; ``None``:
     all) that no finalist run, nor an earlier screen, measured."""
     final, *screens = WALLCLOCK[algo]
     curves = {}
@@ -783,11 +783,12 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "torch_versions.rst": lambda res: ab_table(res, "learning/torch_2.13_vs_2.14.1.json",
                                                "The learner's update rates on torch 2.13.0 (CPU build) and 2.14.1"),
     "collector_before_after.rst": lambda res: ab_table(res, "collector/before_after_issue43_final.json",
-                                                       "Collection before and after issue 43's changes"),
+                                                       "Each collector's env steps per second at two commits "
+                                                       "of the package, one benchmark script measuring both"),
     "dropin_before_after.rst": lambda res: ab_table(res, "dropin/before_after_issue43_final.json",
                                                     "Our collector's frames/s in the three configurations of "
-                                                    "``dropin_speedup.py``, before issue 43's changes (A) and after "
-                                                    "them (B), one benchmark script measuring both packages"),
+                                                    "``dropin_speedup.py`` at two commits of the package, one "
+                                                    "benchmark script measuring both"),
     "dropin_torch_versions.rst": lambda res: ab_table(res, "dropin/torch_2.13_vs_2.14.1.json",
                                                       "Pattern 1's frames/s on torch 2.13.0 (CPU build) and 2.14.1"),
     "wallclock.rst": wallclock_tables,
@@ -799,7 +800,7 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "gpu.rst": gpu_table,
     "figures.rst": figures_rst,
 }
-#: issue 44's suite (benchmarks/learning.py --suite wallclock), per algorithm: its finalists on 5 seeds (first), and
+#: The wall-clock suite (benchmarks/learning.py --suite wallclock), per algorithm: its finalists on 5 seeds (first), and
 #: its screening runs, one file per machine and session, each with its own run of the defaults.
 WALLCLOCK = {"sac": {"learning/wallclock.json": "Finalists", "learning/wallclock_screen.json": "Screening",
                      "learning/wallclock_screen_batch.json": "Screening: batch size, learning rate and buffer size"},

@@ -162,6 +162,11 @@ class Budget:
     frames: int
     envs: int
     utd: float
+    compile: bool = False  # --compile: the scripts' own compile.compile=true
+
+    @property
+    def compile_overrides(self) -> list[str]:
+        return ["compile.compile=true"] if self.compile else []
 
     @property
     def frames_per_batch(self) -> int:
@@ -204,33 +209,31 @@ class Script:
 
 def _collector(b: Budget, *, envs: bool = False) -> list[str]:
     out = [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
-           f"collector.frames_per_batch={b.frames_per_batch}", "collector.device=cpu",
-           f"optim.utd_ratio={b.utd}", "logger.backend=", "compile.compile=false", "compile.cudagraphs=false"]
+           f"collector.frames_per_batch={b.frames_per_batch}", f"optim.utd_ratio={b.utd}", "logger.backend=",
+           *b.compile_overrides]
     # Only where the stock config batches several envs: a single env stays single.
     return out + ([f"collector.env_per_collector={b.envs}"] if envs else [])
 
 
 def _sac(b: Budget) -> list[str]:
-    return _collector(b, envs=True) + ["network.device=cpu", f"replay_buffer.size={b.buffer}",
-                                       f"logger.eval_iter={b.eval_every}"]
+    return _collector(b, envs=True) + [f"replay_buffer.size={b.buffer}", f"logger.eval_iter={b.eval_every}"]
 
 
 def _sac_async(b: Budget) -> list[str]:
     # log_freq counts updates (1,000 in all once total_iter is 1): two evals; update_freq: four weight pushes.
+    # collector.device: its config's "cuda:1" emptied, so that the script's own device choice runs.
     return [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
-            f"collector.frames_per_batch={b.frames_per_batch}", "collector.device=cpu",
-            f"collector.env_per_collector={b.envs}", "collector.update_freq=250", "network.device=cpu",
-            f"replay_buffer.size={b.buffer}", "logger.backend=", "logger.log_freq=500",
-            "compile.compile=false", "compile.cudagraphs=false"]
+            f"collector.frames_per_batch={b.frames_per_batch}", "collector.device=",
+            f"collector.env_per_collector={b.envs}", "collector.update_freq=250",
+            f"replay_buffer.size={b.buffer}", "logger.backend=", "logger.log_freq=500", *b.compile_overrides]
 
 
-def _td3_like(b: Budget, device_key: str, envs: bool) -> list[str]:
-    return _collector(b, envs=envs) + [f"{device_key}=cpu", f"replay_buffer.size={b.buffer}",
-                                       f"logger.eval_iter={b.eval_every}"]
+def _td3_like(b: Budget, envs: bool) -> list[str]:
+    return _collector(b, envs=envs) + [f"replay_buffer.size={b.buffer}", f"logger.eval_iter={b.eval_every}"]
 
 
 def _online(b: Budget, eval_key: str) -> list[str]:
-    return _collector(b) + ["optim.device=cpu", f"replay_buffer.size={b.buffer}", f"logger.{eval_key}={b.eval_every}"]
+    return _collector(b) + [f"replay_buffer.size={b.buffer}", f"logger.{eval_key}={b.eval_every}"]
 
 
 def _redq(b: Budget) -> list[str]:
@@ -239,7 +242,7 @@ def _redq(b: Budget) -> list[str]:
     # collector at load 6-12); init_env_steps the observation-statistics rollout.
     # Its stock buffer is prioritized (buffer.prb=1), on TorchRL's C++ segment trees: kept.
     return [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
-            f"collector.frames_per_batch={b.frames_per_batch}", "collector.device=cpu",
+            f"collector.frames_per_batch={b.frames_per_batch}",
             f"optim.steps_per_batch={max(int(b.frames_per_batch * b.utd), 1)}", f"buffer.size={b.buffer}",
             "env.init_env_steps=1000", "logger.backend=", "logger.record_frames=250", "logger.record_interval=2"]
 
@@ -251,8 +254,9 @@ def _trainer(b: Budget, extra: Sequence[str], init_random: bool = True) -> list[
 
 
 SAC_ASYNC_EDITS = (
-    TextEdit("sac-async.py", '"cuda:1"', '"cpu"',
-             "TorchRL's hard-coded device for the exploration policy; no override reaches it"),
+    TextEdit("sac-async.py", '"cuda:1"', '("cuda:1" if torch.cuda.device_count() > 1 else "cpu")',
+             "TorchRL's hard-coded device for the exploration policy, kept where the machine has it; no override "
+             "reaches it"),
     TextEdit("sac-async.py", "total_iter = 1000", "total_iter = 1",
              "TorchRL's hard-coded 1000 x 1000 updates; 1000 remain"),
     TextEdit("sac-async.py", "    compile_mode = None\n", "    compile_mode = compile_mode_collector = None\n",
@@ -278,16 +282,16 @@ SCRIPTS: tuple[Script, ...] = (
     Script("sac_prb", "sac/sac.py", lambda b: _sac(b) + ["replay_buffer.prb=1"], variant="replay_buffer.prb=1",
            edits=SAC_PRB_EDITS),
     Script("sac-async", "sac/sac-async.py", _sac_async, edits=SAC_ASYNC_EDITS),
-    Script("td3", "td3/td3.py", lambda b: _td3_like(b, "network.device", envs=True)),
-    Script("ddpg", "ddpg/ddpg.py", lambda b: _td3_like(b, "optim.device", envs=False)),
-    Script("tqc", "tqc/tqc.py", lambda b: _td3_like(b, "network.device", envs=True)),
+    Script("td3", "td3/td3.py", lambda b: _td3_like(b, envs=True)),
+    Script("ddpg", "ddpg/ddpg.py", lambda b: _td3_like(b, envs=False)),
+    Script("tqc", "tqc/tqc.py", lambda b: _td3_like(b, envs=True)),
     # Their stock env.library is "gym", the pre-gymnasium package: gymnasium runs the same tasks.
-    Script("crossq", "crossq/crossq.py", lambda b: _td3_like(b, "network.device", envs=False) + GYMNASIUM),
+    Script("crossq", "crossq/crossq.py", lambda b: _td3_like(b, envs=False) + GYMNASIUM),
     Script("redq", "redq/redq.py", _redq, renders=True),
     Script("iql", "iql/iql_online.py", lambda b: _online(b, "eval_iter")),
     Script("cql", "cql/cql_online.py", lambda b: _online(b, "log_interval")),
     Script("discrete_sac", "discrete_sac/discrete_sac.py",
-           lambda b: _td3_like(b, "network.device", envs=False) + GYMNASIUM),
+           lambda b: _td3_like(b, envs=False) + GYMNASIUM),
     # The trainers: 2 collector workers (stock 4) keep the multi-worker path on 2 cores.
     Script("sac_trainer", "sac_trainer/train.py", lambda b: _trainer(
         b, ["collector.num_workers=2", f"training_env.num_workers={b.envs}"]), trainer=True),
@@ -573,8 +577,9 @@ def prepare(script: Script, sota: Path, workdir: Path, stock: bool) -> tuple[Pat
     * **sac/sac-async.py** needs four more, printed when applied, each for a bug of
       TorchRL's script that no override reaches. It builds its exploration policy on
       the hard-coded device ``"cuda:1"`` (``collector.device`` and ``network.device``
-      are configurable, this one is not, and no environment variable maps a CUDA
-      device to the CPU), so ``"cuda:1"`` in ``sac-async.py`` becomes ``"cpu"``. It
+      are configurable, this one is not), so ``"cuda:1"`` in ``sac-async.py`` stays
+      where the machine has two GPUs and becomes ``"cpu"`` elsewhere; its config's
+      ``collector.device=cuda:1`` is emptied, so that the script's own choice runs. It
       reads ``compile_mode_collector``, which it sets only when ``compile.compile`` is
       true (an ``UnboundLocalError`` otherwise; with compile on, a CPU run would spend
       minutes compiling), so ``compile_mode = None`` becomes
@@ -594,8 +599,7 @@ def prepare(script: Script, sota: Path, workdir: Path, stock: bool) -> tuple[Pat
     Everything else is a hydra override (``-v`` prints each command line): a few
     thousand frames (``--frames``: total frames; a third of them random; batches of a
     sixth), the logger off (``logger.backend=``; ``trainer.logger=null`` for the
-    trainers), CPU devices (plus ``CUDA_VISIBLE_DEVICES=`` in the environment),
-    compile and CUDA graphs off, a replay buffer of twice the frames, evaluation at
+    trainers), a replay buffer of twice the frames, evaluation at
     half the frames (so that each script's eval path runs), fewer updates per frame
     (``--utd``), and batched envs of at most ``--envs`` workers where the stock
     config asks for more (8 or 16 env processes do not fit a 2-core machine), and
@@ -608,7 +612,10 @@ def prepare(script: Script, sota: Path, workdir: Path, stock: bool) -> tuple[Pat
     pixels whatever ``logger.video`` says (its ``video_tag`` turns ``from_pixels`` on), so
     REDQ needs a headless OpenGL: the benchmark runs it with ``MUJOCO_GL=egl`` unless
     ``MUJOCO_GL`` is set (Debian: ``apt-get install libegl1``; or ``libosmesa6`` with
-    ``MUJOCO_GL=osmesa``).
+    ``MUJOCO_GL=osmesa``). Devices and compile are the scripts' own: each picks
+    ``cuda:0`` for its collector and learner where CUDA is available and ``cpu``
+    elsewhere, and ``--compile`` turns each script's ``compile.compile`` on. Only the
+    ``td3_trainer``'s stock ``mps`` network device becomes ``cpu``.
     ``--stock`` runs the same commands without any collector swap: a control that
     tells TorchRL's own failures from ours.
     """
@@ -657,7 +664,7 @@ def command_for(script: Script, budget: Budget, trainer_collector: str, trainer_
 
 def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: float, *,
             trainer_collector: str, trainer_import: str | None, stock: bool, extra: Sequence[str] = (),
-            hide_gpus: bool = True, exit_within: float | None = None) -> Result:
+            hide_gpus: bool = False, exit_within: float | None = None) -> Result:
     """Runs one script in its own process group; never raises for the script's failures.
 
     Why subprocesses: each script is a hydra program that expects to own its process
@@ -676,8 +683,9 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     output is then in ``<dir>/<name>/sota_dropin.log``). This script itself writes
     nothing to ``/dev/shm``.
 
-    ``hide_gpus=False`` leaves ``CUDA_VISIBLE_DEVICES`` as it is, for a run on a GPU
-    (``benchmarks/gpu_check.py``, with ``network.device=cuda`` in ``extra``).
+    Each script picks its devices as its own code does (``cuda:0`` where CUDA is
+    available and its config leaves the device empty). ``hide_gpus=True`` sets
+    ``CUDA_VISIBLE_DEVICES=`` for a CPU run on a GPU machine.
 
     ``exit_after_output_s`` is the time from the script's last output to its exit: the
     scripts' progress bars write at every update, so it is the time from the last update
@@ -760,8 +768,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="hydra overrides applied after the budget's, e.g. for a learning run: "
                              "collector.init_random_frames=10000 logger.eval_iter=10000 logger.backend=csv")
     parser.add_argument("--stock", action="store_true", help="control run: TorchRL's collectors, no swap")
+    parser.add_argument("--compile", action="store_true",
+                        help="turn on each script's compile.compile (its compile_policy reaches the collector)")
     parser.add_argument("--exit-within", type=float, default=None, metavar="S",
-                        help="fail a script that exits more than S seconds after its last output (issue 43: 10)")
+                        help="fail a script that exits more than S seconds after its last output (e.g. 10)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directories (logs included)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each command line and substitution")
     args = parser.parse_args(argv)
@@ -781,7 +791,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
 
-    budget = Budget(args.frames, args.envs, args.utd)
+    budget = Budget(args.frames, args.envs, args.utd, compile=args.compile)
     workdir = Path(tempfile.mkdtemp(prefix="sota_dropin_"))
     results: dict[str, Result] = {}
     try:
@@ -806,7 +816,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = {
             "benchmark": "sota_dropin", "torchrl": torchrl_version, "commit": commit,
             "collector": "stock" if args.stock else SWAP_TARGET, "trainer_collector": args.trainer_collector,
-            "frames": args.frames, "set": args.extra,
+            "frames": args.frames, "compile": args.compile, "set": args.extra,
             "results": {path: {k: v for k, v in dataclasses.asdict(r).items() if v not in ([], None, "")}
                         | {"seconds": round(r.seconds, 1)} for path, r in results.items()},
         }

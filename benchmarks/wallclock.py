@@ -1,4 +1,4 @@
-"""Return against wall-clock minutes: snapshot evaluation, mean curves with 90 % intervals, issue 44's targets.
+"""Return against wall-clock minutes: snapshot evaluation, mean curves with 90 % intervals, the two targets.
 
 ``benchmarks/learning.py --suite wallclock`` runs each recipe configuration for
 a fixed wall-clock budget (``max_minutes``) with ``logger.snapshot_every_s=60``:
@@ -13,7 +13,7 @@ from fixed seeds), so the evaluation takes none of the run's clock. SB3's runs
 The analysis is over seeds at whole minutes: a run's return at minute ``m``
 is that of its last snapshot taken by then (:func:`value_at_minutes`); the
 mean curve has a percentile-bootstrap 90 % interval of the mean
-(:func:`mean_with_interval`); :func:`wallclock_targets` checks issue 44's two
+(:func:`mean_with_interval`); :func:`wallclock_targets` checks the two
 targets against SB3's runs.
 """
 
@@ -25,10 +25,10 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-#: The wall-clock seconds between two snapshots: issue 44 evaluates every minute.
+#: The wall-clock seconds between two snapshots: the suite evaluates every minute.
 SNAPSHOT_EVERY_S = 60
 
-#: issue 44's targets: SB3's mean 100k-frame return reached in at most this share of SB3's wall-clock to it ...
+#: The targets: SB3's mean 100k-frame return reached in at most this share of SB3's wall-clock to it ...
 TIME_SHARE_TARGET = 0.25
 #: ... and at half of SB3's 100k wall-clock, a mean return at least this many times SB3's mean 100k return.
 RETURN_RATIO_TARGET = 1.3
@@ -197,7 +197,7 @@ def sb3_points(run: dict) -> list[dict]:
 
 
 def wallclock_targets(curve: list[dict], reference: dict[str, float]) -> dict:
-    """Issue 44's two targets for one configuration's mean curve against SB3's ``reference`` (:func:`sb3_reference`).
+    """The two targets for one configuration's mean curve against SB3's ``reference`` (:func:`sb3_reference`).
 
     * ``time_share``: the first minute the mean curve reaches SB3's mean 100k return, over SB3's
       minutes to it (target ``<= 0.25``; ``None`` if never reached within the budget);

@@ -124,7 +124,7 @@ def torch_state():
     """Seeds torch for each test, and fails a test that leaves the thread's autograd mode switched.
 
     Seeding keeps a test's random initialisation from depending on which
-    tests ran before it; a leaked ``no_grad`` broke every later backward. The
+    tests ran before it; a leaked ``no_grad`` breaks every later backward. The
     recipes flush denormals on the main thread (``optim.flush_denormal``): each
     test starts with torch's default again.
     """

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
 import learning  # noqa: E402
 import wallclock  # noqa: E402
 
@@ -252,14 +251,14 @@ def test_set_reaches_the_config_an_sb3_run_reads(tmp_path, monkeypatch):
     monkeypatch.setattr(learning, "run", fake_run)
     learning.main(["--suite", "td3", "--algo", "sb3_td3", "--seeds", "4", "--out", str(tmp_path),
                    "--set", "optim.num_threads=1", "collector.init_random_frames=2000"])
-    (cfg,) = seen  # SB3's torch threads and learning_starts; before, --set reached the recipe's runs only
+    (cfg,) = seen  # SB3's torch threads and learning_starts: --set reaches SB3's runs, not only the recipe's
     assert (cfg.optim.num_threads, cfg.collector.init_random_frames, cfg.env.seed) == (1, 2000, 4)
     assert learning.sb3_config(learning.SUITES["td3"][1], 0).optim.num_threads == "auto"
 
 
 @pytest.mark.parametrize("algo, old_suite", [("sac", "sb3"), ("td3", "td3")])
 def test_a_task_runs_on_the_config_it_names(algo, old_suite):
-    # the suites measured before issue 44 keep one update per frame (recipes/config/<algo>_utd1.yaml) ...
+    # the suites measured at one update per frame keep it (recipes/config/<algo>_utd1.yaml) ...
     (old,) = [t for t in learning.SUITES[old_suite] if t.algo == algo]
     assert learning.sb3_config(old, 0).optim.utd_ratio == 1.0
     # ... while the wallclock suite's "defaults" run the recipe's own

@@ -331,9 +331,10 @@ def test_load_state_dict_continues_a_run_from_its_restored_frames(no_leaks):
     [
         (dict(preemptive_threshold=0.7), "asynchronous"),
         (dict(traj_format="cat"), "unless trajs_per_batch is set"),
-        (dict(weight_updater=object()), "weight_sync_schemes"),
+        (dict(weight_updater=object()), "weight_updater must be a torchrl.collectors.WeightUpdaterBase"),
         (dict(weight_sync_schemes={"policy": object()}), "must be a torchrl.weight_update.WeightSyncScheme"),
-        (dict(policy_device="cuda:0"), "update_policy_weights_"),
+        (dict(weight_recv_schemes={"policy": object()}), r"weight_recv_schemes\['policy'\] must be a torchrl"),
+        (dict(policy_device="gpu0"), "policy_device must be a torch device"),
         (dict(static_seed=True), "unexpected keyword argument 'static_seed'"),
     ],
 )

@@ -1,7 +1,7 @@
-"""What TorchRL's own collector tests check of ``MultiAsyncCollector``, as our own tests (issue 43).
+"""What TorchRL's own collector tests check of ``MultiAsyncCollector``, as our own tests.
 
 TorchRL's ``test/test_collectors.py`` cannot be imported in CI, so each behaviour
-it protects that ``OffPolicyCollector`` once broke has a test here: how a yielded
+it protects where ``OffPolicyCollector`` can differ from TorchRL's class has a test here: how a yielded
 batch is laid out and which keys it holds, policies as TorchRL takes them (a
 tensor-in module, ``policy_factory``), the weight-sync scheme as given,
 ``map_fn`` / ``get_distant_attr``, and ``MAX_IDLE_COUNT``. Real envs, real workers.

@@ -1,4 +1,4 @@
-"""OffPolicyCollector steps the envs and policies TorchRL's collectors step, as they step them (issue 43).
+"""OffPolicyCollector steps the envs and policies TorchRL's collectors step, as they step them.
 
 * The construction probe acts as the first step does: with the policy's own action,
   so an env that checks its actions (one-hot, here) accepts it.

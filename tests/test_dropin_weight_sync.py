@@ -1,4 +1,4 @@
-"""Weight sync as TorchRL's scripts and tests drive it (issue 43): TorchRL's own schemes, policies without weights,
+"""Weight sync as TorchRL's scripts and tests drive it: TorchRL's own schemes, policies without weights,
 ``policy_state_dict`` checkpoints, finalisers that run in any order, and scripts that end without a shutdown.
 
 Real worker processes and envs throughout; the finaliser and exit checks run whole scripts in subprocesses, since

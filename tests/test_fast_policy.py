@@ -84,7 +84,7 @@ def test_normal_params_step_equals_the_extractor_and_keeps_loc_and_scale(mapping
     x = torch.randn(64, 6) * 4  # large negative inputs reach scale_lb
     for got, expected in zip(normal_params(extractor)(x), extractor(x), strict=True):
         assert torch.equal(got, expected)
-    # the fast path writes the sota actor's loc and scale, as TorchRL's call does (issue 43: rows hold them)
+    # the fast path writes the sota actor's loc and scale, as TorchRL's call does (rows hold them)
     from torchrl.modules import MLP, ProbabilisticActor, TanhNormal
 
     net = torch.nn.Sequential(MLP(in_features=5, out_features=6, num_cells=[16]), extractor)

@@ -11,13 +11,10 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
+import faults  # noqa: E402
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import faults  # noqa: E402
 from conftest import wait_until  # noqa: E402
 
 from torchrl_unilab import make_replay_buffer  # noqa: E402

@@ -121,7 +121,7 @@ def test_the_wallclock_plot_shows_the_finalists_and_the_old_defaults_until_they_
     (results_copy / "learning" / "wallclock.json").write_text(json.dumps(final))
     res = report.load(results_copy)
     curves = report.wallclock_curves(res)
-    # the finalists with their band, and of the screen only the defaults before issue 44, marked as one seed
+    # the finalists with their band, and of the screen only one update per frame (utd1), marked as one seed
     assert list(curves) == ["defaults", "utd1, screening"]
     assert curves["defaults"][0]["low"] == 1.0 and curves["utd1, screening"][0]["low"] is None
     tables = report.outputs(results_copy)[report.GENERATED / "wallclock.rst"]

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 
+import faults  # noqa: E402
 import numpy as np
 import pytest
 import torch
@@ -26,9 +26,6 @@ from torchrl.envs import TransformedEnv
 
 from torchrl_unilab import BatchedGymEnv, OffPolicyCollector, WorkerError, make_replay_buffer
 from torchrl_unilab._residue import worker_processes
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import faults  # noqa: E402
 
 
 def pendulum_collector(rb, **overrides) -> OffPolicyCollector:
@@ -54,8 +51,8 @@ def test_a_sigkilled_worker_is_replaced_with_a_new_seed_stream(no_leaks):
     rb = make_replay_buffer(4096)
     collector = pendulum_collector(rb)
     try:
-        # Worker 1 alone could write all 2048 frames before worker 0 or its replacement has started (CI saw
-        # it): the cap lets it on one batch at a time until the other has written.
+        # Worker 1 alone can write all 2048 frames before worker 0 or its replacement has started on a loaded
+        # machine: the cap lets it on one batch at a time until the other has written.
         collector.allow_frames(0)  # nothing until both have reached their entry point (seconds under load)
         assert wait_until(lambda: all(collector._pool.started), 180)  # noqa: SLF001
         assert let_worker_write(collector, 0, 63, 1024), "worker 0 wrote nothing"
@@ -92,7 +89,7 @@ def test_a_replacement_killed_while_it_starts_is_replaced_again(start_method, no
     """SIGKILL of worker 0, then of its replacement the moment it exists, likely before it has read its arguments.
 
     The arguments (a 600 kB policy) outgrow a pipe's buffer, so the parent is still writing them when the
-    replacement dies: multiprocessing's own spawn then blocks in that write forever (found by the soak).
+    replacement dies: multiprocessing's own spawn then blocks in that write forever.
     """
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 384), torch.nn.Tanh(), torch.nn.Linear(384, 384), torch.nn.Tanh(),
@@ -302,7 +299,7 @@ def test_restarts_are_off_by_default(no_leaks):
         os.kill(collector.procs[1].pid, signal.SIGKILL)
         started = time.monotonic()
         # Worker 0 alone may write the rest of the 2048 frames before the watcher names worker 1's death
-        # (CI saw it); the wait then ends with the frames in, and must raise all the same.
+        # on a loaded machine; the wait then ends with the frames in, and must raise all the same.
         assert wait_until(lambda: collector.procs[1].exitcode is not None, timeout=10)
         with pytest.raises(WorkerError, match="collector worker 1 failed: process killed by SIGKILL"):
             collector.wait_for_frames(2048, timeout=60)

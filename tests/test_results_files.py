@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
 import collector_throughput  # noqa: E402
 import dropin_speedup  # noqa: E402
 import faults  # noqa: E402

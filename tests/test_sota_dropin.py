@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import ast
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import sota_dropin  # noqa: E402
 
 

@@ -10,11 +10,9 @@ pytest process.
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import torchrl_conformance as tc  # noqa: E402
 
 SYNTHETIC = '''

@@ -1,7 +1,7 @@
 """The drop-in across TorchRL's off-policy family, driven with TorchRL's own classes.
 
-Each test stands for a script of TorchRL's ``sota-implementations`` that failed with the
-collector class swapped (issue 17): ``sac-async.py``'s ``TensorDictReplayBuffer`` (an ``"index"``
+Each test stands for a script of TorchRL's ``sota-implementations`` whose run with the collector
+class swapped depends on more than the class: ``sac-async.py``'s ``TensorDictReplayBuffer`` (an ``"index"``
 entry in every row), ``ddpg.py``'s Ornstein-Uhlenbeck exploration (a zero-element buffer, state
 carried in the TensorDict), and the config-driven trainers (one env instance for several workers,
 the collector picked from TorchRL's config store). ``benchmarks/sota_dropin.py`` runs the scripts
@@ -10,6 +10,7 @@ themselves against a pytorch/rl checkout.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from pathlib import Path
@@ -187,7 +188,7 @@ def test_additive_gaussian_sigma_annealed_by_the_learner_reaches_the_workers(no_
 def test_one_env_instance_serves_several_workers(no_leaks):
     """The trainers' pattern: one env instance with num_workers=N; each worker gets its own copy."""
     # SerialEnv: a ParallelEnv copy inside each worker leaves its semaphores in /dev/shm when the worker
-    # is stopped (noted on issue 17); the copy path is the same for both.
+    # is stopped; the copy path is the same for both.
     env = TransformedEnv(SerialEnv(2, EnvCreator(pendulum)), Compose(StepCounter(200), DoubleToFloat()))
     replay_buffer = ReplayBuffer(storage=LazyTensorStorage(10_000), shared=True)
     collector = OffPolicyCollector(env, actor_net(), num_workers=2, frames_per_batch=100, total_frames=-1,
@@ -237,7 +238,7 @@ def test_collector_is_registered_in_torchrl_config_store():
 @pytest.mark.parametrize("collector", ["off_policy", "target"], ids=["by-name", "by-target"])
 def test_torchrl_sac_trainer_built_from_its_config_classes(collector, tmp_path):
     # No no_leaks fixture: TorchRL's SACTrainer keeps its shared ReplayBuffer (and that buffer's
-    # multiprocessing locks, semaphores in /dev/shm) alive past the test; noted on issue 17.
+    # multiprocessing locks, semaphores in /dev/shm) alive past the test.
     """TorchRL's config-driven SACTrainer: one env instance for 2 workers, track_policy_version=true."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -291,7 +292,7 @@ def test_torchrl_td3_trainer_bounds_its_loss_from_collector_env(tmp_path):
 
 
 def test_a_factory_holding_an_unstarted_parallel_env_serves_several_workers():
-    # No no_leaks fixture: a ParallelEnv copied into workers leaves semaphores in /dev/shm (issue 17 note).
+    # No no_leaks fixture: a ParallelEnv copied into workers leaves semaphores in /dev/shm.
     """td3_trainer's hydra partial: TransformedEnv over a ParallelEnv instance built once, for every worker.
 
     Looking at the env starts the instance in this process; each worker must get the unstarted copy.
@@ -357,6 +358,46 @@ def test_every_field_of_torchrl_collector_configs_is_taken_at_its_default(config
         assert sum(batch.numel() for batch in collector) == 200
     with pytest.raises(ValueError, match="'backend' only as one of .*RayOffPolicyCollector"):
         OffPolicyCollector(make_env, actor_net(), frames_per_batch=100, backend="ray")
+
+
+@dataclasses.dataclass
+class ActorFactoryConfig:
+    """A hydra config of a policy factory, as TorchRL's collector configs take one (``_partial_`` set by them)."""
+
+    _target_: str = "torchrl_unilab.modules.models.make_actor"
+    algo: str = "td3"
+    obs_dim: int = 3
+    action_dim: int = 1
+    hidden_sizes: tuple = (16,)
+    _partial_: bool = False
+
+
+@pytest.mark.parametrize("factory", [None, "policy_factory", "policy_factory+weight_updater"])
+def test_torchrl_multi_async_config_pointed_at_our_class_builds_and_collects(factory, no_leaks):
+    """TorchRL's MultiAsyncCollectorConfig with its _target_ on our class, as a config-driven trainer instantiates
+    it: with a policy factory (a partial, called in the workers) and TorchRL's remote-module weight updater."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+    from torchrl.collectors.weight_update import RemoteModuleWeightUpdater
+    from torchrl.trainers.algorithms.configs.collectors import MultiAsyncCollectorConfig
+    from torchrl.trainers.algorithms.configs.envs_libs import GymEnvConfig
+    from torchrl.trainers.algorithms.configs.weight_update import RemoteModuleWeightUpdaterConfig
+
+    extra = {}
+    if factory is not None:
+        extra["policy_factory"] = ActorFactoryConfig()
+    if factory == "policy_factory+weight_updater":
+        extra["weight_updater"] = RemoteModuleWeightUpdaterConfig()
+    cfg = MultiAsyncCollectorConfig(create_env_fn=[GymEnvConfig(env_name="Pendulum-v1")], num_workers=1,
+                                    frames_per_batch=64, total_frames=128, **extra)
+    cfg._target_ = "torchrl_unilab.OffPolicyCollector"
+    collector = instantiate(OmegaConf.structured(cfg))
+    with collector:
+        assert isinstance(collector, OffPolicyCollector)
+        assert isinstance(collector.weight_updater, RemoteModuleWeightUpdater) == ("weight_updater" in extra)
+        batches = list(collector)
+    assert sum(batch.numel() for batch in batches) == 128
+    assert all(torch.isfinite(batch["action"]).all() for batch in batches)
 
 
 def test_a_block_whose_first_publish_fails_is_removed(no_leaks):

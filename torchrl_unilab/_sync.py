@@ -3,10 +3,10 @@
 multiprocessing's ``Event`` and ``Lock`` are process-shared semaphores: a
 worker killed while it holds one (inside ``Event.is_set()``, which takes the
 event's lock on every call) keeps it forever, and the parent's next
-``Event.set()`` or ``Lock.acquire()`` blocks for good. ``benchmarks/faults.py``
-hit exactly that after 51 worker SIGKILLs: the collector's shutdown hung in
-``stop_event.set()``. The two classes here replace them where workers and
-the parent meet:
+``Event.set()`` or ``Lock.acquire()`` blocks for good: one worker SIGKILLed at
+that moment would hang the collector's shutdown in ``stop_event.set()``
+(``benchmarks/faults.py`` kills workers until such a moment comes). The two
+classes here replace them where workers and the parent meet:
 
 * :class:`StopFlag`: a byte of shared memory, so there is no lock to hold;
 * :class:`ProcessLock`: ``flock`` on a memory file, which the kernel releases

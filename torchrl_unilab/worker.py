@@ -227,8 +227,8 @@ def _get_waiting_out_a_drop(message_queue, *, patience: float = 0.5) -> dict:
 
     ``multiprocessing.Queue.get_nowait`` raises ``Empty`` while another process
     holds the queue's read lock, which the worker takes to drop the oldest
-    message: a reader then saw no message although the queue held two (a
-    failed CI run of ``test_metrics_queue_drops_oldest_when_full``). While the
+    message: a reader would then see no message although the queue holds two
+    (``test_metrics_queue_drops_oldest_when_full``). While the
     pipe holds data, this retries for up to ``patience`` seconds, which is
     also the most a call waits when a worker was killed holding that lock.
     """

@@ -25,12 +25,7 @@ _RESTRICTED = {
     "reset_at_each_iter": ((False,), "workers keep their episodes running across batches; bound episodes "
                                       "with max_frames_per_traj"),
     "reset_when_done": ((True,), "off-policy transitions need episodes that reset when done"),
-    "compile_policy": ((None, False), "workers act on CPU through a fast tensor path; torch.compile does not speed "
-                                      "it up there"),
-    "cudagraph_policy": ((None, False), "workers act on CPU, where CUDA graphs do not exist"),
     "collector_class": ((None,), "OffPolicyCollector runs its own worker loop"),
-    "weight_updater": ((None,), "pass weight_sync_schemes={'policy': SeqlockWeightSyncScheme()} (the default)"),
-    "weight_recv_schemes": ((None,), "workers receive weights through the SeqlockWeightSyncScheme"),
     "preemptive_threshold": ((None,), "preemption applies to synchronous collectors; this one is asynchronous"),
     "num_threads": ((None,), "the learner's thread count is yours to set with torch.set_num_threads; workers "
                              "take num_sub_threads"),
@@ -49,8 +44,10 @@ _RESTRICTED = {
 _COLLECTOR_PARAMS = {"backend": None, "backend_options": None, "sync": None, "track_traj_ids": True,
                      "return_same_td": False, "interruptor": None}
 #: Accepted at any value (the constructor's docstring says what each does here).
-_ACCEPTED = ("set_truncated", "use_buffers", "cat_results", "no_cuda_sync", "trust_policy", "worker_idx")
-CPU_PARAMS = ("device", "storing_device", "env_device", "policy_device")
+_ACCEPTED = ("set_truncated", "use_buffers", "cat_results", "no_cuda_sync", "trust_policy", "worker_idx",
+             "compile_policy", "cudagraph_policy", "weight_updater", "weight_recv_schemes")
+#: TorchRL's device arguments. Workers act and store on CPU whatever they name; what the user sees follows them.
+DEVICE_PARAMS = ("device", "storing_device", "env_device", "policy_device")
 
 
 def exploration_type_of(value: ExplorationType | str) -> ExplorationType:
@@ -62,17 +59,33 @@ def exploration_type_of(value: ExplorationType | str) -> ExplorationType:
     raise ValueError(f"exploration_type must be an ExplorationType or one of {names}, got {value!r}")
 
 
-def check_cpu(name: str, value: Any) -> None:
-    if value is None:
-        return
+def check_device(name: str, value: Any) -> None:
+    """Checks one of TorchRL's device arguments: a device, a device name, ``None``, or a list of them (one per worker).
+
+    A device this machine cannot use raises torch's own error, as TorchRL's collectors do at their first copy to
+    it, with the argument's name in front.
+
+    Examples:
+        >>> check_device("storing_device", "cpu")
+        >>> check_device("device", "gpu0")
+        Traceback (most recent call last):
+        ...
+        ValueError: device must be a torch device or None (or a list, one per worker), got 'gpu0'
+    """
     values = value if isinstance(value, (list, tuple)) else [value]
-    for v in values:
-        if torch.device(v).type != "cpu":
-            raise ValueError(
-                f"{name} must be a CPU device (or None), got {value!r}: workers act and store on CPU. Keep the "
-                "learner on CUDA and pass its weights to update_policy_weights_(), which copies them to the "
-                "shared CPU block"
-            )
+    for each in values:
+        if each is None:
+            continue
+        try:
+            device = torch.device(each)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"{name} must be a torch device or None (or a list, one per worker), "
+                             f"got {value!r}") from None
+        if device.type != "cpu":
+            try:
+                torch.empty(0, device=device)
+            except (RuntimeError, AssertionError) as err:
+                raise type(err)(f"{name}={value!r}: {err}") from err
 
 
 def frames_per_batch_of(value: int | Sequence[int], num_workers: int) -> int:

@@ -15,6 +15,9 @@ leave locked.
 A replay buffer that this process writes (not shared between processes) is fed
 from the same slots: by the iterating loop, or, once collection runs in the
 background (``start()``), by a :class:`FeedThread`.
+
+A batch that TorchRL's ``storing_device`` puts elsewhere than on the CPU is moved there once, whole, as it is
+yielded (:func:`to_storing_device`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
-__all__ = ["BatchSlots", "FeedThread", "SlotWriter", "torchrl_layout"]
+__all__ = ["BatchSlots", "FeedThread", "SlotWriter", "to_storing_device", "torchrl_layout"]
 
 _FREE, _FILLED = 0, 1
 
@@ -56,6 +59,28 @@ def torchrl_layout(rows: TensorDictBase, num_envs: int, env_batch_size: torch.Si
         out = out.reshape(*env_batch_size, -1)  # an env with several batch dims
     out.names = [None] * (out.batch_dims - 1) + ["time"]
     return out
+
+
+def to_storing_device(batch: TensorDictBase, device: torch.device | None) -> TensorDictBase:
+    """``batch`` on TorchRL's ``storing_device``: as it is on the CPU (or ``None``), else moved there in one copy.
+
+    The batch is a new TensorDict that nothing else reads, so a CUDA copy is issued from pinned memory without
+    blocking; work queued after it on the same stream sees the data.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> batch = TensorDict({"observation": torch.zeros(4, 3)}, batch_size=[4])
+        >>> to_storing_device(batch, torch.device("cpu")) is batch
+        True
+        >>> to_storing_device(batch, torch.device("meta"))["observation"].device
+        device(type='meta')
+    """
+    if device is None or device.type == "cpu":
+        return batch
+    if device.type == "cuda":
+        return batch.pin_memory().to(device, non_blocking=True)
+    return batch.to(device)
 
 
 class BatchSlots:

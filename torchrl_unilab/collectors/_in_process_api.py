@@ -151,14 +151,6 @@ class InProcessCollectorAPI:
         """Not supported: see :meth:`enable_profile`."""
         self.enable_profile()
 
-    def receive_weights(self, *args: Any, **kwargs: Any) -> None:
-        """Not supported: this collector sends weights to its workers; it receives none."""
-        raise NotImplementedError("OffPolicyCollector is a weight sender; call update_policy_weights_()")
-
-    def register_scheme_receiver(self, *args: Any, **kwargs: Any) -> None:
-        """Not supported: see :meth:`receive_weights`."""
-        self.receive_weights()
-
     @property
     def pre_collect_hook(self) -> Callable[[], None] | None:
         """Called in each worker before a batch; set it before collection starts."""

@@ -157,8 +157,8 @@ class WorkerConfig:
 
         Never ``seed`` or an offset of it: a training script seeds its own torch RNG with the seed it gives the
         collector (the recipes, TorchRL's sota scripts) and draws its networks' initial weights from it. A
-        worker seeded alike replays those draws: its uniformly random warm-up actions were the actor's
-        first-layer weights divided by their bound, row for row (issue 22). ``numpy.random.SeedSequence``
+        worker seeded alike would replay those draws: its uniformly random warm-up actions would be the actor's
+        first-layer weights divided by their bound, row for row. ``numpy.random.SeedSequence``
         hashes ``(seed, stream, worker)`` into an unrelated 64-bit seed, distinct per worker and stream.
         """
         if self.seed is None:
@@ -267,8 +267,8 @@ class WorkerLoop:
         self._policy_keys_dropped: list | None = None if self.policy_keys else []
         # Whether the policy's keys go into the root the env steps, as TorchRL's collectors put them there. Not for
         # the tensor-level policy: its outputs (a distribution's loc and scale) are read by no env or transform,
-        # and carried through a TorchRL env stack they cost ~8 % of a worker's time (sota stack, 4 envs; issue 43).
-        # Otherwise known after the first step (dropped_policy_values).
+        # and carrying them through a TorchRL env stack costs time at every step. Otherwise known after the
+        # first step (dropped_policy_values).
         self._policy_keys_in_root = self.fast_policy is None
         self._truncated_keys = _truncated_keys(env) if cfg.set_truncated else []
         self.random_left = cfg.random_frames[worker_idx]
@@ -365,9 +365,8 @@ class WorkerLoop:
             have = set(transition.keys(True, True))
             self._policy_keys_dropped = [key for key in self.policy_keys if key not in have]
             # An env whose transitions drop them all (ours build new ones) does not read them: from now on they
-            # skip the root and go straight into the batch. Copying them through the root took about 2.5 % of
-            # a worker's time with the sota actor (py-spy; docs/results/dropin.rst, before and after issue 43);
-            # setting them into each step's transition, rather than once per batch, cost more again.
+            # skip the root and go straight into the batch: set once per batch, not copied through the root or
+            # into each step's transition.
             self._policy_keys_in_root = len(self._policy_keys_dropped) < len(self.policy_keys)
         return [written[key] for key in self._policy_keys_dropped]
 

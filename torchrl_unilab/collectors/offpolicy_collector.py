@@ -24,15 +24,15 @@ from torchrl.envs.utils import ExplorationType
 from torchrl.weight_update import WeightSyncScheme
 
 from torchrl_unilab.collectors._arguments import (
-    CPU_PARAMS,
-    check_cpu,
+    DEVICE_PARAMS,
+    check_device,
     check_int,
     check_torchrl_kwargs,
     exploration_type_of,
     frames_per_batch_of,
     round_total_frames,
 )
-from torchrl_unilab.collectors._batches import BatchSlots, FeedThread, torchrl_layout
+from torchrl_unilab.collectors._batches import BatchSlots, FeedThread, to_storing_device, torchrl_layout
 from torchrl_unilab.collectors._control import FrameControl, split_random_frames
 from torchrl_unilab.collectors._env_view import EnvView
 from torchrl_unilab.collectors._in_process_api import InProcessCollectorAPI
@@ -64,8 +64,9 @@ from torchrl_unilab.data.replay_buffer import holds_row, prepare_storage
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
 from torchrl_unilab.envs.resolve import _resolve_envs
 from torchrl_unilab.envs.torchrl_stack import check_engine
+from torchrl_unilab.modules._fast_policy import tensor_policy
 from torchrl_unilab.modules.normalization import ObservationNormalizer
-from torchrl_unilab.weight_update.torchrl_schemes import as_seqlock_scheme
+from torchrl_unilab.weight_update.torchrl_schemes import as_seqlock_scheme, as_weight_updater, bind_receiver_schemes
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme, resolve_weight_names
 
 __all__ = ["OffPolicyCollector", "WorkerError"]
@@ -213,16 +214,21 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         init_fn: called in each worker before its env is built.
         pre_collect_hook, post_collect_hook: called in each worker before a batch is
             collected and with each batch once written; set them before collection starts.
-        device, storing_device, env_device, policy_device: CPU devices only: workers
-            act and store on CPU. A learner on CUDA passes its weights to
-            :meth:`update_policy_weights_`, which copies them to the shared CPU block.
+        device, storing_device, env_device, policy_device: TorchRL's devices, any device or a
+            list of them (one per worker). Workers act and store on CPU whatever they name;
+            a yielded batch is moved to the storing device, and
+            :meth:`update_policy_weights_` publishes a CUDA policy's weights to the shared CPU
+            block. A device this machine lacks raises torch's own error, naming the argument.
         **torchrl_kwargs: the other parameters of ``MultiAsyncCollector`` and of TorchRL's
             single-process ``Collector`` (``backend``, ``sync``, ... : a trainer config's
             ``collector: sync`` passes them): accepted where
             they make sense for this collector (``set_truncated``, ``use_buffers``,
             ``cat_results``, ``no_cuda_sync``, ``trust_policy``, ``track_policy_version``,
-            ``worker_idx``), otherwise only at their defaults; any other value raises a
-            ``ValueError`` that says why and what to use instead.
+            ``worker_idx``; ``compile_policy`` and ``cudagraph_policy``, read as TorchRL reads
+            them, with the workers' CPU policy uncompiled; a ``weight_updater``, called by
+            :meth:`update_policy_weights_`; ``weight_recv_schemes``, see
+            :meth:`register_scheme_receiver`), otherwise only at their defaults; any other
+            value raises a ``ValueError`` that says why and what to use instead.
 
     Examples:
         >>> import torch
@@ -309,8 +315,8 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         self._probe_given: EnvBase | None = None
         self._given_envs: list[EnvBase] = []
         check_torchrl_kwargs(torchrl_kwargs)
-        for name, value in zip(CPU_PARAMS, (device, storing_device, env_device, policy_device)):
-            check_cpu(name, value)
+        for name, value in zip(DEVICE_PARAMS, (device, storing_device, env_device, policy_device)):
+            check_device(name, value)
         if nonfinite not in NONFINITE_MODES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
         exploration_type = exploration_type_of(exploration_type)
@@ -439,7 +445,10 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         self._stream_base = 0  # the workers' first seed stream (trajectory ids); load_state_dict moves it on
         self.init_fn = init_fn
         self._pre_collect_hook, self._post_collect_hook = pre_collect_hook, post_collect_hook
-        self.storing_device = self.env_device = self.policy_device = [torch.device("cpu")] * self.num_workers
+        # TorchRL's per-worker device tuples. Workers act and store on CPU whatever these name; a yielded batch
+        # goes to the storing device (_batches.to_storing_device).
+        self.storing_device, self.policy_device, self.env_device = MultiAsyncCollector._get_devices(
+            self, storing_device=storing_device, policy_device=policy_device, env_device=env_device, device=device)
         self.worker_idx = torchrl_kwargs.get("worker_idx")
         self.set_truncated = bool(torchrl_kwargs.get("set_truncated", False))
         self._weight_updater = None
@@ -455,6 +464,11 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         self._scheme = self._setup_scheme(weight_sync_schemes)
         # As TorchRL's collectors: the schemes as given (ours by default); an adapter of TorchRL's runs in _scheme.
         self._weight_sync_schemes = {"policy": getattr(self._scheme, "scheme", None) or self._scheme}
+        self._setup_compile(torchrl_kwargs.get("compile_policy"), torchrl_kwargs.get("cudagraph_policy"))
+        self._weight_updater = as_weight_updater(torchrl_kwargs.get("weight_updater"), self)
+        if torchrl_kwargs.get("weight_recv_schemes") is not None:
+            # As MultiCollector: receivers are registered at construction, and connect before collection.
+            self.register_scheme_receiver(torchrl_kwargs["weight_recv_schemes"])
         self._metrics = CollectorMetrics(self.num_workers, self.metrics_window)
         self._set_frame_control()
         self.frames_lost = 0
@@ -486,6 +500,26 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         scheme = as_seqlock_scheme(schemes.get("policy"))
         scheme.init_on_sender(model_id="policy", context=self, model=self.policy)
         return scheme
+
+    def _setup_compile(self, compile_policy: Any, cudagraph_policy: Any) -> None:
+        """TorchRL's ``compile_policy`` / ``cudagraph_policy``, read as TorchRL reads them, said once in the log.
+
+        Workers act on CPU, with the policy uncompiled: through the tensor path where it reads the policy's
+        layers, else with the module itself. CUDA graphs need a CUDA policy, so they have no use here.
+        """
+        self._read_compile_kwargs(compile_policy, cudagraph_policy)
+        if self.compiled_policy:
+            path = ("a tensor path that runs the policy's layers" if self._acts_on_tensor_path()
+                    else "the policy module, eagerly")
+            _log.info(f"OffPolicyCollector: compile_policy={compile_policy!r} is accepted; workers act on CPU "
+                      f"through {path}, uncompiled")
+        if self.cudagraphed_policy:
+            _log.info(f"OffPolicyCollector: cudagraph_policy={cudagraph_policy!r} is accepted and has no use: "
+                      "workers act on CPU, and CUDA graphs run on CUDA only")
+
+    def _acts_on_tensor_path(self) -> bool:
+        return (self.exploration_type == ExplorationType.RANDOM and isinstance(self.policy, TensorDictModuleBase)
+                and tensor_policy(self.policy) is not None)
 
     def _ensure_started(self) -> None:
         """Starts the workers on first use: iteration, start(), allow_frames() or wait_for_frames()."""
@@ -616,6 +650,8 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         if yielded:
             if self.track_policy_version:  # TorchRL's PolicyVersion transform writes it on both sides
                 out.set(("next", VERSION_KEY), out.get(VERSION_KEY))
+        if yielded:
+            out = to_storing_device(out, self.storing_device[0])
         if self.split_trajs:
             # A batch is step-major over the worker's envs; a stable sort by trajectory id makes each
             # trajectory one run of consecutive steps, which is what split_trajectories expects.
@@ -762,6 +798,7 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         policy_or_weights: TensorDictBase | nn.Module | Mapping[str, torch.Tensor] | None = None,
         *,
         worker_ids: int | list[int] | None = None,
+        model_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         """Publishes new weights; every worker loads them before its next step.
@@ -778,13 +815,50 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
                 tensors reach the shared CPU block with one batched copy.
             worker_ids: accepted for TorchRL compatibility; all workers share one
                 copy of the weights, so it must be ``None``.
+            model_id: ``None`` or ``"policy"``, the one model the workers run. TorchRL's receiving
+                schemes pass it once they have received weights.
+
+        A ``weight_updater`` given to the constructor is called first, as TorchRL's
+        collectors call it; the weights then go to the workers as above.
         """
         if "policy_weights" in kwargs:
             policy_or_weights = kwargs.pop("policy_weights")
         if kwargs:
             raise TypeError(f"update_policy_weights_() got unexpected keyword arguments {sorted(kwargs)}")
+        if model_id not in (None, "policy"):
+            raise ValueError(f"model_id must be None or 'policy' (the model the workers run), got {model_id!r}")
         self._raise_if_failed()
+        if self._weight_updater is not None:
+            self._weight_updater(policy_or_weights=policy_or_weights, worker_ids=worker_ids)
         self._publish(policy_or_weights, worker_ids=worker_ids)
+
+    def register_scheme_receiver(self, weight_recv_schemes: Mapping[str, WeightSyncScheme], *,
+                                 synchronize_weights: bool = True) -> None:
+        """Takes weights from a parent collector through TorchRL's receiving schemes, as TorchRL's collectors do.
+
+        TorchRL's Ray, RPC and distributed collectors call this on the collector
+        they run on a node. Each scheme applies the weights it receives to the
+        policy given to the constructor, then calls :meth:`update_policy_weights_`,
+        which publishes them to the workers
+        (:func:`~torchrl_unilab.weight_update.torchrl_schemes.bind_receiver_schemes`).
+        """
+        bind_receiver_schemes(self, weight_recv_schemes, self._receiving_model())
+        MultiAsyncCollector.register_scheme_receiver(self, weight_recv_schemes,
+                                                     synchronize_weights=synchronize_weights)
+
+    def receive_weights(self, *args: Any, **kwargs: Any) -> None:
+        """Receives weights through the schemes :meth:`register_scheme_receiver` registered, as TorchRL does."""
+        if not getattr(self, "_receiver_schemes", None):
+            raise RuntimeError("OffPolicyCollector receives weights only through the schemes given as "
+                               "weight_recv_schemes or to register_scheme_receiver(); call update_policy_weights_() "
+                               "to publish the learner's weights")
+        MultiAsyncCollector.receive_weights(self, *args, **kwargs)
+
+    def _receiving_model(self) -> nn.Module | None:
+        """The module the parent's weights are for: the policy as given, or one built from ``policy_factory``."""
+        if self._user_policy is None and self.policy_factory is not None:
+            self._user_policy = self.policy_factory()
+        return self._user_policy
 
     def _publish(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
         # Weights restored by load_state_dict stay what the workers start from, until the learner publishes.
@@ -885,7 +959,7 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         state["traj_pool"] = {"traj_id": torch.tensor(self._first_free_traj_id(), dtype=torch.int64)}
         return state
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         """Restores the consumer-side counters saved by :meth:`state_dict`, to continue a run.
 
         As with TorchRL's collectors, iteration goes on from the restored
@@ -894,13 +968,18 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         run, the random frames they were given stay). The workers start new
         episodes. A ``"policy_state_dict"`` (of the first worker that has one)
         is loaded into the collector's policy and published: every worker acts
-        with it from its next step.
+        with it from its next step; ``strict`` as in ``nn.Module.load_state_dict``
+        (TorchRL's ``RayCollector`` passes ``strict=False``).
         """
         saved = [entry.get("policy_state_dict") for key, entry in state_dict.items()
                  if key.startswith("worker") and isinstance(entry, Mapping)]
         weights = next((entry for entry in saved if entry), None)
         if weights is not None:
-            if isinstance(self.policy, nn.Module):
+            if isinstance(self.policy, nn.Module) and not strict:
+                # nn.Module's own reading of strict=False: the names given are loaded, the others kept
+                self.policy.load_state_dict(dict(weights), strict=False)
+                weights = None  # the policy, as it now is, is what the workers get
+            elif isinstance(self.policy, nn.Module):
                 self.policy.load_state_dict(resolve_weight_names(self.policy, weights))
             self._scheme.send(weights)
             self._weights_restored = True

@@ -33,7 +33,6 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
-from torchrl.collectors import BaseCollector
 from torchrl.collectors.distributed import RayCollector
 from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType
@@ -219,33 +218,6 @@ class RayNodeCollector(OffPolicyCollector):
                               worker_idx=err.worker_idx)
         if error is not None:
             raise error  # outside the handler: Ray pickles the context too, and WorkerError does not unpickle
-
-    def register_scheme_receiver(self, weight_recv_schemes: Mapping[str, Any], *,
-                                 synchronize_weights: bool = True) -> None:
-        """Binds TorchRL's receiving scheme to the policy as the learner sent it, then registers it.
-
-        The policy the workers run may wrap that module (exploration, observation
-        normaliser); the learner's weights are the module's own.
-        """
-        for model_id, scheme in weight_recv_schemes.items():
-            if model_id == "policy" and not scheme.initialized_on_receiver:
-                scheme.init_on_receiver(model_id=model_id, context=self, worker_idx=self.worker_idx,
-                                        model=self._user_policy)
-        # OffPolicyCollector refuses to receive weights from a parent (it is the top sender on one
-        # machine); a node does receive them, so it takes TorchRL's own receiver set-up.
-        BaseCollector.register_scheme_receiver(self, weight_recv_schemes, synchronize_weights=synchronize_weights)
-
-    def update_policy_weights_(self, policy_or_weights: Any = None, *, model_id: str | None = None,
-                               worker_ids: Any = None, **kwargs: Any) -> None:
-        """Publishes the node's policy to its workers (seqlock) after the Ray scheme has loaded new weights.
-
-        Called by TorchRL's ``RayWeightSyncScheme`` with ``model_id="policy"``
-        once the learner's tensors are in :attr:`policy`; a direct call behaves
-        as :meth:`OffPolicyCollector.update_policy_weights_`.
-        """
-        if model_id not in (None, "policy"):
-            raise ValueError(f"RayNodeCollector syncs only model_id='policy', got {model_id!r}")
-        super().update_policy_weights_(policy_or_weights, worker_ids=worker_ids, **kwargs)
 
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = False) -> None:
         """Stops the node's workers. A worker's error is not raised again here: :meth:`next` already sent it

@@ -1,17 +1,16 @@
 """MuJoCo tasks stepped by EnvPool's C++ implementation: gymnasium's, MuJoCo Playground's and the Control Suite's.
 
 EnvPool (``envpool`` on the package index) reimplements every gymnasium MuJoCo
-v5 task in C++ and steps a batch of them on its own thread pool. On one core
-of the 2-core development machine, HalfCheetah-v5 with 16 envs steps at about
-36,000 env steps/s through EnvPool against about 22,000 for the raw gymnasium
-loop (issue 13; ``benchmarks/collector_throughput.py`` measures both).
+v5 task in C++ and steps a batch of them on its own thread pool, faster than the
+raw gymnasium loop on one core (``benchmarks/collector_throughput.py`` measures
+both; the figures are in ``benchmarks/results/collector/halfcheetah.json``).
 
 EnvPool also ports MuJoCo Playground's robot tasks (``Go1JoystickFlatTerrain-v1``, ...) and the
 DeepMind Control Suite (``CheetahRun-v1``, ...), which only EnvPool runs here. Their
 observations are dicts; :mod:`torchrl_unilab.envs.task_families` is the table of how each
 family's entries become ``"observation"`` (and ``"privileged"``, Playground's critic state),
-read once when the env is built. With EnvPool alone (16 envs, 1 thread) Go1 steps at about
-6,000 env steps/s, G1 at 1,200, CheetahRun at 41,000 (issue 18).
+read once when the env is built. ``python benchmarks/collector_throughput.py --task <task>``
+measures EnvPool alone on these tasks (``benchmarks/results/robot/collector_speed.json``).
 
 :class:`EnvPoolEnv` is a lean TorchRL env over one EnvPool pool with the output
 contract of :class:`~torchrl_unilab.BatchedGymEnv`: the time limit, staggered
@@ -24,13 +23,11 @@ the step instead, so no such step ever produces a transition.
 ``EnvPoolEnv(..., lanes=2)`` splits the batch into pools stepped asynchronously
 (:meth:`EnvPoolEnv.send_lane` / :meth:`EnvPoolEnv.recv_lane`); the collector's
 worker loop then computes one lane's actions while EnvPool steps the other.
-Measured with ``python benchmarks/collector_throughput.py --group lanes`` on the
-2-core machine under a load average of 8 to 9.6, the overlap was *slower*: 0.48 to
-0.57 x the same worker without lanes at 16 envs, 0.69 to 0.78 x at 64 envs (no
-core was idle, and a half-batch actor call costs nearly a whole one). Where a core
-is idle they pay: one worker with 64 Go1 envs in two lanes collected 1.26 x EnvPool
-alone on those 64 envs, and CheetahRun 0.52 x (16 envs without lanes: 0.37 x EnvPool
-alone on 16) (``--task``, 2026-12-05, ``benchmarks/results/robot/collector_speed.json``).
+The overlap pays only where a core is idle: a half-batch actor call costs nearly a
+whole one, so where every core is busy two lanes run slower than one.
+``python benchmarks/collector_throughput.py`` measures lanes on HalfCheetah-v5
+(``offpolicy_lanes_*`` in ``benchmarks/results/collector/halfcheetah.json``) and
+``--task`` on the robot tasks (``benchmarks/results/robot/collector_speed.json``).
 So lanes are off by default and not a collector option; pass an ``EnvPoolEnv`` factory
 with ``lanes=`` to use them where cores are idle (docs: Results, "Robot tasks", "Collection
 speed").

@@ -15,11 +15,11 @@ configuration, a value estimator other than TD(0), a network with other
 parametrised layers -- makes :func:`tensor_loss` return ``None`` and the
 caller uses the loss module itself.
 
-Measured (``python benchmarks/learner_throughput.py``, batch 256, 256x256
-networks, one thread): 45.8 SAC updates/s against 28.9 for the same update
-calling ``SACLoss`` (1.58x) and 27.0 for TorchRL's sota loop (1.70x; other
-runs 1.64x and 1.53x). ``torch.compile`` of the loss module was no faster on
-CPU and takes about 30 s to compile.
+``python benchmarks/learner_throughput.py`` measures the update with it against
+the same update calling ``SACLoss`` and TorchRL's sota loop (batch 256, 256x256
+networks, one thread; the figures are in
+``benchmarks/results/learning/learner_throughput.json``). ``torch.compile`` of
+the loss module is no faster on CPU and takes tens of seconds to compile.
 """
 
 from __future__ import annotations

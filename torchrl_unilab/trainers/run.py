@@ -239,7 +239,7 @@ class RecipeRun:
         self.threads.step()
         # Lock-step is collect, train, repeat: each chunk is collected with the weights of the last update, as
         # SB3 and a TorchRL script calling update_policy_weights_() every iteration do. Without it the workers
-        # acted with weights up to sync_every updates old (issue 22, docs/td3_vs_sb3.rst).
+        # act with weights up to sync_every updates old (docs/recipes.rst, "Pacing").
         chunk_next = utd.lockstep and utd.updates_available() == 0 and not utd.done
         if utd.updates % self._sync_every == 0 or chunk_next:
             for normalizer in (self.normalizer, self.critic_normalizer):

@@ -252,6 +252,7 @@ def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
     """The parameters of ``module`` that require gradients, each once.
 
     Examples:
+        >>> import torch
         >>> layer = torch.nn.Linear(2, 1)
         >>> _ = layer.bias.requires_grad_(False)
         >>> len(trainable_parameters(layer))

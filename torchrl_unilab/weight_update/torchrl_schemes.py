@@ -16,6 +16,16 @@ contract on the seqlock block and says so in one log line:
   published set of weights, as TorchRL's in-place update leaves them;
 * ``NoWeightSyncScheme``: the workers keep the weights they start with.
 
+The other two of TorchRL's weight paths go through this module too, each with one log line:
+
+* a ``WeightUpdaterBase`` (``weight_updater=``, as TorchRL's collector configs pass it, or a callable that builds
+  one): :func:`as_weight_updater` registers it with the collector, as TorchRL's collectors do;
+  ``update_policy_weights_()`` calls it, then publishes the weights to the workers through the block;
+* receiving schemes (``weight_recv_schemes=``, or ``register_scheme_receiver``, which TorchRL's Ray, RPC and
+  distributed collectors call on the collector they run on a node): :func:`bind_receiver_schemes` points each at
+  the policy the learner's weights are for. When the scheme has received weights, it calls the collector's
+  ``update_policy_weights_(model_id="policy", policy_or_weights=...)``, which publishes them to the workers.
+
 The given scheme is never initialised or sent through by the collector: its
 transport would wait for workers that never answer it. It is shut down with the
 collector (:meth:`TorchRLSchemeAdapter.shutdown`), as TorchRL's collectors shut
@@ -29,15 +39,18 @@ script's last line.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from torch import nn
+from torchrl.collectors.weight_update import WeightUpdaterBase
 from torchrl.weight_update import NoWeightSyncScheme, WeightSyncScheme
 
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme, _prefix_of
 
-__all__ = ["TorchRLSchemeAdapter", "as_seqlock_scheme"]
+__all__ = ["TorchRLSchemeAdapter", "as_seqlock_scheme", "as_weight_updater", "bind_receiver_schemes"]
 
 _log = logging.getLogger("torchrl.unilab")
 
@@ -67,6 +80,76 @@ def as_seqlock_scheme(scheme: WeightSyncScheme | None) -> SeqlockWeightSyncSchem
     adapter = TorchRLSchemeAdapter(scheme)
     _log.info(f"OffPolicyCollector: weight_sync_schemes['policy'] is {type(scheme).__name__}; {adapter.promise}")
     return adapter
+
+
+def as_weight_updater(value: Any, collector: Any) -> WeightUpdaterBase | None:
+    """TorchRL's ``weight_updater=`` argument, registered with ``collector`` as TorchRL's collectors register it.
+
+    ``value`` is ``None``, a ``WeightUpdaterBase``, or a callable that builds one (TorchRL's hydra configs pass a
+    ``functools.partial``). The collector's ``update_policy_weights_()`` calls the updater, then publishes the
+    weights to its workers through the shared-memory block: the updater's own transport reaches no worker of an
+    ``OffPolicyCollector``.
+
+    Examples:
+        >>> from torchrl.collectors.weight_update import RemoteModuleWeightUpdater
+        >>> class Collector:  # what register_collector needs of a collector
+        ...     pass
+        >>> collector = Collector()
+        >>> updater = as_weight_updater(RemoteModuleWeightUpdater, collector)
+        >>> type(updater).__name__, updater.collector is collector
+        ('RemoteModuleWeightUpdater', True)
+        >>> as_weight_updater(None, collector) is None
+        True
+    """
+    if value is None:
+        return None
+    if not isinstance(value, WeightUpdaterBase) and callable(value):
+        value = value()
+    if not isinstance(value, WeightUpdaterBase):
+        raise ValueError(
+            "weight_updater must be a torchrl.collectors.WeightUpdaterBase, a callable returning one, or None, "
+            f"got {type(value).__name__}"
+        )
+    value.register_collector(collector)
+    _log.info(f"OffPolicyCollector: weight_updater is {type(value).__name__}; update_policy_weights_() calls it, "
+              "then publishes the weights to every worker through the shared-memory seqlock block")
+    return value
+
+
+def bind_receiver_schemes(collector: Any, schemes: Mapping[str, WeightSyncScheme], model: nn.Module | None) -> None:
+    """Initialises TorchRL's receiving schemes on ``collector``, each applying what it receives to ``model``.
+
+    ``model`` is the policy the learner's weights are for (the one given to the collector, not the exploration or
+    normalisation wrapped around it). The scheme then calls ``collector.update_policy_weights_(model_id="policy",
+    policy_or_weights=...)``, which publishes the weights to the workers. Logged once.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.weight_update import RayWeightSyncScheme
+        >>> class Collector:
+        ...     worker_idx = 0
+        ...     policy = torch.nn.Linear(2, 1)
+        >>> collector, scheme = Collector(), RayWeightSyncScheme()
+        >>> bind_receiver_schemes(collector, {"policy": scheme}, collector.policy)
+        >>> scheme.initialized_on_receiver, scheme.model is collector.policy
+        (True, True)
+    """
+    if not isinstance(schemes, Mapping):
+        raise ValueError(f"weight_recv_schemes must be a dict of {{model_id: WeightSyncScheme}}, got "
+                         f"{type(schemes).__name__}")
+    unknown = sorted(set(schemes) - {"policy"})
+    if unknown:
+        raise ValueError(f"weight_recv_schemes receives the 'policy' model only, got keys {unknown}")
+    for model_id, scheme in schemes.items():
+        if not isinstance(scheme, WeightSyncScheme):
+            raise ValueError(f"weight_recv_schemes[{model_id!r}] must be a torchrl.weight_update.WeightSyncScheme, "
+                             f"got {type(scheme).__name__}")
+        if not scheme.initialized_on_receiver:
+            scheme.init_on_receiver(model_id=model_id, context=collector, worker_idx=collector.worker_idx)
+        if model is not None:
+            scheme.model = model
+        _log.info(f"OffPolicyCollector: receives the policy's weights through {type(scheme).__name__}; each "
+                  "update is published to every worker through the shared-memory seqlock block")
 
 
 class TorchRLSchemeAdapter(SeqlockWeightSyncScheme):

@@ -1,0 +1,152 @@
+"""TorchRL's torch.distributed collectors with ``collector_class=OffPolicyCollector``, on one machine over gloo.
+
+``DistributedCollector``, ``RPCCollector`` and ``DistributedSyncCollector`` (``torchrl.collectors.distributed``)
+take a ``collector_class``: the collector each node runs. This runs each of them with our class, and with
+TorchRL's ``MultiAsyncCollector`` as the control, one node of one worker on Pendulum-v1, launched by TorchRL's
+own ``launcher="mp"`` on this machine. Each run collects batches of 64 frames; after the second, the learner
+zeroes its policy's weights, sets the bias to 0.5 and calls ``update_policy_weights_()``; a later batch whose
+actions all equal ``tanh(0.5)`` shows that the weights reached the node's workers.
+``DistributedSyncCollector.update_policy_weights_`` raises ``NotImplementedError`` in TorchRL itself, so that
+collector is run without the update.
+
+Each run is a subprocess in its own process group with a timeout (``sota_dropin.run_in_own_group``): a hang
+is reported as one, and leaves nothing running.
+
+Run::
+
+    python benchmarks/torchrl_distributed.py [--only dist,rpc,sync] [--classes ours,torchrl] [--timeout 150]
+
+It prints one line per run, then one JSON line::
+
+    dist with OffPolicyCollector: ok (batches 9, weights reached, 7 s)
+    {"benchmark": "torchrl_distributed", "results": {"dist": {"ours": {...}, "torchrl": {...}}, ...}}
+
+The exit code is 0 when every run of our class did what the same run of TorchRL's class did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+import sota_dropin
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("dist", "rpc", "sync")
+CLASSES = ("ours", "torchrl")
+FRAMES_PER_BATCH, BATCHES, UPDATE_AFTER = 64, 9, 2
+
+
+def pendulum():
+    from torchrl.envs import GymEnv
+
+    return GymEnv("Pendulum-v1")
+
+
+def child(kind: str, class_name: str, port: int) -> dict:
+    """One run, in this process: what it collected and whether the published weights reached the workers."""
+    import time
+
+    import torch
+    from tensordict.nn import TensorDictModule
+    from torchrl.collectors import MultiAsyncCollector
+    from torchrl.collectors.distributed import DistributedCollector, DistributedSyncCollector, RPCCollector
+
+    from torchrl_unilab import OffPolicyCollector
+
+    torch.manual_seed(0)
+    policy = TensorDictModule(torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Tanh()), ["observation"],
+                              ["action"])
+    collector_cls = {"dist": DistributedCollector, "rpc": RPCCollector, "sync": DistributedSyncCollector}[kind]
+    kwargs = dict(collector_class=OffPolicyCollector if class_name == "ours" else MultiAsyncCollector,
+                  num_workers_per_collector=1, frames_per_batch=FRAMES_PER_BATCH,
+                  total_frames=FRAMES_PER_BATCH * BATCHES, launcher="mp", tcp_port=str(port))
+    if kind == "dist":
+        kwargs["sync"] = False
+    start = time.monotonic()
+    collector = collector_cls([pendulum], policy, **kwargs)
+    actions = []
+    updates = kind != "sync"
+    try:
+        for batch in collector:
+            actions.append(batch["action"].clone())
+            if len(actions) == UPDATE_AFTER and updates:
+                with torch.no_grad():
+                    for p in policy.parameters():
+                        p.zero_()
+                    policy.module[0].bias.fill_(0.5)
+                collector.update_policy_weights_()
+    finally:
+        collector.shutdown()
+    target = torch.tanh(torch.tensor(0.5))
+    reached = any(torch.allclose(a, target) for a in actions[UPDATE_AFTER:]) if updates else None
+    return {"batches": len(actions), "frames": sum(a.numel() for a in actions), "weights_reached": reached,
+            "seconds": round(time.monotonic() - start, 1)}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run(kind: str, class_name: str, timeout: float, workdir: Path) -> dict:
+    """One run in its own process group: the child's figures, or how it failed."""
+    log = workdir / f"{kind}_{class_name}.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, class_name, str(free_port())]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH"))
+                                                      if p))
+    outcome = sota_dropin.run_in_own_group(cmd, workdir, env, log, timeout)
+    output = log.read_text(errors="replace")
+    lines = [line for line in output.splitlines() if line.startswith("{")]
+    if outcome.timed_out:
+        return {"status": "failed", "error": f"timeout after {timeout:.0f} s (a hang; killed)"}
+    if outcome.returncode != 0 or not lines:
+        return {"status": "failed", "error": sota_dropin.first_error(output) or f"exit {outcome.returncode}"}
+    figures = json.loads(lines[-1])
+    ok = figures["batches"] == BATCHES and figures["weights_reached"] is not False
+    return {"status": "ok" if ok else "failed", **figures}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    parser.add_argument("--classes", default=",".join(CLASSES), help=f"comma-separated, of {', '.join(CLASSES)}")
+    parser.add_argument("--timeout", type=float, default=150.0, help="seconds per run before its group is killed")
+    parser.add_argument("--child", nargs=3, metavar=("KIND", "CLASS", "PORT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child[0], args.child[1], int(args.child[2]))), flush=True)
+        return 0
+    kinds = [k for k in args.only.split(",") if k]
+    classes = [c for c in args.classes.split(",") if c]
+    for name, given, accepted in (("--only", kinds, KINDS), ("--classes", classes, CLASSES)):
+        unknown = sorted(set(given) - set(accepted))
+        if unknown:
+            parser.error(f"{name}: unknown {unknown}; accepted: {', '.join(accepted)}")
+    results: dict[str, dict[str, dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="torchrl_distributed_") as tmp:
+        for kind in kinds:
+            for class_name in classes:
+                result = run(kind, class_name, args.timeout, Path(tmp))
+                results.setdefault(kind, {})[class_name] = result
+                label = "OffPolicyCollector" if class_name == "ours" else "MultiAsyncCollector"
+                if result["status"] == "ok":
+                    weights = {True: "weights reached", None: "no update (TorchRL's collector has none)"}
+                    print(f"{kind} with {label}: ok (batches {result['batches']}, "
+                          f"{weights[result['weights_reached']]}, {result['seconds']:.0f} s)", flush=True)
+                else:
+                    print(f"{kind} with {label}: FAILED: {result.get('error') or result}", flush=True)
+    print(json.dumps({"benchmark": "torchrl_distributed", "results": results}), flush=True)
+    ours_ok = all(r["ours"]["status"] == "ok" or r.get("torchrl", {}).get("status") == "failed"
+                  for r in results.values() if "ours" in r)
+    return 0 if ours_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
