@@ -35,7 +35,7 @@ from torchrl.envs import (
 from torchrl.envs.utils import check_env_specs
 
 from torchrl_unilab import EnvPoolEnv, OffPolicyCollector, PrivilegedInfoTransform
-from torchrl_unilab.collectors._worker import as_batched_env
+from torchrl_unilab.envs.resolve import as_batched_env
 from torchrl_unilab.envs.torchrl_stack import EnvStackPlan, choose_env_stack, recognise_env_stack
 
 LIMIT = 5  # a short gymnasium time limit, so that episodes end within a few steps

@@ -41,6 +41,7 @@ from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.envs.utils import ExplorationType, RandomPolicy
 
 from torchrl_unilab.collectors._control import FrameControl
+from torchrl_unilab.collectors._probe import probe_row
 from torchrl_unilab.collectors._processes import (
     WorkerPool,
     process_context,
@@ -49,18 +50,14 @@ from torchrl_unilab.collectors._processes import (
     shut_down_at_exit,
     worker_started,
 )
-from torchrl_unilab.collectors._worker import (
-    LoopHooks,
-    WorkerConfig,
-    WorkerLoop,
-    probe_row,
-)
+from torchrl_unilab.collectors._worker import LoopHooks, WorkerConfig, WorkerLoop
 from torchrl_unilab.collectors.metrics import PHASES, CollectorMetrics
 from torchrl_unilab.collectors.trace import PhaseTimer
 from torchrl_unilab.data.replay_buffer import buffer_lock, init_storage, storage_keys
 from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.envs.privileged import (
     PrivilegedInfoTransform,
+    as_privileged_transform,
     resolve_collector_actor_dims,
     resolve_offpolicy_actor_priv_info,
 )
@@ -99,11 +96,7 @@ def _make_env(env_name: str, num_envs: int, sim_backend: str, env_cfg_override: 
         raise TypeError(
             f"env_cfg_override must be a dict of env constructor kwargs, got {type(env_cfg_override).__name__}"
         )
-    if isinstance(privileged, Mapping):
-        privileged = PrivilegedInfoTransform(**privileged)
-    if privileged is not None and not isinstance(privileged, PrivilegedInfoTransform):
-        raise TypeError("privileged must be a PrivilegedInfoTransform or a dict of its keyword arguments, "
-                        f"got {type(privileged).__name__}")
+    privileged = as_privileged_transform(privileged)
     # The collector's engine choice: EnvPool where it runs the task (MuJoCo Playground and Control Suite ids
     # only there), gymnasium where the privileged sources read gymnasium's simulator.
     engine = select_engine(env_name, "auto", env_cfg_override, privileged)

@@ -95,7 +95,7 @@ class PolicyRecipe:
 
     Examples:
         >>> from torchrl.envs import GymEnv
-        >>> from torchrl_unilab.collectors._worker import as_batched_env
+        >>> from torchrl_unilab.envs.resolve import as_batched_env
         >>> env = GymEnv("Pendulum-v1")
         >>> built = PolicyRecipe().build(None, env, as_batched_env(env))
         >>> type(built.acting).__name__, built.on_copy, built.obs_norm
@@ -132,7 +132,7 @@ class PolicyFromFactory:
 
     Examples:
         >>> from torchrl.envs import GymEnv
-        >>> from torchrl_unilab.collectors._worker import as_batched_env
+        >>> from torchrl_unilab.envs.resolve import as_batched_env
         >>> env = as_batched_env(GymEnv("Pendulum-v1"))
         >>> from tensordict.nn import TensorDictModule
         >>> make = PolicyFromFactory(lambda: TensorDictModule(torch.nn.Linear(3, 1), ["observation"], ["action"]),

@@ -9,7 +9,6 @@ flat transitions into the shared replay buffer at a time.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import multiprocessing as mp
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
-from torchrl.envs import EnvBase, SerialEnv
+from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from torchrl_unilab.collectors._batches import BatchSlots, SlotWriter
@@ -38,6 +37,7 @@ from torchrl_unilab.collectors._processes import (
 from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.collectors.trace import PhaseTimer
 from torchrl_unilab.envs.envpool_env import EnvPoolEnv
+from torchrl_unilab.envs.resolve import BatchOfOne, as_batched_env
 from torchrl_unilab.modules._fast_policy import tensor_policy
 from torchrl_unilab.weight_update.weight_sync import SharedWeights
 
@@ -723,141 +723,6 @@ def worker_main(worker_idx: int, cfg: WorkerConfig, env_sources: list, policy_by
     # Everything shared is closed and the report is flushed; skip the interpreter's
     # slow teardown so that shutdown() does not wait for torch and MuJoCo to unload.
     os._exit(code)
-
-
-class BatchOfOne(SerialEnv):
-    """An unbatched env stepped with a batch dimension of one (what :func:`as_batched_env` makes of it).
-
-    The worker loop steps every env as a batch; for this one it calls the policy on
-    the row without its batch dimension, as TorchRL's collectors call the policy of
-    an unbatched env (a ``RandomPolicy`` or a spec-shaped module built from the
-    env's own spec writes unbatched values).
-    """
-
-
-def as_batched_env(env: EnvBase) -> EnvBase:
-    """``env`` with one batch dimension: an unbatched env becomes a :class:`BatchOfOne`.
-
-    Examples:
-        >>> from torchrl.envs import GymEnv
-        >>> env = as_batched_env(GymEnv("Pendulum-v1"))
-        >>> env.batch_size, type(env).__name__
-        (torch.Size([1]), 'BatchOfOne')
-    """
-    if env.batch_dims == 1:
-        return env
-    if env.batch_dims == 0:
-        return BatchOfOne(1, lambda: env)
-    raise ValueError(f"the env must have at most one batch dimension, got batch_size {tuple(env.batch_size)}")
-
-
-def probe_step(env: EnvBase, policy, exploration_type: ExplorationType,
-               set_truncated: bool = False) -> tuple[TensorDict, TensorDict]:
-    """Runs one step of ``env`` with ``policy`` in the parent, as a worker's first step runs.
-
-    Returns one flat row holding every key a worker will write, so that the shared
-    storage can be laid out before any worker starts, and one row of zeros of each
-    key the policy writes besides ``"action"`` (for :attr:`WorkerConfig.policy_row`).
-    The env steps the policy's own action and outputs, as in TorchRL's collectors
-    (an env may check its actions: a one-hot spec, bounds). ``env`` must have batch
-    size ``[num_envs]`` (:func:`as_batched_env`).
-
-    Examples:
-        >>> from torchrl.envs import GymEnv
-        >>> from torchrl.envs.utils import RandomPolicy
-        >>> env = GymEnv("Pendulum-v1")
-        >>> row, policy_row = probe_step(as_batched_env(env), RandomPolicy(env.action_spec), ExplorationType.RANDOM)
-        >>> row["action"].shape, row["next", "observation"].shape, list(policy_row.keys())
-        (torch.Size([1]), torch.Size([3]), [])
-    """
-    dynamic = sorted(str(key) for spec in (env.full_observation_spec, env.full_action_spec, env.full_reward_spec,
-                                           env.full_done_spec, env.full_state_spec)
-                     for key in spec.keys(True, True) if -1 in spec[key].shape)
-    if dynamic:
-        raise ValueError(
-            f"the env's specs have dimensions of varying size (-1) at {dynamic}: heterogeneous (lazy-stacked) or "
-            "dynamic-shaped entries. OffPolicyCollector's rows are fixed-shape tensors in shared memory; pad these "
-            "entries to a fixed shape (TorchRL's MultiAsyncCollector pickles such rows instead)"
-        )
-    truncated = _truncated_keys(env) if set_truncated else []
-    if set_truncated and not truncated:
-        raise RuntimeError(
-            "set_truncated=True needs a truncated key in the env's done keys, got "
-            f"{[str(k) for k in env.done_keys]}; add them with env.add_truncated_keys() before passing the env"
-        )
-    td = env.reset()
-    n = env.batch_size[0]
-    policy_td = td.copy().set("is_init", torch.ones(n, 1, dtype=torch.bool))
-    with torch.no_grad(), set_exploration_type(exploration_type):
-        if isinstance(env, BatchOfOne):
-            out = policy(policy_td[0]).unsqueeze(0)
-        else:
-            out = policy(policy_td)
-    entry = ActionEntry(env)
-    action = entry.get(out)
-    if action is None or not entry.fits(action, (n,)):
-        # Shown as the policy sees them: without the batch dimension of one an unbatched env is given.
-        skip, what = (1, "the unbatched env's row") if isinstance(env, BatchOfOne) else (0, "the whole batch of envs")
-        wanted = entry.key if entry.key is not None else [str(key) for key in entry.keys]
-        raise ValueError(
-            f"policy's action shape {entry.describe(action, skip)} differs from the env's action spec shape "
-            f"{entry.describe_spec(skip)} (key {wanted!r}); the policy must write {wanted!r} for {what}"
-        )
-    given = set(td.keys(True, True))
-    keys = [key for key in out.keys(True, True)
-            if key not in given and key not in (*entry.keys, "is_init") and not _is_private(key)]
-    entry.set(td, action.clone())
-    for key in keys:
-        td.set(key, out.get(key))
-    transition, _ = env.step_and_maybe_reset(td)
-    have = set(transition.keys(True, True))
-    for key in keys:
-        if key not in have:
-            transition.set(key, td.get(key))
-    zeros = torch.zeros(n, dtype=torch.int64)
-    add_collector_keys(transition, zeros.unsqueeze(-1), zeros, zeros)
-    return transition[0].clone(), out.select(*keys)[0].clone().zero_()
-
-
-def probe_in_process(env_source: EnvBase | Callable[[], EnvBase], make_policy: PolicyFromFactory,
-                     exploration_type: ExplorationType, set_truncated: bool = False) -> tuple[TensorDict, TensorDict]:
-    """:func:`probe_step` with a policy built by ``make_policy`` from the user's ``policy_factory``, in a spawned
-    process of its own when ``env_source`` is a callable (the workers are processes, and TorchRL's collectors never
-    call the factory in the parent); in this process for an env instance, whose workers are threads of it anyway.
-
-    The spawn costs what starting a worker does (imports, a few seconds); it happens only for a
-    ``policy_factory`` given without ``policy``, whose outputs cannot be known otherwise.
-    """
-    if isinstance(env_source, EnvBase):
-        return probe_step(env_source, make_policy(as_batched_env(env_source)), exploration_type, set_truncated)
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        job = pool.submit(_probe_built_here, cloudpickle.dumps((env_source, make_policy)), exploration_type,
-                          set_truncated)
-        return job.result()
-
-
-def _probe_built_here(payload: bytes, exploration_type: ExplorationType, set_truncated: bool,
-                      ) -> tuple[TensorDict, TensorDict]:
-    env_fn, make_policy = cloudpickle.loads(payload)
-    env = as_batched_env(env_fn())
-    try:
-        return probe_step(env, make_policy(env), exploration_type, set_truncated)
-    finally:
-        env.close(raise_if_closed=False)
-
-
-def probe_row(env: EnvBase, policy, exploration_type: ExplorationType) -> TensorDict:
-    """The row of :func:`probe_step`: one flat row with every key a worker will write.
-
-    Examples:
-        >>> from torchrl.envs import GymEnv
-        >>> from torchrl.envs.utils import RandomPolicy
-        >>> env = GymEnv("Pendulum-v1")
-        >>> row = probe_row(as_batched_env(env), RandomPolicy(env.action_spec), ExplorationType.RANDOM)
-        >>> sorted(row.keys())[:3]
-        ['action', 'collector', 'done']
-    """
-    return probe_step(env, policy, exploration_type)[0]
 
 
 def mark_truncated(batch: TensorDictBase, truncated_keys: list) -> None:

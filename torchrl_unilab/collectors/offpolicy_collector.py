@@ -37,6 +37,7 @@ from torchrl_unilab.collectors._control import FrameControl, split_random_frames
 from torchrl_unilab.collectors._env_view import EnvView
 from torchrl_unilab.collectors._in_process_api import InProcessCollectorAPI
 from torchrl_unilab.collectors._policy import PolicyFromFactory, PolicyRecipe
+from torchrl_unilab.collectors._probe import probe_in_process, probe_step
 from torchrl_unilab.collectors._processes import (
     RestartPolicy,
     WorkerError,
@@ -53,16 +54,13 @@ from torchrl_unilab.collectors._worker import (
     VERSION_KEY,
     WorkerConfig,
     apply_postproc,
-    as_batched_env,
-    probe_in_process,
-    probe_step,
     worker_main,
 )
 from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.data.local_writer import LocalBufferWriter, local_write_reason
 from torchrl_unilab.data.replay_buffer import holds_row, prepare_storage
-from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
-from torchrl_unilab.envs.resolve import _resolve_envs
+from torchrl_unilab.envs.privileged import PrivilegedInfoTransform, as_privileged_transform
+from torchrl_unilab.envs.resolve import _resolve_envs, as_batched_env
 from torchrl_unilab.envs.torchrl_stack import check_engine
 from torchrl_unilab.modules._fast_policy import tensor_policy
 from torchrl_unilab.modules.normalization import ObservationNormalizer
@@ -343,13 +341,7 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         traj_format = _validate_traj_format(traj_format, trajs_per_batch, has_replay_buffer=replay_buffer is not None)
         # Some buffers are extended by this process rather than by the workers: why, or None for the fast path.
         written_here = local_write_reason(replay_buffer, trajs_per_batch)
-        if isinstance(privileged, Mapping):
-            privileged = PrivilegedInfoTransform(**privileged)
-        if privileged is not None and not isinstance(privileged, PrivilegedInfoTransform):
-            raise TypeError(
-                "privileged must be a PrivilegedInfoTransform or a dict of its keyword arguments, "
-                f"got {type(privileged).__name__}"
-            )
+        privileged = as_privileged_transform(privileged)
         gym_ids = dict(num_envs=num_envs, env_kwargs=env_kwargs, stagger_resets=stagger_resets,
                        engine=check_engine(engine), threads=check_int("threads_per_worker", threads_per_worker, 1))
         self._worker_envs, self.num_workers, self._engines, self._given_envs, probe = _resolve_envs(
@@ -714,7 +706,8 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         return int(self.total_frames) // self.frames_per_batch
 
     def __bool__(self) -> bool:
-        # Without it, bool() would call __len__, which raises for a collector with no frame limit.
+        # Without it, bool() would call __len__, which raises for a collector with no frame limit. Ray tests an
+        # actor's truth when it stores a task error: a node would lose its remote traceback.
         return True
 
     def start(self) -> None:

@@ -37,6 +37,7 @@ from torchrl.collectors.distributed import RayCollector
 from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType
 
+from torchrl_unilab._checks import check_int
 from torchrl_unilab._residue import pid_alive
 from torchrl_unilab.collectors._processes import WorkerError, _remove_fork_server_dir, sweep_stale_fork_server_dirs
 from torchrl_unilab.collectors._worker import TRAJ_KEY, VERSION_KEY
@@ -229,12 +230,6 @@ class RayNodeCollector(OffPolicyCollector):
         if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
             _remove_fork_server_dir()
 
-    def __bool__(self) -> bool:
-        # Ray tests the actor's truth when it stores a task error; without this
-        # it falls back to __len__, which has no integer value for a collector
-        # without total_frames, and Ray loses the remote traceback.
-        return True
-
     def load_learner_weights(self, weights: Mapping[str, Any], version: int) -> None:
         """A replacement node's weight update (it is outside the learner's weight-sync group): publishes
         ``weights`` to its workers, its rows then counting ``version``, the learner's."""
@@ -358,8 +353,7 @@ class RayOffPolicyCollector(RayCollector):
         for name, value, minimum in (("num_nodes", num_nodes, 1), ("num_workers", num_workers, 1),
                                      ("num_envs", num_envs, 1), ("init_random_frames", init_random_frames, 0),
                                      ("max_node_restarts", max_node_restarts, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+            check_int(name, value, minimum)
         if on_node_failure not in ON_NODE_FAILURE:
             raise ValueError(f"on_node_failure must be one of {ON_NODE_FAILURE}, got {on_node_failure!r}")
         kwargs = dict(collector_kwargs or {})

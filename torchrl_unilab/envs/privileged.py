@@ -12,7 +12,7 @@ original design.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -26,6 +26,7 @@ from torchrl_unilab.modules.models import ALGOS, PRIVILEGED_ALGOS
 
 __all__ = [
     "PrivilegedInfoTransform",
+    "as_privileged_transform",
     "resolve_collector_actor_dims",
     "resolve_offpolicy_actor_priv_info",
 ]
@@ -184,6 +185,27 @@ class PrivilegedInfoTransform(Transform):
             shape=(*batch, self.dim), dtype=torch.float32, device=observation_spec.device
         )
         return observation_spec
+
+
+def as_privileged_transform(
+    value: PrivilegedInfoTransform | Mapping[str, Any] | None,
+) -> PrivilegedInfoTransform | None:
+    """The ``privileged=`` argument of the collector and the function-level API, as a transform (or ``None``).
+
+    Examples:
+        >>> type(as_privileged_transform({"mujoco": ["qvel"]})).__name__
+        'PrivilegedInfoTransform'
+        >>> as_privileged_transform(3)
+        Traceback (most recent call last):
+        ...
+        TypeError: privileged must be a PrivilegedInfoTransform or a dict of its keyword arguments, got int
+    """
+    if isinstance(value, Mapping):
+        value = PrivilegedInfoTransform(**value)
+    if value is not None and not isinstance(value, PrivilegedInfoTransform):
+        raise TypeError("privileged must be a PrivilegedInfoTransform or a dict of its keyword arguments, "
+                        f"got {type(value).__name__}")
+    return value
 
 
 def resolve_offpolicy_actor_priv_info(

@@ -17,13 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import cloudpickle
-from torchrl.envs import EnvBase, ParallelEnv, StepCounter, TransformedEnv
+from torchrl.envs import EnvBase, ParallelEnv, SerialEnv, StepCounter, TransformedEnv
 
 from torchrl_unilab._checks import check_int
 from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.envs.torchrl_stack import choose_env_stack
 
-__all__: list[str] = []
+__all__ = ["BatchOfOne", "as_batched_env"]
 
 _log = logging.getLogger("torchrl.unilab")
 
@@ -213,3 +213,29 @@ def _with_transforms(env_fn: Callable[[], EnvBase], transforms: list) -> EnvBase
     for transform in transforms:
         env = TransformedEnv(env, transform.clone())
     return env
+
+
+class BatchOfOne(SerialEnv):
+    """An unbatched env stepped with a batch dimension of one (what :func:`as_batched_env` makes of it).
+
+    The worker loop steps every env as a batch; for this one it calls the policy on
+    the row without its batch dimension, as TorchRL's collectors call the policy of
+    an unbatched env (a ``RandomPolicy`` or a spec-shaped module built from the
+    env's own spec writes unbatched values).
+    """
+
+
+def as_batched_env(env: EnvBase) -> EnvBase:
+    """``env`` with one batch dimension: an unbatched env becomes a :class:`BatchOfOne`.
+
+    Examples:
+        >>> from torchrl.envs import GymEnv
+        >>> env = as_batched_env(GymEnv("Pendulum-v1"))
+        >>> env.batch_size, type(env).__name__
+        (torch.Size([1]), 'BatchOfOne')
+    """
+    if env.batch_dims == 1:
+        return env
+    if env.batch_dims == 0:
+        return BatchOfOne(1, lambda: env)
+    raise ValueError(f"the env must have at most one batch dimension, got batch_size {tuple(env.batch_size)}")

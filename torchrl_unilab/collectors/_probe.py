@@ -1,0 +1,133 @@
+"""The parent's probe: one env step with the policy, run before any worker starts.
+
+The row it gives holds every key, shape and dtype a worker will write, so that the shared storage (a replay
+buffer's, or the batch slots) is laid out before the workers start, and errors in the env or the policy
+(an action of the wrong shape, a spec of varying size) are raised in the constructor, naming what to fix.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing as mp
+from collections.abc import Callable
+
+import cloudpickle
+import torch
+from tensordict import TensorDict
+from torchrl.envs import EnvBase
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from torchrl_unilab.collectors._policy import PolicyFromFactory
+from torchrl_unilab.collectors._worker import ActionEntry, _is_private, _truncated_keys, add_collector_keys
+from torchrl_unilab.envs.resolve import BatchOfOne, as_batched_env
+
+__all__ = ["probe_in_process", "probe_row", "probe_step"]
+
+
+def probe_step(env: EnvBase, policy, exploration_type: ExplorationType,
+               set_truncated: bool = False) -> tuple[TensorDict, TensorDict]:
+    """Runs one step of ``env`` with ``policy`` in the parent, as a worker's first step runs.
+
+    Returns one flat row holding every key a worker will write, so that the shared
+    storage can be laid out before any worker starts, and one row of zeros of each
+    key the policy writes besides ``"action"`` (for :attr:`WorkerConfig.policy_row`).
+    The env steps the policy's own action and outputs, as in TorchRL's collectors
+    (an env may check its actions: a one-hot spec, bounds). ``env`` must have batch
+    size ``[num_envs]`` (:func:`as_batched_env`).
+
+    Examples:
+        >>> from torchrl.envs import GymEnv
+        >>> from torchrl.envs.utils import RandomPolicy
+        >>> env = GymEnv("Pendulum-v1")
+        >>> row, policy_row = probe_step(as_batched_env(env), RandomPolicy(env.action_spec), ExplorationType.RANDOM)
+        >>> row["action"].shape, row["next", "observation"].shape, list(policy_row.keys())
+        (torch.Size([1]), torch.Size([3]), [])
+    """
+    dynamic = sorted(str(key) for spec in (env.full_observation_spec, env.full_action_spec, env.full_reward_spec,
+                                           env.full_done_spec, env.full_state_spec)
+                     for key in spec.keys(True, True) if -1 in spec[key].shape)
+    if dynamic:
+        raise ValueError(
+            f"the env's specs have dimensions of varying size (-1) at {dynamic}: heterogeneous (lazy-stacked) or "
+            "dynamic-shaped entries. OffPolicyCollector's rows are fixed-shape tensors in shared memory; pad these "
+            "entries to a fixed shape (TorchRL's MultiAsyncCollector pickles such rows instead)"
+        )
+    truncated = _truncated_keys(env) if set_truncated else []
+    if set_truncated and not truncated:
+        raise RuntimeError(
+            "set_truncated=True needs a truncated key in the env's done keys, got "
+            f"{[str(k) for k in env.done_keys]}; add them with env.add_truncated_keys() before passing the env"
+        )
+    td = env.reset()
+    n = env.batch_size[0]
+    policy_td = td.copy().set("is_init", torch.ones(n, 1, dtype=torch.bool))
+    with torch.no_grad(), set_exploration_type(exploration_type):
+        if isinstance(env, BatchOfOne):
+            out = policy(policy_td[0]).unsqueeze(0)
+        else:
+            out = policy(policy_td)
+    entry = ActionEntry(env)
+    action = entry.get(out)
+    if action is None or not entry.fits(action, (n,)):
+        # Shown as the policy sees them: without the batch dimension of one an unbatched env is given.
+        skip, what = (1, "the unbatched env's row") if isinstance(env, BatchOfOne) else (0, "the whole batch of envs")
+        wanted = entry.key if entry.key is not None else [str(key) for key in entry.keys]
+        raise ValueError(
+            f"policy's action shape {entry.describe(action, skip)} differs from the env's action spec shape "
+            f"{entry.describe_spec(skip)} (key {wanted!r}); the policy must write {wanted!r} for {what}"
+        )
+    given = set(td.keys(True, True))
+    keys = [key for key in out.keys(True, True)
+            if key not in given and key not in (*entry.keys, "is_init") and not _is_private(key)]
+    entry.set(td, action.clone())
+    for key in keys:
+        td.set(key, out.get(key))
+    transition, _ = env.step_and_maybe_reset(td)
+    have = set(transition.keys(True, True))
+    for key in keys:
+        if key not in have:
+            transition.set(key, td.get(key))
+    zeros = torch.zeros(n, dtype=torch.int64)
+    add_collector_keys(transition, zeros.unsqueeze(-1), zeros, zeros)
+    return transition[0].clone(), out.select(*keys)[0].clone().zero_()
+
+
+def probe_in_process(env_source: EnvBase | Callable[[], EnvBase], make_policy: PolicyFromFactory,
+                     exploration_type: ExplorationType, set_truncated: bool = False) -> tuple[TensorDict, TensorDict]:
+    """:func:`probe_step` with a policy built by ``make_policy`` from the user's ``policy_factory``, in a spawned
+    process of its own when ``env_source`` is a callable (the workers are processes, and TorchRL's collectors never
+    call the factory in the parent); in this process for an env instance, whose workers are threads of it anyway.
+
+    The spawn costs what starting a worker does (imports, a few seconds); it happens only for a
+    ``policy_factory`` given without ``policy``, whose outputs cannot be known otherwise.
+    """
+    if isinstance(env_source, EnvBase):
+        return probe_step(env_source, make_policy(as_batched_env(env_source)), exploration_type, set_truncated)
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        job = pool.submit(_probe_built_here, cloudpickle.dumps((env_source, make_policy)), exploration_type,
+                          set_truncated)
+        return job.result()
+
+
+def _probe_built_here(payload: bytes, exploration_type: ExplorationType, set_truncated: bool,
+                      ) -> tuple[TensorDict, TensorDict]:
+    env_fn, make_policy = cloudpickle.loads(payload)
+    env = as_batched_env(env_fn())
+    try:
+        return probe_step(env, make_policy(env), exploration_type, set_truncated)
+    finally:
+        env.close(raise_if_closed=False)
+
+
+def probe_row(env: EnvBase, policy, exploration_type: ExplorationType) -> TensorDict:
+    """The row of :func:`probe_step`: one flat row with every key a worker will write.
+
+    Examples:
+        >>> from torchrl.envs import GymEnv
+        >>> from torchrl.envs.utils import RandomPolicy
+        >>> env = GymEnv("Pendulum-v1")
+        >>> row = probe_row(as_batched_env(env), RandomPolicy(env.action_spec), ExplorationType.RANDOM)
+        >>> sorted(row.keys())[:3]
+        ['action', 'collector', 'done']
+    """
+    return probe_step(env, policy, exploration_type)[0]
