@@ -52,7 +52,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from provenance import provenance
-from tensordict import TensorDict
+from sampling import collector_rows
 from torchrl.objectives import SACLoss, SoftUpdate
 
 from torchrl_unilab import SharedWeights, make_replay_buffer
@@ -72,25 +72,7 @@ def filled_buffer(rows: int = 50_000):
     collector's keys."""
     rb = make_replay_buffer(max(100_000, rows), batch_size=BATCH)
     g = torch.Generator().manual_seed(0)
-    flags = torch.zeros(rows, 1, dtype=torch.bool)
-    rb.extend(
-        TensorDict(
-            {
-                "observation": torch.randn(rows, OBS, generator=g),
-                "action": torch.rand(rows, ACT, generator=g) * 2 - 1,
-                ("next", "observation"): torch.randn(rows, OBS, generator=g),
-                ("next", "reward"): torch.randn(rows, 1, generator=g),
-                ("next", "done"): flags,
-                ("next", "terminated"): flags,
-                ("next", "truncated"): flags,
-                ("collector", "traj_ids"): torch.zeros(rows, dtype=torch.int64),
-                "step_count": torch.zeros(rows, 1, dtype=torch.int64),
-                ("next", "step_count"): torch.ones(rows, 1, dtype=torch.int64),
-                "policy_version": torch.ones(rows, dtype=torch.int64),
-            },
-            [rows],
-        )
-    )
+    rb.extend(collector_rows(rows, generator=g))
     return rb
 
 

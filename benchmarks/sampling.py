@@ -36,30 +36,30 @@ KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("
         ("next", "terminated"), "policy_version"]
 
 
+def collector_rows(rows: int, generator: torch.Generator | None = None, policy_outputs: bool = False) -> TensorDict:
+    """``rows`` random transitions with the keys the collector writes (the exploration policy's ``loc`` and
+    ``scale`` too with ``policy_outputs``, as TorchRL's rows hold them)."""
+    flags = torch.zeros(rows, 1, dtype=torch.bool)
+    values = {"observation": torch.randn(rows, OBS, generator=generator),
+              "action": torch.rand(rows, ACT, generator=generator) * 2 - 1}
+    if policy_outputs:
+        values.update(loc=torch.randn(rows, ACT, generator=generator), scale=torch.rand(rows, ACT, generator=generator))
+    values.update({
+        ("next", "observation"): torch.randn(rows, OBS, generator=generator),
+        ("next", "reward"): torch.randn(rows, 1, generator=generator),
+        ("next", "done"): flags, ("next", "terminated"): flags, ("next", "truncated"): flags,
+        ("collector", "traj_ids"): torch.zeros(rows, dtype=torch.int64),
+        "step_count": torch.zeros(rows, 1, dtype=torch.int64),
+        ("next", "step_count"): torch.ones(rows, 1, dtype=torch.int64),
+        "policy_version": torch.ones(rows, dtype=torch.int64),
+    })
+    return TensorDict(values, [rows])
+
+
 def filled(rows: int, batch: int, sampler=None):
     """A shared buffer of ``rows`` random rows with the collector's keys, every slot written."""
     rb = make_replay_buffer(rows, batch_size=batch, sampler=sampler)
-    flags = torch.zeros(rows, 1, dtype=torch.bool)
-    rb.extend(
-        TensorDict(
-            {
-                "observation": torch.randn(rows, OBS),
-                "action": torch.rand(rows, ACT),
-                "loc": torch.randn(rows, ACT),
-                "scale": torch.rand(rows, ACT),  # the exploration policy's, as TorchRL's rows
-                ("next", "observation"): torch.randn(rows, OBS),
-                ("next", "reward"): torch.randn(rows, 1),
-                ("next", "done"): flags,
-                ("next", "terminated"): flags,
-                ("next", "truncated"): flags,
-                ("collector", "traj_ids"): torch.zeros(rows, dtype=torch.int64),
-                "step_count": torch.zeros(rows, 1, dtype=torch.int64),
-                ("next", "step_count"): torch.ones(rows, 1, dtype=torch.int64),
-                "policy_version": torch.ones(rows, dtype=torch.int64),
-            },
-            [rows],
-        )
-    )
+    rb.extend(collector_rows(rows, policy_outputs=True))
     return rb
 
 

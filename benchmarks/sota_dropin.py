@@ -749,6 +749,15 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     return result
 
 
+def write_results(summary: dict, path: Path, argv: Sequence[str] | None = None) -> None:
+    """Writes ``summary`` with the run's provenance (date, command, machine, torch) where ``report.py`` reads it."""
+    from provenance import provenance
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**provenance("sota_dropin", argv=None if argv is None else list(argv)), **summary},
+                               indent=1) + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rl-root", type=Path, required=True,
@@ -768,6 +777,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="hydra overrides applied after the budget's, e.g. for a learning run: "
                              "collector.init_random_frames=10000 logger.eval_iter=10000 logger.backend=csv")
     parser.add_argument("--stock", action="store_true", help="control run: TorchRL's collectors, no swap")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the JSON summary, with the run's provenance, to this results file")
     parser.add_argument("--compile", action="store_true",
                         help="turn on each script's compile.compile (its compile_policy reaches the collector)")
     parser.add_argument("--exit-within", type=float, default=None, metavar="S",
@@ -807,12 +818,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = run_one(script, sota, workdir, budget, args.timeout, trainer_collector=args.trainer_collector,
                              trainer_import=args.trainer_import, stock=args.stock, extra=args.extra,
                              exit_within=args.exit_within)
-            results[script.label] = result
+            label = script.label + (" (compile.compile=true)" if args.compile else "")
+            results[label] = result
             for line in result.edits + (result.swaps if args.verbose else []):
                 print(f"  {script.label}: substituted {line}", flush=True)
             if args.verbose:
                 print(f"  $ cd {workdir / script.name} && {result.command}", flush=True)
-            print(result.line(script.label), flush=True)
+            print(result.line(label), flush=True)
         summary = {
             "benchmark": "sota_dropin", "torchrl": torchrl_version, "commit": commit,
             "collector": "stock" if args.stock else SWAP_TARGET, "trainer_collector": args.trainer_collector,
@@ -821,6 +833,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         | {"seconds": round(r.seconds, 1)} for path, r in results.items()},
         }
         print(json.dumps(summary), flush=True)
+        if args.out is not None:
+            write_results(summary, args.out)
     finally:
         if args.keep:
             print(f"kept {workdir}", file=sys.stderr)

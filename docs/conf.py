@@ -148,10 +148,11 @@ def _documented_module(name: str, obj) -> str:
     import importlib
     import pkgutil
 
-    public = sorted(
-        info.name for info in pkgutil.walk_packages(torchrl_unilab.__path__, "torchrl_unilab.")
+    # Modules before packages: a package's __all__ re-exports names its modules document.
+    public = [name for _, name in sorted(
+        (info.ispkg, info.name) for info in pkgutil.walk_packages(torchrl_unilab.__path__, "torchrl_unilab.")
         if not info.name.rsplit(".", 1)[1].startswith("_")
-    )
+    )]
     home = getattr(obj, "__module__", None)
     candidates = ([home] if home in public else []) + public
     for module_name in candidates:

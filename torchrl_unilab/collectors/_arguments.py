@@ -1,22 +1,32 @@
 """How ``OffPolicyCollector`` reads its arguments: TorchRL's parameters it takes, and the checks of its own.
 
 Every argument is checked once, in the constructor, with an error that names
-the argument, what was given and what is accepted. ``MultiAsyncCollector``'s
+the argument, what was given and what is accepted (:func:`check_arguments`, which
+gives the frozen :class:`CollectorSpec` the set-up steps read). ``MultiAsyncCollector``'s
 parameters that this collector takes only at some values are listed in
 ``_RESTRICTED`` with the reason, which the error gives.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torchrl.collectors import MultiAsyncCollector
+from torchrl.collectors.utils import _validate_traj_format
+from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType
 
 from torchrl_unilab._checks import check_int
+from torchrl_unilab.collectors._processes import process_context
+from torchrl_unilab.collectors._worker import NONFINITE_MODES
+from torchrl_unilab.data.local_writer import local_write_reason
+from torchrl_unilab.envs.privileged import PrivilegedInfoTransform, as_privileged_transform
+from torchrl_unilab.envs.resolve import GymIdOptions
+from torchrl_unilab.envs.torchrl_stack import check_engine
 
 _TORCHRL_PARAMS = inspect.signature(MultiAsyncCollector.__mro__[1].__init__).parameters
 
@@ -121,3 +131,108 @@ def check_torchrl_kwargs(kwargs: Mapping[str, Any]) -> None:
                 f"OffPolicyCollector takes the TorchRL collector parameter {name!r} only as one of "
                 f"{list(accepted)}, got {value!r}: {why}"
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectorSpec:
+    """``OffPolicyCollector``'s own arguments, checked: what its set-up steps read.
+
+    Attributes:
+        num_workers: as given (``num_collectors`` too), ``None`` to take it from the envs.
+        total_frames: ``-1`` or an int ``>= 1``, before rounding to whole batches.
+        init_random_frames: ``0`` for TorchRL's "none" (``None`` or below 0).
+        max_frames_per_traj: ``None`` for TorchRL's "no limit" (``None``, or 0 or below).
+        local_write_reason: why this process extends ``replay_buffer`` rather than the workers, or ``None``.
+        gym_ids: how a gymnasium id in ``create_env_fn`` is built.
+    """
+
+    num_workers: int | None
+    total_frames: int
+    init_random_frames: int
+    exploration_type: ExplorationType
+    max_frames_per_traj: int | None
+    nonfinite: str
+    max_worker_restarts: int
+    start_method: str
+    metrics_window: int
+    num_sub_threads: int
+    trajs_per_batch: int | None
+    trajs_per_write: int | None
+    traj_format: str | None
+    local_write_reason: str | None
+    privileged: PrivilegedInfoTransform | None
+    gym_ids: GymIdOptions
+    split_trajs: bool
+    set_truncated: bool
+    trust_policy: bool
+
+
+def check_arguments(
+    *, torchrl_kwargs: Mapping[str, Any], devices: Mapping[str, Any], replay_buffer: ReplayBuffer | None,
+    num_workers: int | None, num_collectors: int | None, total_frames: int | None, init_random_frames: int | None,
+    exploration_type: ExplorationType | str, max_frames_per_traj: int | None, nonfinite: str,
+    max_worker_restarts: int, start_method: str, metrics_window: int, num_sub_threads: int,
+    trajs_per_batch: int | None, trajs_per_write: int | None, traj_format: str | None,
+    privileged: PrivilegedInfoTransform | Mapping[str, Any] | None, split_trajs: bool | None, num_envs: int,
+    env_kwargs: Mapping[str, Any] | None, stagger_resets: bool, engine: str, threads_per_worker: int,
+) -> CollectorSpec:
+    """Checks ``OffPolicyCollector``'s arguments, each once, before any work; raises an error naming the first bad one.
+
+    Examples:
+        >>> spec = check_arguments(
+        ...     torchrl_kwargs={}, devices={}, replay_buffer=None, num_workers=None, num_collectors=2,
+        ...     total_frames=-1, init_random_frames=-1, exploration_type="random", max_frames_per_traj=-1,
+        ...     nonfinite="raise", max_worker_restarts=0, start_method="forkserver", metrics_window=100,
+        ...     num_sub_threads=1, trajs_per_batch=None, trajs_per_write=None, traj_format=None, privileged=None,
+        ...     split_trajs=None, num_envs=4, env_kwargs=None, stagger_resets=True, engine="auto",
+        ...     threads_per_worker=1)
+        >>> spec.num_workers, spec.init_random_frames, spec.max_frames_per_traj, spec.exploration_type.name
+        (2, 0, None, 'RANDOM')
+    """
+    check_torchrl_kwargs(torchrl_kwargs)
+    for name in DEVICE_PARAMS:
+        check_device(name, devices.get(name))
+    if nonfinite not in NONFINITE_MODES:
+        raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
+    if num_collectors is not None:  # TorchRL's Collector(backend="process") names the workers so
+        if num_workers is not None and num_workers != num_collectors:
+            raise ValueError(f"num_collectors={num_collectors} and num_workers={num_workers} disagree; pass one")
+        num_workers = num_collectors
+    process_context(start_method)  # refuses an unknown method here, before any work
+    if max_frames_per_traj is not None:
+        max_frames_per_traj = check_int("max_frames_per_traj", max_frames_per_traj, -(2**62))
+        # TorchRL reads 0 or less as "no limit" (REDQ's helpers pass -1).
+        max_frames_per_traj = max_frames_per_traj if max_frames_per_traj > 0 else None
+    if total_frames is not None and total_frames < 0 and total_frames != -1:
+        raise ValueError(f"total_frames must be -1 (no limit) or an int >= 1, got {total_frames!r}")
+    if init_random_frames is None or (isinstance(init_random_frames, int) and init_random_frames < 0):
+        init_random_frames = 0  # TorchRL reads None and values below 0 as none (its examples pass -1)
+    trajs_per_batch = None if trajs_per_batch is None else check_int("trajs_per_batch", trajs_per_batch, 1)
+    if split_trajs and replay_buffer is not None:
+        raise ValueError(
+            "split_trajs=True splits the batches this collector yields; with a replay_buffer, workers write "
+            "flat transitions and iteration yields None. Pass split_trajs=False, or no replay_buffer"
+        )
+    return CollectorSpec(
+        num_workers=num_workers,
+        total_frames=-1 if total_frames is None else total_frames,
+        init_random_frames=check_int("init_random_frames", init_random_frames, 0),
+        exploration_type=exploration_type_of(exploration_type),
+        max_frames_per_traj=max_frames_per_traj,
+        nonfinite=nonfinite,
+        max_worker_restarts=check_int("max_worker_restarts", max_worker_restarts, 0),
+        start_method=start_method,
+        metrics_window=check_int("metrics_window", metrics_window, 1),
+        num_sub_threads=check_int("num_sub_threads", num_sub_threads, 1),
+        trajs_per_batch=trajs_per_batch,
+        trajs_per_write=None if trajs_per_write is None else check_int("trajs_per_write", trajs_per_write, 1),
+        traj_format=_validate_traj_format(traj_format, trajs_per_batch, has_replay_buffer=replay_buffer is not None),
+        local_write_reason=local_write_reason(replay_buffer, trajs_per_batch),
+        privileged=as_privileged_transform(privileged),
+        gym_ids=GymIdOptions(num_envs=num_envs, env_kwargs=env_kwargs, stagger_resets=stagger_resets,
+                             engine=check_engine(engine),
+                             threads=check_int("threads_per_worker", threads_per_worker, 1)),
+        split_trajs=bool(split_trajs),
+        set_truncated=bool(torchrl_kwargs.get("set_truncated")),
+        trust_policy=bool(torchrl_kwargs.get("trust_policy")),
+    )

@@ -29,7 +29,28 @@ import torch
 
 from torchrl_unilab._sync import ProcessLock
 
-__all__ = ["FrameControl"]
+__all__ = ["NODE_STREAM_TRAJ_BITS", "STREAM_TRAJ_BITS", "FrameControl", "check_wait", "node_traj_ids",
+           "split_random_frames"]
+
+#: Trajectory ids are unique over workers, their replacements and Ray nodes. A worker's seed stream ``s``
+#: numbers its trajectories from ``s << STREAM_TRAJ_BITS``. A Ray node started in a lost node's place, the
+#: ``k``-th, adds ``k << NODE_STREAM_TRAJ_BITS``: above every id its workers' streams hand out. The ids of
+#: ``num_nodes`` nodes are then interleaved, ``id * num_nodes + node`` (:func:`node_traj_ids`).
+STREAM_TRAJ_BITS = 32
+NODE_STREAM_TRAJ_BITS = 44
+
+
+def node_traj_ids(traj_ids: torch.Tensor, node_stream: int, num_nodes: int, node: int) -> torch.Tensor:
+    """A Ray node's trajectory ids, unique over every node and every node's replacement.
+
+    Examples:
+        >>> import torch
+        >>> node_traj_ids(torch.tensor([0, 1]), node_stream=0, num_nodes=2, node=1).tolist()
+        [1, 3]
+        >>> int(node_traj_ids(torch.tensor([0]), node_stream=1, num_nodes=2, node=0)) == 2 << NODE_STREAM_TRAJ_BITS
+        True
+    """
+    return (traj_ids + (node_stream << NODE_STREAM_TRAJ_BITS)) * num_nodes + node
 
 _ALLOWED, _TOTAL = range(2)
 # A worker's record: frames claimed and not yet written, frames written, random frames written, frames reserved for
@@ -56,6 +77,29 @@ def split_random_frames(random_frames: int, num_workers: int, frames_per_batch: 
     shares = [frames_per_batch * (batches // num_workers + (i < batches % num_workers)) for i in range(num_workers)]
     shares[batches % num_workers] += remainder
     return shares
+
+
+def check_wait(frames: int, *, total_frames: int | float, restored: int = 0, reachable: int,
+               background: bool) -> None:
+    """Raises the ``ValueError`` of a ``wait_for_frames(frames)`` that could never return, for both collectors.
+
+    It could not: above ``total_frames`` (less the frames ``load_state_dict`` restored), or above the
+    ``reachable`` frames when nothing collects in the ``background`` (no ``start()`` or ``allow_frames()``).
+
+    Examples:
+        >>> check_wait(64, total_frames=128, reachable=0, background=True)
+        >>> check_wait(256, total_frames=128, reachable=0, background=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: wait_for_frames(256) can never return: total_frames is 128
+    """
+    if frames > total_frames - restored:
+        less = f" less the {restored} restored by load_state_dict" if restored else ""
+        raise ValueError(f"wait_for_frames({frames}) can never return: total_frames is {total_frames}{less}")
+    if frames > reachable and not background:
+        raise ValueError(f"wait_for_frames({frames}) can never return: {reachable} frames can be written so far and "
+                         "nothing collects in the background; call start() or allow_frames() first (or iterate "
+                         "over the collector)")
 
 
 class FrameControl:

@@ -27,7 +27,7 @@ from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from torchrl_unilab.collectors._batches import BatchSlots, SlotWriter
-from torchrl_unilab.collectors._control import FrameControl
+from torchrl_unilab.collectors._control import STREAM_TRAJ_BITS, FrameControl
 from torchrl_unilab.collectors._policy import PolicyFromFactory
 from torchrl_unilab.collectors._processes import (
     report_error,
@@ -104,9 +104,6 @@ class ActionEntry:
             return str(self.shape[skip:])
         return str({str(key): tuple(self.spec[key].shape)[skip:] for key in self.keys})
 
-
-#: A seed stream's trajectories are numbered from ``stream << _STREAM_TRAJ_BITS``.
-_STREAM_TRAJ_BITS = 32
 
 #: Accepted values of ``nonfinite``.
 NONFINITE_MODES = ("raise", "drop", "reset")
@@ -277,7 +274,7 @@ class WorkerLoop:
         self.step_count = torch.zeros(n, 1, dtype=torch.int64)
         # Trajectory ids are unique across workers without any coordination, and across a worker's
         # seed streams: each stream numbers its trajectories from its own block of 2**32.
-        first = cfg.stream(worker_idx) << _STREAM_TRAJ_BITS
+        first = cfg.stream(worker_idx) << STREAM_TRAJ_BITS
         self.traj_ids = (torch.arange(n, dtype=torch.int64) + first) * cfg.num_workers + worker_idx
         self.next_traj = first + n
         self.ep_return = torch.zeros(n, dtype=torch.float64)

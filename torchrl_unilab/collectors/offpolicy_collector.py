@@ -17,23 +17,20 @@ from tensordict import TensorDictBase, is_non_tensor
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.collectors import MultiAsyncCollector, _constants as torchrl_constants
-from torchrl.collectors.utils import _validate_traj_format, split_trajectories
+from torchrl.collectors.utils import split_trajectories
 from torchrl.data import ReplayBuffer
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType
 from torchrl.weight_update import WeightSyncScheme
 
 from torchrl_unilab.collectors._arguments import (
-    DEVICE_PARAMS,
-    check_device,
-    check_int,
-    check_torchrl_kwargs,
-    exploration_type_of,
+    CollectorSpec,
+    check_arguments,
     frames_per_batch_of,
     round_total_frames,
 )
 from torchrl_unilab.collectors._batches import BatchSlots, FeedThread, to_storing_device, torchrl_layout
-from torchrl_unilab.collectors._control import FrameControl, split_random_frames
+from torchrl_unilab.collectors._control import STREAM_TRAJ_BITS, FrameControl, check_wait, split_random_frames
 from torchrl_unilab.collectors._env_view import EnvView
 from torchrl_unilab.collectors._in_process_api import InProcessCollectorAPI
 from torchrl_unilab.collectors._policy import PolicyFromFactory, PolicyRecipe
@@ -46,9 +43,7 @@ from torchrl_unilab.collectors._processes import (
     shut_down_at_exit,
 )
 from torchrl_unilab.collectors._worker import (
-    _STREAM_TRAJ_BITS,
     NEXT_STEP_KEY,
-    NONFINITE_MODES,
     STEP_KEY,
     TRAJ_KEY,
     VERSION_KEY,
@@ -57,11 +52,10 @@ from torchrl_unilab.collectors._worker import (
     worker_main,
 )
 from torchrl_unilab.collectors.metrics import CollectorMetrics
-from torchrl_unilab.data.local_writer import LocalBufferWriter, local_write_reason
+from torchrl_unilab.data.local_writer import LocalBufferWriter
 from torchrl_unilab.data.replay_buffer import holds_row, prepare_storage
-from torchrl_unilab.envs.privileged import PrivilegedInfoTransform, as_privileged_transform
-from torchrl_unilab.envs.resolve import _resolve_envs, as_batched_env
-from torchrl_unilab.envs.torchrl_stack import check_engine
+from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
+from torchrl_unilab.envs.resolve import as_batched_env, resolve_envs
 from torchrl_unilab.modules._fast_policy import tensor_policy
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.weight_update.torchrl_schemes import as_seqlock_scheme, as_weight_updater, bind_receiver_schemes
@@ -312,137 +306,157 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         self._probe_env: EnvBase | None = None
         self._probe_given: EnvBase | None = None
         self._given_envs: list[EnvBase] = []
-        check_torchrl_kwargs(torchrl_kwargs)
-        for name, value in zip(DEVICE_PARAMS, (device, storing_device, env_device, policy_device)):
-            check_device(name, value)
-        if nonfinite not in NONFINITE_MODES:
-            raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
-        exploration_type = exploration_type_of(exploration_type)
-        if num_collectors is not None:  # TorchRL's Collector(backend="process") names the workers so
-            if num_workers is not None and num_workers != num_collectors:
-                raise ValueError(f"num_collectors={num_collectors} and num_workers={num_workers} disagree; pass one")
-            num_workers = num_collectors
-        self.max_worker_restarts = check_int("max_worker_restarts", max_worker_restarts, 0)
-        process_context(start_method)  # refuses an unknown method here, before any work
-        self.start_method = start_method
-        self.metrics_window = check_int("metrics_window", metrics_window, 1)
-        self.num_sub_threads = check_int("num_sub_threads", num_sub_threads, 1)
-        if max_frames_per_traj is not None:
-            max_frames_per_traj = check_int("max_frames_per_traj", max_frames_per_traj, -(2**62))
-            # TorchRL reads 0 or less as "no limit" (REDQ's helpers pass -1).
-            max_frames_per_traj = max_frames_per_traj if max_frames_per_traj > 0 else None
-        if total_frames is not None and total_frames < 0 and total_frames != -1:
-            raise ValueError(f"total_frames must be -1 (no limit) or an int >= 1, got {total_frames!r}")
-        if init_random_frames is None or (isinstance(init_random_frames, int) and init_random_frames < 0):
-            init_random_frames = 0  # TorchRL reads None and values below 0 as none (its examples pass -1)
-        init_random_frames = check_int("init_random_frames", init_random_frames, 0)
-        trajs_per_batch = None if trajs_per_batch is None else check_int("trajs_per_batch", trajs_per_batch, 1)
-        trajs_per_write = None if trajs_per_write is None else check_int("trajs_per_write", trajs_per_write, 1)
-        traj_format = _validate_traj_format(traj_format, trajs_per_batch, has_replay_buffer=replay_buffer is not None)
-        # Some buffers are extended by this process rather than by the workers: why, or None for the fast path.
-        written_here = local_write_reason(replay_buffer, trajs_per_batch)
-        privileged = as_privileged_transform(privileged)
-        gym_ids = dict(num_envs=num_envs, env_kwargs=env_kwargs, stagger_resets=stagger_resets,
-                       engine=check_engine(engine), threads=check_int("threads_per_worker", threads_per_worker, 1))
-        self._worker_envs, self.num_workers, self._engines, self._given_envs, probe = _resolve_envs(
-            create_env_fn, num_workers, gym_ids, create_env_kwargs, max_frames_per_traj, privileged,
-        )
-        if probe is None:
-            probe = self._worker_envs[0] if isinstance(self._worker_envs[0], EnvBase) else self._worker_envs[0]()
+        spec = check_arguments(
+            torchrl_kwargs=torchrl_kwargs, replay_buffer=replay_buffer, num_workers=num_workers,
+            devices=dict(device=device, storing_device=storing_device, env_device=env_device,
+                         policy_device=policy_device),
+            num_collectors=num_collectors, total_frames=total_frames, init_random_frames=init_random_frames,
+            exploration_type=exploration_type, max_frames_per_traj=max_frames_per_traj, nonfinite=nonfinite,
+            max_worker_restarts=max_worker_restarts, start_method=start_method, metrics_window=metrics_window,
+            num_sub_threads=num_sub_threads, trajs_per_batch=trajs_per_batch, trajs_per_write=trajs_per_write,
+            traj_format=traj_format, privileged=privileged, split_trajs=split_trajs, num_envs=num_envs,
+            env_kwargs=env_kwargs, stagger_resets=stagger_resets, engine=engine,
+            threads_per_worker=threads_per_worker)
+        self._setup_spec(spec)
+        self._setup_envs(create_env_fn, spec, create_env_kwargs)
+        self._setup_batch_size(frames_per_batch, spec)
+        recipe = PolicyRecipe(algo, spec.trust_policy, obs_norm, dict(td3_noise=td3_noise, td3_std_min=td3_std_min,
+                                                                      td3_std_max=td3_std_max, td3_std=td3_std))
+        acting = self._setup_policy(policy, policy_factory, recipe)
+        row = self._setup_probe(acting, spec, postproc if replay_buffer is not None else None,
+                                factory_only=policy is None and policy_factory is not None)
+        self._setup_storage(replay_buffer, row, spec)
+        self._setup_torchrl_options(
+            spec, extend_buffer=extend_buffer, postproc=postproc, update_at_each_batch=update_at_each_batch,
+            track_policy_version=track_policy_version, init_fn=init_fn, pre_collect_hook=pre_collect_hook,
+            post_collect_hook=post_collect_hook, seed=seed, torchrl_kwargs=torchrl_kwargs,
+            devices=dict(device=device, storing_device=storing_device, env_device=env_device,
+                         policy_device=policy_device))
+        self._setup_weight_sync(weight_sync_schemes, torchrl_kwargs)
+        self._metrics = CollectorMetrics(self.num_workers, self.metrics_window)
+        self._set_frame_control()
+        self.frames_lost = 0
+        self.closed = False
+        shut_down_at_exit(self)
+
+    # ------------------------------------------------------------ set-up steps
+    def _setup_spec(self, spec: CollectorSpec) -> None:
+        """The checked arguments this collector keeps as attributes, as TorchRL's collectors name them."""
+        self._spec = spec
+        self.max_worker_restarts, self.start_method = spec.max_worker_restarts, spec.start_method
+        self.metrics_window, self.num_sub_threads = spec.metrics_window, spec.num_sub_threads
+        self.exploration_type, self.nonfinite = spec.exploration_type, spec.nonfinite
+        self.max_frames_per_traj = spec.max_frames_per_traj or 0
+        self.split_trajs = spec.split_trajs
+        self.set_truncated = spec.set_truncated
+        self.trajs_per_write, self.traj_format = spec.trajs_per_write, spec.traj_format
+        self.reset_at_each_iter = False
+        self.reset_when_done = True
+
+    def _setup_envs(self, create_env_fn: Any, spec: CollectorSpec, create_env_kwargs: Any) -> None:
+        """Resolves the env argument into one source per worker, and builds worker 0's env here to look at."""
+        envs = resolve_envs(create_env_fn, spec.num_workers, spec.gym_ids, create_env_kwargs,
+                            spec.max_frames_per_traj, spec.privileged)
+        self._worker_envs, self.num_workers, self._engines, self._given_envs = (
+            envs.sources, envs.num_workers, envs.engines, envs.given)
+        probe = envs.probe_env()
         # getattr_env answers for the env as given (an unbatched env's specs have no batch dimension, as with
         # TorchRL's collectors); the workers step it with one.
         self._probe_given = probe
         self._env_view = EnvView(probe, self._live_env)
         self._env_batch_size = probe.batch_size
-        given_step_count = STEP_KEY in probe.observation_spec.keys()
-        probe = as_batched_env(probe)
-        self._probe_env = probe
-        self.num_envs = probe.batch_size[0]
+        self._given_step_count = STEP_KEY in probe.observation_spec.keys()
+        self._probe_env = as_batched_env(probe)
+        self.num_envs = self._probe_env.batch_size[0]
+
+    def _setup_batch_size(self, frames_per_batch: int | Sequence[int], spec: CollectorSpec) -> None:
+        """Frames per batch, rounded up to the env's batch size as TorchRL rounds it; the frame totals."""
         frames_per_batch = frames_per_batch_of(frames_per_batch, self.num_workers)
         if frames_per_batch % self.num_envs:
             rounded = -(-frames_per_batch // self.num_envs) * self.num_envs
             warnings.warn(
                 f"frames_per_batch ({frames_per_batch}) is not a multiple of the env's batch size "
-                f"({self.num_envs}); it has been updated to {rounded}", stacklevel=2,
+                f"({self.num_envs}); it has been updated to {rounded}", stacklevel=3,
             )
             frames_per_batch = rounded
         self.frames_per_batch = self.requested_frames_per_batch = frames_per_batch
-        recipe = PolicyRecipe(algo, bool(torchrl_kwargs.get("trust_policy")), obs_norm,
-                              dict(td3_noise=td3_noise, td3_std_min=td3_std_min, td3_std_max=td3_std_max,
-                                   td3_std=td3_std))
+        self.total_frames = round_total_frames(spec.total_frames, self.frames_per_batch)
+        self.init_random_frames = min(spec.init_random_frames, self.total_frames)
+
+    def _setup_policy(self, policy: Any, policy_factory: Callable | None, recipe: PolicyRecipe) -> nn.Module:
+        """The policy the workers act with, built from what was given as TorchRL's collectors build it."""
         # As TorchRL's collectors: a policy_factory is called in the workers only. Given alone, it is also
         # called once in a spawned process of its own, for the row a worker will write (probe_in_process).
         self._worker_policy = None if policy_factory is None else PolicyFromFactory(policy_factory, recipe)
-        policy_factory_only = policy is None and policy_factory is not None
-        built = recipe.build(policy, self._probe_given, probe)
+        self.policy_factory = policy_factory
+        built = recipe.build(policy, self._probe_given, self._probe_env)
         self._user_policy, self._acts_on_copy, self.obs_norm = built.given, built.on_copy, built.obs_norm
-        policy = built.acting
+        self.policy = built.acting
+        return built.acting
+
+    def _setup_probe(self, acting: nn.Module, spec: CollectorSpec, postproc: Callable | None,
+                     factory_only: bool) -> TensorDictBase:
+        """One step with the policy before any worker starts: the row every worker writes (``_probe``)."""
         with contextlib.ExitStack() as on_error:
             on_error.callback(self._close_probe)
-            set_truncated = bool(torchrl_kwargs.get("set_truncated"))
-            if policy_factory_only:
+            if factory_only:
                 row, self._policy_row = probe_in_process(self._worker_envs[0], self._worker_policy,
-                                                         exploration_type, set_truncated)
+                                                         spec.exploration_type, spec.set_truncated)
             else:
-                row, self._policy_row = probe_step(probe, policy, exploration_type, set_truncated=set_truncated)
-            if postproc is not None and replay_buffer is not None and written_here is None:
+                row, self._policy_row = probe_step(self._probe_env, acting, spec.exploration_type,
+                                                   set_truncated=spec.set_truncated)
+            if postproc is not None and spec.local_write_reason is None:
                 # Workers apply postproc before their buffer writes; yielded batches get it here instead.
                 row = postproc(row.unsqueeze(0))[0]
             on_error.pop_all()
-        self._row = row
         non_tensor = sorted(str(key) for key in row.keys(True) if is_non_tensor(row.get(key)))
         if non_tensor:  # a documented difference in what rows hold (docs/guide/torchrl_scripts.rst)
             warnings.warn(
                 f"the env writes non-tensor entries {non_tensor}; OffPolicyCollector's rows live in shared tensors "
                 "and leave them out (TorchRL's collectors pickle them). Encode them as tensors to keep them",
-                stacklevel=2)
-        self.total_frames = round_total_frames(total_frames, self.frames_per_batch)
-        self.init_random_frames = min(init_random_frames, self.total_frames)
-        self.exploration_type = exploration_type
-        self.policy = policy
-        self.policy_factory = policy_factory
-        self.seed = seed
-        self.nonfinite = nonfinite
+                stacklevel=3)
+        self._row = row
+        return row
+
+    def _setup_storage(self, replay_buffer: ReplayBuffer | None, row: TensorDictBase, spec: CollectorSpec) -> None:
+        """Lays the buffer's storage out from the probe's row; a buffer the workers cannot write gets a writer here."""
         self.replay_buffer = replay_buffer
+        written_here = spec.local_write_reason
         self._row_keys = prepare_storage(replay_buffer, row, self.frames_per_batch, local=written_here is not None)
         self._local: LocalBufferWriter | None = None
         if written_here is not None:
-            self._local = LocalBufferWriter(replay_buffer, self.num_envs, trajs=trajs_per_batch is not None,
-                                            trajs_per_write=trajs_per_write)
+            self._local = LocalBufferWriter(replay_buffer, self.num_envs, trajs=spec.trajs_per_batch is not None,
+                                            trajs_per_write=spec.trajs_per_write)
             _log.info(f"OffPolicyCollector: {written_here}")
         self._feed: FeedThread | None = None  # writes into the local buffer while collection runs in the background
         self._fed = 0  # frames of the batches extended into the local buffer
+        # As TorchRL's multi-process collectors: with a replay buffer, whole trajectories go into it and iteration
+        # yields None per batch; without one, BaseCollector.__iter__ assembles trajectories to yield.
+        self.trajs_per_batch = spec.trajs_per_batch if replay_buffer is None else None
+
+    def _setup_torchrl_options(self, spec: CollectorSpec, *, extend_buffer: bool, postproc: Callable | None,
+                               update_at_each_batch: bool, track_policy_version: bool, init_fn: Callable | None,
+                               pre_collect_hook: Callable | None, post_collect_hook: Callable | None,
+                               seed: int | None, torchrl_kwargs: Mapping[str, Any],
+                               devices: Mapping[str, Any]) -> None:
+        """TorchRL's options this collector honours as they are, and the parent's fields TorchRL's methods read."""
+        self.seed = seed
         self.extend_buffer = extend_buffer
         self.postproc = postproc
         self.update_at_each_batch = update_at_each_batch
-        self.max_frames_per_traj = max_frames_per_traj or 0
         self.track_policy_version = track_policy_version
         # Rows carry these for the buffer's bookkeeping; a yielded batch has them only where TorchRL's own
         # options would write them (track_policy_version; max_frames_per_traj's StepCounter).
-        counts_steps = bool(self.max_frames_per_traj) or given_step_count
+        counts_steps = bool(self.max_frames_per_traj) or self._given_step_count
         self._rows_only_keys = [key for key, kept in ((VERSION_KEY, track_policy_version), (STEP_KEY, counts_steps),
                                                       (NEXT_STEP_KEY, counts_steps)) if not kept]
-        self.split_trajs = bool(split_trajs)
-        if self.split_trajs and replay_buffer is not None:
-            raise ValueError(
-                "split_trajs=True splits the batches this collector yields; with a replay_buffer, workers write "
-                "flat transitions and iteration yields None. Pass split_trajs=False, or no replay_buffer"
-            )
-        self.reset_at_each_iter = False
-        self.reset_when_done = True
-        # As TorchRL's multi-process collectors: with a replay buffer, whole trajectories go into it and iteration
-        # yields None per batch; without one, BaseCollector.__iter__ assembles trajectories to yield.
-        self.trajs_per_batch = trajs_per_batch if replay_buffer is None else None
-        self.trajs_per_write, self.traj_format = trajs_per_write, traj_format
         self._stream_base = 0  # the workers' first seed stream (trajectory ids); load_state_dict moves it on
         self.init_fn = init_fn
         self._pre_collect_hook, self._post_collect_hook = pre_collect_hook, post_collect_hook
         # TorchRL's per-worker device tuples. Workers act and store on CPU whatever these name; a yielded batch
         # goes to the storing device (_batches.to_storing_device).
-        self.storing_device, self.policy_device, self.env_device = MultiAsyncCollector._get_devices(
-            self, storing_device=storing_device, policy_device=policy_device, env_device=env_device, device=device)
+        self.storing_device, self.policy_device, self.env_device = MultiAsyncCollector._get_devices(self, **devices)
         self.worker_idx = torchrl_kwargs.get("worker_idx")
-        self.set_truncated = bool(torchrl_kwargs.get("set_truncated", False))
         self._weight_updater = None
         self._profile_config = None
         self._iterator = None
@@ -453,6 +467,10 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         self._iter = -1
         self._running_free = False
         self._started = False
+
+    def _setup_weight_sync(self, weight_sync_schemes: Mapping[str, WeightSyncScheme] | None,
+                           torchrl_kwargs: Mapping[str, Any]) -> None:
+        """The workers' weights (ours, or TorchRL's scheme on our block), and TorchRL's other weight paths."""
         self._scheme = self._setup_scheme(weight_sync_schemes)
         # As TorchRL's collectors: the schemes as given (ours by default); an adapter of TorchRL's runs in _scheme.
         self._weight_sync_schemes = {"policy": getattr(self._scheme, "scheme", None) or self._scheme}
@@ -461,13 +479,7 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         if torchrl_kwargs.get("weight_recv_schemes") is not None:
             # As MultiCollector: receivers are registered at construction, and connect before collection.
             self.register_scheme_receiver(torchrl_kwargs["weight_recv_schemes"])
-        self._metrics = CollectorMetrics(self.num_workers, self.metrics_window)
-        self._set_frame_control()
-        self.frames_lost = 0
-        self.closed = False
-        shut_down_at_exit(self)
 
-    # ------------------------------------------------------------ set-up bits
     def _set_frame_control(self) -> None:
         """Shares the random frames still to collect among the workers and sets the frame accounting up.
 
@@ -762,17 +774,11 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         what the workers are allowed to collect (call :meth:`start` or
         :meth:`allow_frames` first).
         """
-        if frames > self._total_to_write:
-            restored = f" less the {self._restored} restored by load_state_dict" if self._restored else ""
-            raise ValueError(f"wait_for_frames({frames}) can never return: total_frames is {self.total_frames}"
-                             f"{restored}")
+        check_wait(frames, total_frames=self.total_frames, restored=self._restored, reachable=frames,
+                   background=True)
         self._ensure_started()
-        allowed = self._control.allowed
-        if frames > allowed and not self._running_free:
-            raise ValueError(
-                f"wait_for_frames({frames}) can never return: workers may collect {allowed} frames so far; "
-                "call start() or allow_frames() first (or iterate over the collector)"
-            )
+        check_wait(frames, total_frames=self.total_frames, restored=self._restored,
+                   reachable=self._control.allowed, background=self._running_free)
         self._start_feed()  # a local buffer needs a writer while this waits
         return self._wait(lambda: self._buffer_frames >= frames, timeout)
 
@@ -840,9 +846,13 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
                                                      synchronize_weights=synchronize_weights)
 
     def receive_weights(self, *args: Any, **kwargs: Any) -> None:
-        """Receives weights through the schemes :meth:`register_scheme_receiver` registered, as TorchRL does."""
+        """Receives weights through the schemes :meth:`register_scheme_receiver` registered, as TorchRL does.
+
+        Without such a scheme this collector is the sender of its workers' weights, and this raises
+        ``NotImplementedError``.
+        """
         if not getattr(self, "_receiver_schemes", None):
-            raise RuntimeError("OffPolicyCollector receives weights only through the schemes given as "
+            raise NotImplementedError("OffPolicyCollector receives weights only through the schemes given as "
                                "weight_recv_schemes or to register_scheme_receiver(); call update_policy_weights_() "
                                "to publish the learner's weights")
         MultiAsyncCollector.receive_weights(self, *args, **kwargs)
@@ -983,7 +993,7 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         traj_pool = state_dict.get("traj_pool")
         if traj_pool is not None and not self._started:
             # The first seed stream whose trajectory ids all lie at or above the saved first free id.
-            block = self.num_workers << _STREAM_TRAJ_BITS
+            block = self.num_workers << STREAM_TRAJ_BITS
             self._stream_base = max(self._stream_base, -(-int(traj_pool["traj_id"]) // block))
         if not self._started:
             self._set_frame_control()
@@ -994,7 +1004,7 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         Worker ``i`` on seed stream ``s`` numbers its trajectories ``(s * 2**32 + k) * num_workers + i``.
         """
         restarts = max(self._pool.restarts) if self._pool is not None else 0
-        return ((self._stream_base + restarts + 1) << _STREAM_TRAJ_BITS) * self.num_workers
+        return ((self._stream_base + restarts + 1) << STREAM_TRAJ_BITS) * self.num_workers
 
     # ---------------------------------------------------------------- closing
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:

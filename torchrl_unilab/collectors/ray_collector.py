@@ -39,6 +39,7 @@ from torchrl.envs.utils import ExplorationType
 
 from torchrl_unilab._checks import check_int
 from torchrl_unilab._residue import pid_alive
+from torchrl_unilab.collectors._control import check_wait, node_traj_ids, split_random_frames
 from torchrl_unilab.collectors._processes import WorkerError, _remove_fork_server_dir, sweep_stale_fork_server_dirs
 from torchrl_unilab.collectors._worker import TRAJ_KEY, VERSION_KEY
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
@@ -50,9 +51,6 @@ from torchrl_unilab.weight_update.weight_sync_scheme import _flat_weights
 __all__ = ["NodeError", "RayNodeCollector", "RayOffPolicyCollector"]
 
 ON_NODE_FAILURE = ("raise", "continue")
-#: A replacement node's trajectories are numbered from ``node_stream << _NODE_STREAM_TRAJ_BITS``
-#: (above every id its workers' own seed streams use).
-_NODE_STREAM_TRAJ_BITS = 44
 
 # RayCollector passes these MultiAsyncCollector arguments to every remote
 # collector, at its own defaults; a node only takes them at those values.
@@ -204,8 +202,7 @@ class RayNodeCollector(OffPolicyCollector):
         error = None
         try:
             for batch in super().iterator():
-                batch[TRAJ_KEY] = (batch[TRAJ_KEY] + (self.node_stream << _NODE_STREAM_TRAJ_BITS)) * self.num_nodes \
-                    + self.worker_idx
+                batch[TRAJ_KEY] = node_traj_ids(batch[TRAJ_KEY], self.node_stream, self.num_nodes, self.worker_idx)
                 if self.version_offset:
                     version = batch[VERSION_KEY]
                     batch[VERSION_KEY] = torch.where(version > 0, version + self.version_offset, version)
@@ -375,8 +372,8 @@ class RayOffPolicyCollector(RayCollector):
         self._local_buffer = None
         if replay_buffer is not None and getattr(replay_buffer, "service_backend", None) != "ray":
             self._local_buffer, replay_buffer = replay_buffer, None
-        share, rem = divmod(init_random_frames, num_nodes)
-        self._node_random_frames = [share + (i < rem) for i in range(num_nodes)]
+        # Frame by frame: each node then shares its part among its workers in whole batches of its own.
+        self._node_random_frames = split_random_frames(init_random_frames, num_nodes, 1)
         self.seed, self.num_nodes, self.max_node_restarts = seed, num_nodes, max_node_restarts
         # Each node's seed streams take blocks of seeds wide enough for its workers' own restarts.
         self._seed_block = num_workers * num_envs * (int(kwargs.get("max_worker_restarts", 0)) + 1)
@@ -668,11 +665,8 @@ class RayOffPolicyCollector(RayCollector):
         (call :meth:`start` or :meth:`allow_frames` first).
         """
         self._raise_if_failed()
-        if frames > self.total_frames:
-            raise ValueError(f"wait_for_frames({frames}) can never return: total_frames is {self.total_frames}")
-        if self._collection_thread is None and frames > self._written:
-            raise ValueError(f"wait_for_frames({frames}) can never return: {self._written} frames are written and "
-                             "nothing collects in the background; call start() or allow_frames() first")
+        check_wait(frames, total_frames=self.total_frames, reachable=self._written,
+                   background=self._collection_thread is not None)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while self._written < frames:

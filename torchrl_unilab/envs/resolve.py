@@ -11,31 +11,76 @@ whether a TorchRL stack runs on EnvPool, and adds the collector's own transforms
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import cloudpickle
-from torchrl.envs import EnvBase, ParallelEnv, SerialEnv, StepCounter, TransformedEnv
+from torchrl.envs import EnvBase, ParallelEnv, SerialEnv, StepCounter, Transform, TransformedEnv
 
 from torchrl_unilab._checks import check_int
 from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.envs.torchrl_stack import choose_env_stack
 
-__all__ = ["BatchOfOne", "as_batched_env"]
+__all__ = ["BatchOfOne", "GymIdOptions", "ResolvedEnvs", "as_batched_env", "resolve_envs"]
 
 _log = logging.getLogger("torchrl.unilab")
 
 
-def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_env_kwargs, max_frames_per_traj,
-                  privileged) -> tuple[list, int, list[str], list[EnvBase], EnvBase | None]:
+@dataclasses.dataclass(frozen=True)
+class GymIdOptions:
+    """How a gymnasium, Playground or Control Suite id is built (:func:`~torchrl_unilab.make_gym_id_env`).
+
+    Examples:
+        >>> GymIdOptions(num_envs=4).engine
+        'auto'
+    """
+
+    num_envs: int = 16
+    env_kwargs: Mapping[str, Any] | None = None
+    stagger_resets: bool = True
+    engine: str = "auto"
+    threads: int = 1
+
+
+@dataclasses.dataclass
+class ResolvedEnvs:
+    """What :func:`resolve_envs` makes of a collector's env argument.
+
+    Attributes:
+        sources: one per worker: a factory (run in the worker process) or a live instance (run in a thread).
+        num_workers: how many workers, checked (a list of envs sets it).
+        engines: what steps each worker's envs (``"envpool"``, ``"gymnasium"``, ``"torchrl"``).
+        given: the env instances the user gave; the collector closes them.
+        probe: worker 0's env where a factory of it was called here already, else ``None``.
+    """
+
+    sources: list
+    num_workers: int
+    engines: list[str]
+    given: list[EnvBase]
+    probe: EnvBase | None
+
+    def probe_env(self) -> EnvBase:
+        """Worker 0's env, built here where :func:`resolve_envs` did not build it already."""
+        if self.probe is not None:
+            return self.probe
+        first = self.sources[0]
+        return first if isinstance(first, EnvBase) else first()
+
+
+def resolve_envs(create_env_fn: Any, num_workers: int | None, gym_ids: GymIdOptions, create_env_kwargs: Any,
+                 max_frames_per_traj: int | None, privileged: Transform | None) -> ResolvedEnvs:
     """One env source per worker: a factory (run in a process) or a live instance (run in a thread).
 
-    ``gym_ids`` holds the options of gymnasium ids: ``num_envs``, ``env_kwargs``,
-    ``stagger_resets``, ``engine`` and ``threads``. Returns the sources, the number of
-    workers, each worker's engine, the env instances given (the collector closes them),
-    and worker 0's env if a factory of it was called here already (else ``None``).
+    ``gym_ids`` says how a gymnasium id in ``create_env_fn`` is built.
+
+    Examples:
+        >>> resolved = resolve_envs("Pendulum-v1", 2, GymIdOptions(num_envs=2), None, None, None)
+        >>> resolved.num_workers, resolved.engines, resolved.probe is None
+        (2, ['gymnasium', 'gymnasium'], True)
     """
     many = isinstance(create_env_fn, Sequence) and not isinstance(create_env_fn, str)
     items = list(create_env_fn) if many else None
@@ -51,7 +96,7 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
     if not many:
         if isinstance(create_env_fn, EnvBase) and num_workers > 1:
             # Decided once here and reused below (an instance takes no create_env_kwargs).
-            choice = choices[(id(create_env_fn), "[]")] = choose_env_stack(create_env_fn, gym_ids["engine"],
+            choice = choices[(id(create_env_fn), "[]")] = choose_env_stack(create_env_fn, gym_ids.engine,
                                                                            privileged)
             if choice.plan is None:
                 # TorchRL's collectors pickle the instance into each worker; so do we (a stack
@@ -70,7 +115,7 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
             if isinstance(item, str):
                 if kwargs:
                     raise ValueError("create_env_kwargs applies to env factories; for a gymnasium id use env_kwargs")
-                options = dict(gym_ids)
+                options = dataclasses.asdict(gym_ids)
                 check_int("num_envs", options["num_envs"], 1)
                 if max_frames_per_traj:
                     options["env_kwargs"] = {**(options["env_kwargs"] or {}), "max_episode_steps": max_frames_per_traj}
@@ -88,7 +133,7 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
                     copies[key] = source if isinstance(source, EnvBase) else _FactoryCopy.of(source)
                 unstarted = copies[key]
                 if key not in choices:
-                    choices[key] = choose_env_stack(source, gym_ids["engine"], privileged)
+                    choices[key] = choose_env_stack(source, gym_ids.engine, privileged)
                     built = choices[key].env  # a factory's env, looked at and kept as it is
                     if built is not None and idx == 0:
                         probe = built  # worker 0's probe: the factory is not called twice here
@@ -127,7 +172,7 @@ def _resolve_envs(create_env_fn, num_workers, gym_ids: dict[str, Any], create_en
     for item in items:
         if isinstance(item, EnvBase) and all(item is not env for env in given):
             given.append(item)
-    return out, num_workers, engines, given, probe
+    return ResolvedEnvs(out, num_workers, engines, given, probe)
 
 
 class _FactoryCopy:
