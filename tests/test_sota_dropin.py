@@ -176,3 +176,18 @@ def test_a_rendering_script_runs_on_egl_unless_the_user_chose_a_gl(checkout, tmp
                                      trainer_collector=sota_dropin.SWAP_TARGET, trainer_import=None, stock=True)
         assert result.status == "ok"
         assert expected in (out / "sac" / "sota_dropin.log").read_text()
+
+
+@pytest.mark.parametrize("compile_on", [False, True])
+def test_scripts_keep_their_own_devices_and_compile_turns_on_their_compile(compile_on):
+    """No override names a device (the scripts pick cuda:0 on a GPU machine, as their users run them), but for the
+    td3 trainer's stock Apple-only ``mps``; --compile turns on compile.compile wherever the script has it."""
+    budget = sota_dropin.Budget(3000, 2, 0.1, compile=compile_on)
+    for script in sota_dropin.SCRIPTS:
+        overrides = script.overrides(budget)
+        devices = [o for o in overrides if "device=" in o and o != "collector.device="]
+        assert devices == ([] if script.name != "td3_trainer" else
+                           ["networks.policy_network.device=cpu", "networks.qvalue_network.device=cpu"]), script.name
+        assert not any(o.startswith(("compile.compile=false", "compile.cudagraphs")) for o in overrides)
+        has_compile = script.name not in ("redq",) and not script.trainer
+        assert ("compile.compile=true" in overrides) == (compile_on and has_compile), script.name
