@@ -40,6 +40,7 @@ from torchrl.envs import GymEnv, Transform, TransformedEnv  # noqa: E402
 from torchrl_unilab import BatchedGymEnv, OffPolicyCollector, make_replay_buffer  # noqa: E402
 from torchrl_unilab._residue import multiprocessing_helpers, pid_alive, sweep_stale  # noqa: E402
 from torchrl_unilab.collectors.ray_collector import NodeError, RayOffPolicyCollector  # noqa: E402
+from torchrl_unilab.weight_update.weight_sync import sweep_stale_blocks  # noqa: E402
 
 # Ray actors unpickle this module's env factories (and conftest's fault transform) without importing them.
 for _module in (sys.modules[__name__], conftest):
@@ -177,12 +178,19 @@ def pendulum() -> GymEnv:
     return GymEnv("Pendulum-v1")
 
 
+def node_pids(collector) -> list[int]:
+    """The processes of TorchRL's RayCollector's node actors."""
+    return [pid for actor in collector.remote_collectors
+            for pid in [ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))]]
+
+
 def test_torchrl_ray_collector_runs_our_class_and_updates_its_weights():
     """TorchRL's own RayCollector with collector_class=OffPolicyCollector: each node builds our collector, receives
     the learner's weights through TorchRL's RayWeightSyncScheme (register_scheme_receiver), and publishes them to
     its workers."""
     from torchrl.collectors.distributed import RayCollector
 
+    before = shm_entries()
     policy = linear_policy(3, 1)
     collector = RayCollector([pendulum], policy, collector_class=OffPolicyCollector,
                              collector_kwargs={"num_envs": 1}, num_collectors=1, frames_per_batch=64,
@@ -199,8 +207,15 @@ def test_torchrl_ray_collector_runs_our_class_and_updates_its_weights():
         collector.update_policy_weights_()
         # batches already collected with the old weights may still arrive; one with the new ones follows
         assert any(torch.allclose(next(batches)["action"], torch.tanh(torch.tensor(0.5))) for _ in range(6))
+        pids = node_pids(collector)
     finally:
         collector.shutdown()
+    # RayCollector ends its nodes with ray.kill: a node's weight block, named after its pid, is what is left, and
+    # the next block created on the machine (or sweep_stale_blocks) removes it
+    assert wait_until(lambda: gone(pids), timeout=15)
+    left = sorted(shm_entries() - before)
+    assert all(any(entry.startswith(f"tul_w_{pid}_") for pid in pids) for entry in left), left
+    assert sorted(sweep_stale_blocks()) == left
 
 
 def test_a_node_built_in_the_learners_process_keeps_its_fork_server():

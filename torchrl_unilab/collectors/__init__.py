@@ -13,10 +13,3 @@ from torchrl_unilab.collectors._processes import WorkerError
 from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.collectors.trace import PhaseTimer
-
-__all__ = [
-    "CollectorMetrics",
-    "OffPolicyCollector",
-    "PhaseTimer",
-    "WorkerError",
-]

@@ -245,6 +245,9 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
     #: Yield batches as TorchRL's collectors do (``[*env.batch_size, T]``, TorchRL's keys); a subclass that
     #: forwards the workers' flat rows with their bookkeeping (the Ray node collector) turns it off.
     _yields_torchrl_batches = True
+    #: Say in the log how TorchRL's receiving schemes reach the workers; the Ray node collector, whose driver
+    #: says it for every node, does not.
+    _says_how_weights_arrive = True
 
     def __init__(
         self,
@@ -841,7 +844,7 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         which publishes them to the workers
         (:func:`~torchrl_unilab.weight_update.torchrl_schemes.bind_receiver_schemes`).
         """
-        bind_receiver_schemes(self, weight_recv_schemes, self._receiving_model())
+        bind_receiver_schemes(self, weight_recv_schemes, self._receiving_model(), log=self._says_how_weights_arrive)
         MultiAsyncCollector.register_scheme_receiver(self, weight_recv_schemes,
                                                      synchronize_weights=synchronize_weights)
 

@@ -196,6 +196,7 @@ class RayNodeCollector(OffPolicyCollector):
 
     #: The driver (RayOffPolicyCollector) reads the rows' policy versions and trajectory ids.
     _yields_torchrl_batches = False
+    _says_how_weights_arrive = False
 
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """Yields each batch of ``frames_per_batch`` transitions (``None`` once written to a ``RayReplayBuffer``)."""

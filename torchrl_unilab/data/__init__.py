@@ -11,14 +11,3 @@ from torchrl_unilab.data.buffer_writer import BufferLock, CommitWriter
 from torchrl_unilab.data.postprocs import MultiStepWithDone
 from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.data.replay_buffer import buffer_lock, init_storage, make_replay_buffer
-
-__all__ = [
-    "BufferLock",
-    "BufferSampler",
-    "CommitWriter",
-    "MultiStepWithDone",
-    "SharedPrioritizedSampler",
-    "buffer_lock",
-    "init_storage",
-    "make_replay_buffer",
-]

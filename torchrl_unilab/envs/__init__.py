@@ -15,19 +15,3 @@ from torchrl_unilab.envs.envpool_env import EnvPoolEnv, make_gym_id_env, select_
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
 from torchrl_unilab.envs.task_families import ObservationLayout, TaskFamily, observation_layout, task_family
 from torchrl_unilab.envs.torchrl_stack import EnvStackPlan, recognise_env_stack
-
-__all__ = [
-    "BatchedGymEnv",
-    "BatchedTaskEnv",
-    "EnvPoolEnv",
-    "EnvStackPlan",
-    "ObservationLayout",
-    "PrivilegedInfoTransform",
-    "TaskFamily",
-    "make_gym_env",
-    "make_gym_id_env",
-    "observation_layout",
-    "recognise_env_stack",
-    "select_engine",
-    "task_family",
-]

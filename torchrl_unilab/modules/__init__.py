@@ -15,14 +15,3 @@ from torchrl_unilab.modules.exploration import (
 )
 from torchrl_unilab.modules.models import make_actor, make_critic
 from torchrl_unilab.modules.normalization import ObservationNormalizer
-
-__all__ = [
-    "ActionProjection",
-    "ObservationNormalizer",
-    "PerEnvMixedNoise",
-    "make_actor",
-    "make_collector_policy",
-    "make_critic",
-    "make_exploration_policy",
-    "sample_offpolicy_actions",
-]

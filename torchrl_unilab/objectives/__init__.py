@@ -8,8 +8,3 @@ Example:
 
 from torchrl_unilab.objectives._fast_loss import tensor_loss
 from torchrl_unilab.objectives.target_update import ForeachSoftUpdate
-
-__all__ = [
-    "ForeachSoftUpdate",
-    "tensor_loss",
-]

@@ -10,11 +10,3 @@ Example:
 from torchrl_unilab.weight_update.torchrl_schemes import TorchRLSchemeAdapter, as_seqlock_scheme
 from torchrl_unilab.weight_update.weight_sync import SharedWeights, layout_of
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme
-
-__all__ = [
-    "SeqlockWeightSyncScheme",
-    "SharedWeights",
-    "TorchRLSchemeAdapter",
-    "as_seqlock_scheme",
-    "layout_of",
-]

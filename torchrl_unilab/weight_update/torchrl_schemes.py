@@ -116,12 +116,14 @@ def as_weight_updater(value: Any, collector: Any) -> WeightUpdaterBase | None:
     return value
 
 
-def bind_receiver_schemes(collector: Any, schemes: Mapping[str, WeightSyncScheme], model: nn.Module | None) -> None:
+def bind_receiver_schemes(collector: Any, schemes: Mapping[str, WeightSyncScheme], model: nn.Module | None,
+                          log: bool = True) -> None:
     """Initialises TorchRL's receiving schemes on ``collector``, each applying what it receives to ``model``.
 
     ``model`` is the policy the learner's weights are for (the one given to the collector, not the exploration or
     normalisation wrapped around it). The scheme then calls ``collector.update_policy_weights_(model_id="policy",
-    policy_or_weights=...)``, which publishes the weights to the workers. Logged once.
+    policy_or_weights=...)``, which publishes the weights to the workers. Logged once, unless ``log`` is false (a
+    node whose driver already says how weights travel).
 
     Examples:
         >>> import torch
@@ -148,8 +150,9 @@ def bind_receiver_schemes(collector: Any, schemes: Mapping[str, WeightSyncScheme
             scheme.init_on_receiver(model_id=model_id, context=collector, worker_idx=collector.worker_idx)
         if model is not None:
             scheme.model = model
-        _log.info(f"OffPolicyCollector: receives the policy's weights through {type(scheme).__name__}; each "
-                  "update is published to every worker through the shared-memory seqlock block")
+        if log:
+            _log.info(f"OffPolicyCollector: receives the policy's weights through {type(scheme).__name__}; each "
+                      "update is published to every worker through the shared-memory seqlock block")
 
 
 class TorchRLSchemeAdapter(SeqlockWeightSyncScheme):
