@@ -144,6 +144,7 @@ class CollectorSpec:
         max_frames_per_traj: ``None`` for TorchRL's "no limit" (``None``, or 0 or below).
         local_write_reason: why this process extends ``replay_buffer`` rather than the workers, or ``None``.
         gym_ids: how a gymnasium id in ``create_env_fn`` is built.
+        devices: TorchRL's four device arguments, by name, as given (each checked).
     """
 
     num_workers: int | None
@@ -165,6 +166,7 @@ class CollectorSpec:
     split_trajs: bool
     set_truncated: bool
     trust_policy: bool
+    devices: Mapping[str, Any]
 
 
 def check_arguments(
@@ -235,4 +237,5 @@ def check_arguments(
         split_trajs=bool(split_trajs),
         set_truncated=bool(torchrl_kwargs.get("set_truncated")),
         trust_policy=bool(torchrl_kwargs.get("trust_policy")),
+        devices={name: devices.get(name) for name in DEVICE_PARAMS},
     )

@@ -332,9 +332,7 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         self._setup_torchrl_options(
             spec, extend_buffer=extend_buffer, postproc=postproc, update_at_each_batch=update_at_each_batch,
             track_policy_version=track_policy_version, init_fn=init_fn, pre_collect_hook=pre_collect_hook,
-            post_collect_hook=post_collect_hook, seed=seed, torchrl_kwargs=torchrl_kwargs,
-            devices=dict(device=device, storing_device=storing_device, env_device=env_device,
-                         policy_device=policy_device))
+            post_collect_hook=post_collect_hook, seed=seed, torchrl_kwargs=torchrl_kwargs)
         self._setup_weight_sync(weight_sync_schemes, torchrl_kwargs)
         self._metrics = CollectorMetrics(self.num_workers, self.metrics_window)
         self._set_frame_control()
@@ -345,7 +343,6 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
     # ------------------------------------------------------------ set-up steps
     def _setup_spec(self, spec: CollectorSpec) -> None:
         """The checked arguments this collector keeps as attributes, as TorchRL's collectors name them."""
-        self._spec = spec
         self.max_worker_restarts, self.start_method = spec.max_worker_restarts, spec.start_method
         self.metrics_window, self.num_sub_threads = spec.metrics_window, spec.num_sub_threads
         self.exploration_type, self.nonfinite = spec.exploration_type, spec.nonfinite
@@ -440,8 +437,7 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
     def _setup_torchrl_options(self, spec: CollectorSpec, *, extend_buffer: bool, postproc: Callable | None,
                                update_at_each_batch: bool, track_policy_version: bool, init_fn: Callable | None,
                                pre_collect_hook: Callable | None, post_collect_hook: Callable | None,
-                               seed: int | None, torchrl_kwargs: Mapping[str, Any],
-                               devices: Mapping[str, Any]) -> None:
+                               seed: int | None, torchrl_kwargs: Mapping[str, Any]) -> None:
         """TorchRL's options this collector honours as they are, and the parent's fields TorchRL's methods read."""
         self.seed = seed
         self.extend_buffer = extend_buffer
@@ -458,7 +454,8 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         self._pre_collect_hook, self._post_collect_hook = pre_collect_hook, post_collect_hook
         # TorchRL's per-worker device tuples. Workers act and store on CPU whatever these name; a yielded batch
         # goes to the storing device (_batches.to_storing_device).
-        self.storing_device, self.policy_device, self.env_device = MultiAsyncCollector._get_devices(self, **devices)
+        devices = MultiAsyncCollector._get_devices(self, **spec.devices)
+        self.storing_device, self.policy_device, self.env_device = devices
         self.worker_idx = torchrl_kwargs.get("worker_idx")
         self._weight_updater = None
         self._profile_config = None
