@@ -359,6 +359,29 @@ def test_startup_sweeps_what_a_killed_process_left(no_leaks):
     assert os.path.isdir(os.path.join(tempfile.gettempdir(), os.path.basename(rb._torchrl_unilab_owned_dir)))  # noqa: SLF001
 
 
+def test_a_zombies_weight_block_is_swept_before_its_parent_reaps_it(no_leaks):
+    """An exited process not yet reaped (Ray's ray.kill can leave a node actor so) owns nothing any more: the sweep
+    removes its block then, not only once its parent has waited for it."""
+    from torchrl_unilab._residue import pid_alive, running
+    from torchrl_unilab.weight_update.weight_sync import SharedWeights, sweep_stale_blocks
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # creates a weight block and exits at once: no cleanup runs
+        weights = SharedWeights.create(torch.nn.Linear(2, 2))
+        os.write(write, weights.name.encode())
+        os._exit(0)
+    try:
+        name = os.read(read, 100).decode()
+        assert wait_until(lambda: not running(pid), timeout=10) and pid_alive(pid), "the child is not a zombie"
+        assert name in sweep_stale_blocks()
+        assert not os.path.exists(f"/dev/shm/{name}")
+    finally:
+        os.waitpid(pid, 0)
+        os.close(read)
+        os.close(write)
+
+
 def test_function_level_crash_mid_run_with_a_full_queue_keeps_its_traceback(no_leaks):
     from test_worker_api import CTX, ENV, learner_side
 

@@ -38,7 +38,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter  # no
 from torchrl.envs import GymEnv, Transform, TransformedEnv  # noqa: E402
 
 from torchrl_unilab import BatchedGymEnv, OffPolicyCollector, make_replay_buffer  # noqa: E402
-from torchrl_unilab._residue import multiprocessing_helpers, pid_alive, sweep_stale  # noqa: E402
+from torchrl_unilab._residue import multiprocessing_helpers, running, sweep_stale  # noqa: E402
 from torchrl_unilab.collectors.ray_collector import NodeError, RayOffPolicyCollector  # noqa: E402
 from torchrl_unilab.weight_update.weight_sync import sweep_stale_blocks  # noqa: E402
 
@@ -105,8 +105,8 @@ def node_processes(collector: RayOffPolicyCollector) -> list[int]:
 
 
 def gone(pids: list[int]) -> bool:
-    table = _proc_table()
-    return all(pid not in table or table[pid][1] == "Z" for pid in pids)
+    """Every one of ``pids`` has exited (a zombie awaiting its reaper counts as exited)."""
+    return not any(running(pid) for pid in pids)
 
 
 def test_two_nodes_fill_the_learner_buffer_and_a_publish_reaches_them():
@@ -314,18 +314,14 @@ def test_nodes_write_to_a_ray_replay_buffer_and_lost_nodes_are_reported():
     finally:
         collector.shutdown(raise_on_error=False)
         rrb.shutdown()
-    assert wait_until(lambda: gone(pids), timeout=15)
     # a killed actor cannot remove its scratch buffer directory nor its weight block; the next collector
     # to start sweeps them (by their dead creator's pid), as the test does here
-    wait_until(lambda: not any(pid_alive(pid) for pid in pids), timeout=10)  # reaped: no longer a zombie
-    sweep_stale(tempfile.gettempdir(), "torchrl_unilab_rb_")
-    sweep_stale("/dev/shm", "tul_w_")
+    reap_killed_nodes(pids)
 
 
 def reap_killed_nodes(pids: list[int]) -> None:
     """The killed node actors' processes are gone; what they could not remove is swept, as the next collector does."""
     assert wait_until(lambda: gone(pids), timeout=15), "a lost node's processes outlived it"
-    wait_until(lambda: not any(pid_alive(pid) for pid in pids), timeout=10)  # reaped: no longer a zombie
     sweep_stale(tempfile.gettempdir(), "torchrl_unilab_rb_")
     sweep_stale("/dev/shm", "tul_w_")
 

@@ -13,7 +13,10 @@ import re
 import shutil
 from pathlib import Path
 
-__all__ = ["command_line", "live_processes", "multiprocessing_helpers", "pid_alive", "sweep_stale", "worker_processes"]
+__all__ = [
+    "command_line", "live_processes", "multiprocessing_helpers", "pid_alive", "running", "sweep_stale",
+    "worker_processes",
+]
 
 
 def pid_alive(pid: int) -> bool:
@@ -32,6 +35,25 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's live process
     return True
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited: a zombie awaiting its reaper counts as exited.
+
+    A zombie holds no memory mapping and runs no code, so what it named after
+    its pid is as orphaned as a dead process's.
+
+    Examples:
+        >>> running(os.getpid()), running(2**22 + 1)  # the second is above Linux's pid_max
+        (True, False)
+    """
+    if not pid_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return pid_alive(pid)  # no /proc entry to read: trust the signal probe
 
 
 def live_processes(*, parent: int | None = None, session: int | None = None) -> set[int]:
@@ -115,10 +137,12 @@ def command_line(pid: int) -> bytes:
 
 
 def sweep_stale(directory: str | os.PathLike, prefix: str) -> list[str]:
-    """Removes entries ``{prefix}{pid}_...`` of ``directory`` whose ``pid`` is dead; returns their names.
+    """Removes entries ``{prefix}{pid}_...`` of ``directory`` whose ``pid`` has exited; returns their names.
 
-    Only entries owned by this user are touched; a pid reused by an unrelated
-    live process keeps its entry (the safe side).
+    A zombie's entries go too (see :func:`running`): Ray's ``ray.kill`` can
+    leave an actor unreaped for a while. Only entries owned by this user are
+    touched; a pid reused by an unrelated live process keeps its entry (the
+    safe side).
 
     Examples:
         >>> import tempfile
@@ -137,7 +161,7 @@ def sweep_stale(directory: str | os.PathLike, prefix: str) -> list[str]:
     uid = os.getuid()
     for entry in entries:
         match = pattern.match(entry.name)
-        if match is None or pid_alive(int(match.group(1))):
+        if match is None or running(int(match.group(1))):
             continue
         try:
             if entry.stat(follow_symlinks=False).st_uid != uid:
