@@ -6,13 +6,16 @@ Real worker processes and envs; the weight checks read the actions the workers w
 from __future__ import annotations
 
 import functools
+import time
 
 import pytest
 import torch
 from conftest import linear_policy
 from tensordict import TensorDict
+from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.collectors.weight_update import RemoteModuleWeightUpdater, WeightUpdaterBase
+from torchrl.envs import GymEnv, SerialEnv
 
 from torchrl_unilab import OffPolicyCollector, make_replay_buffer
 
@@ -201,3 +204,47 @@ def test_load_state_dict_takes_torchrls_strict_flag(no_leaks):
             collector.load_state_dict({**state, "worker0": {"policy_state_dict": weights}})
         collector.load_state_dict({**state, "worker0": {"policy_state_dict": weights}}, strict=False)
         assert torch.equal(fresh.module[0].weight, policy.module[0].weight)
+
+
+#: (start, end) of each call of a RecordingPolicy copy in this process: a thread worker's copy appends here
+POLICY_CALLS: list[tuple[float, float]] = []
+
+
+class RecordingPolicy(TensorDictModuleBase):
+    """A policy module the tensor path does not know: the worker calls it under tensordict's exploration type."""
+
+    in_keys, out_keys = ["observation"], ["action"]
+
+    def forward(self, td):
+        start = time.monotonic()
+        td.set("action", torch.zeros(*td.batch_size, 1))
+        POLICY_CALLS.append((start, time.monotonic()))
+        return td
+
+
+@pytest.mark.parametrize("policy", ["module", "tensor path"])
+def test_an_env_instance_acts_through_a_module_only_while_the_consumer_waits(policy, no_leaks):
+    """tensordict's exploration type is process-wide, and compiled losses guard on it (TorchRL's crossq.py and
+    discrete_sac.py with compile.compile=true): a thread-stepped env instance whose policy goes through TensorDict
+    modules acts only inside next(), one batch at a time, as TorchRL's Collector; on the tensor path, which reads
+    no such setting, it still collects the next batch while the consumer trains."""
+    POLICY_CALLS.clear()
+    env = SerialEnv(2, functools.partial(GymEnv, "Pendulum-v1"))
+    actor = RecordingPolicy() if policy == "module" else linear_policy(3, 1)
+    collector = OffPolicyCollector(env, actor, frames_per_batch=32, total_frames=32 * 4)
+    training = []  # (start, end, frames collected past those consumed at the end) of each update
+    try:
+        for consumed, batch in enumerate(collector, 1):
+            assert batch.numel() == 32
+            start = time.monotonic()
+            time.sleep(0.5)  # the learner's update
+            training.append((start, time.monotonic(), collector.metrics()["frames"] - 32 * consumed))
+    finally:
+        collector.shutdown()
+    if policy == "module":
+        calls = [(a, b) for a, b in POLICY_CALLS if a > training[0][0]]  # the probe's call comes before any
+        assert len(calls) >= 3 * 16  # the three batches after the first, 2 envs a call
+        assert not [c for c in calls for t in training if c[1] > t[0] and c[0] < t[1]]
+        assert all(ahead == 0 for _, _, ahead in training)
+    else:
+        assert any(ahead > 0 for _, _, ahead in training[:-1])

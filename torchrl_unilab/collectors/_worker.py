@@ -254,11 +254,8 @@ class WorkerLoop:
         # An unbatched env is stepped with a batch dimension of one; its policy sees rows without one, as in
         # TorchRL's collectors (a RandomPolicy or spec-shaped module built from the env's unbatched spec).
         self.unbatched = isinstance(env, BatchOfOne)
-        self.fast_policy = None
         self.action = ActionEntry(env)
-        if (cfg.exploration_type == ExplorationType.RANDOM and not self.unbatched and self.action.key == "action"
-                and _reads_env_keys_only(policy, env)):
-            self.fast_policy = tensor_policy(policy)
+        self.fast_policy = tensor_path(policy, env, cfg.exploration_type)
         self.policy_keys = [] if cfg.policy_row is None else list(cfg.policy_row.keys(True, True))
         #: the policy's keys that the env leaves out of its transitions (found on the first step), copied in
         self._policy_keys_dropped: list | None = None if self.policy_keys else []
@@ -720,6 +717,27 @@ def worker_main(worker_idx: int, cfg: WorkerConfig, env_sources: list, policy_by
     # Everything shared is closed and the report is flushed; skip the interpreter's
     # slow teardown so that shutdown() does not wait for torch and MuJoCo to unload.
     os._exit(code)
+
+
+def tensor_path(policy, env: EnvBase, exploration_type: ExplorationType) -> Callable[[dict], torch.Tensor] | None:
+    """The tensor-level policy a worker loop acts with (see :func:`~torchrl_unilab.modules._fast_policy.tensor_policy`),
+    or ``None`` where it calls ``policy`` itself, under tensordict's exploration type.
+
+    Only under ``RANDOM``, for a batched env with one ``"action"`` key, and a
+    policy that reads nothing but the env's observations and ``"is_init"``.
+
+    Examples:
+        >>> from tensordict.nn import TensorDictModule
+        >>> from torchrl.envs import GymEnv, SerialEnv
+        >>> env = SerialEnv(2, lambda: GymEnv("Pendulum-v1"))
+        >>> actor = TensorDictModule(torch.nn.Linear(3, 1), ["observation"], ["action"])
+        >>> tensor_path(actor, env, ExplorationType.RANDOM) is not None, tensor_path(actor, env, ExplorationType.MODE)
+        (True, None)
+    """
+    if (exploration_type != ExplorationType.RANDOM or isinstance(env, BatchOfOne)
+            or ActionEntry(env).key != "action" or not _reads_env_keys_only(policy, env)):
+        return None
+    return tensor_policy(policy)
 
 
 def mark_truncated(batch: TensorDictBase, truncated_keys: list) -> None:

@@ -49,6 +49,7 @@ from torchrl_unilab.collectors._worker import (
     VERSION_KEY,
     WorkerConfig,
     apply_postproc,
+    tensor_path,
     worker_main,
 )
 from torchrl_unilab.collectors.metrics import CollectorMetrics
@@ -56,7 +57,6 @@ from torchrl_unilab.data.local_writer import LocalBufferWriter
 from torchrl_unilab.data.replay_buffer import holds_row, prepare_storage
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
 from torchrl_unilab.envs.resolve import as_batched_env, resolve_envs
-from torchrl_unilab.modules._fast_policy import tensor_policy
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.weight_update.torchrl_schemes import as_seqlock_scheme, as_weight_updater, bind_receiver_schemes
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme, resolve_weight_names
@@ -466,6 +466,7 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         self._handed_over = 0  # frames of the batches taken from the workers (without a replay buffer)
         self._iter = -1
         self._running_free = False
+        self._lockstep = False  # whether workers step only while the consumer waits (set as they start)
         self._started = False
 
     def _setup_weight_sync(self, weight_sync_schemes: Mapping[str, WeightSyncScheme] | None,
@@ -522,8 +523,9 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
                       "workers act on CPU, and CUDA graphs run on CUDA only")
 
     def _acts_on_tensor_path(self) -> bool:
-        return (self.exploration_type == ExplorationType.RANDOM and isinstance(self.policy, TensorDictModuleBase)
-                and tensor_policy(self.policy) is not None)
+        """Whether worker 0 acts through the tensor path, not the policy module (``_worker.tensor_path``)."""
+        policy = self.policy if self._worker_policy is None else self._worker_policy
+        return tensor_path(policy, self._probe_env, self.exploration_type) is not None
 
     def _ensure_started(self) -> None:
         """Starts the workers on first use: iteration, start(), allow_frames() or wait_for_frames()."""
@@ -547,6 +549,11 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
             streams=[self._stream_base] * self.num_workers,
         )
         in_thread = [isinstance(env, EnvBase) for env in self._worker_envs]
+        # tensordict's exploration type is one setting for the whole process. A policy module reads and sets it as
+        # it acts (set_exploration_type, a ProbabilisticActor's get_dist_params), and the learner's losses read it
+        # while its torch.compile guards on it. A worker thread acting through the module therefore steps only
+        # while the iterating thread waits for its batch, one batch at a time, as TorchRL's Collector steps.
+        self._lockstep = any(in_thread) and not self._acts_on_tensor_path()
         if not all(in_thread):
             self._close_probe()  # the processes build their own envs
         sources = [env if isinstance(env, EnvBase) else cloudpickle.dumps(env) for env in self._worker_envs]
@@ -614,9 +621,9 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
             self.update_policy_weights_()
         self._ensure_started()
         fpb = self.frames_per_batch
-        self._allow_ahead()
         idle_limit = _idle_limit()
         while self._frames < self.total_frames:
+            self._allow_ahead()
             if self.replay_buffer is None:
                 out = self._take_batch(idle_limit, yielded=self._yields_torchrl_batches)
                 arrived = out is not None
@@ -636,7 +643,8 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
             self._iter += 1
             if self.update_at_each_batch:
                 self.update_policy_weights_()
-            self._allow_ahead()
+            if not self._lockstep:  # the workers collect the next batches while the consumer uses this one
+                self._allow_ahead()
             yield out
 
     def _take_batch(self, timeout: float | None = None, yielded: bool = False,
@@ -693,8 +701,10 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         return self._fed if self._local is not None else self._control.written
 
     def _allow_ahead(self) -> None:
+        """Lets the workers collect up to one batch each past what was consumed (just the next batch in lockstep)."""
         if not self._running_free:
-            ahead = min(self.total_frames, self._frames + self.num_workers * self.frames_per_batch)
+            batches = 1 if self._lockstep else self.num_workers
+            ahead = min(self.total_frames, self._frames + batches * self.frames_per_batch)
             self._control.allow(_cap(ahead - self._restored))
 
     def _wait(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
