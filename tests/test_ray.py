@@ -327,7 +327,7 @@ def reap_killed_nodes(pids: list[int]) -> None:
     sweep_stale("/dev/shm", "tul_w_")
 
 
-@pytest.mark.timeout(600)  # its own waits add up past the suite's 300 s: a cold cluster at load 5 took 214 s
+@pytest.mark.timeout(600)  # its own waits (a cold cluster, a replacement node's start) add up past the suite's 300 s
 def test_a_killed_node_actor_is_replaced_and_training_goes_on():
     """max_node_restarts=1: ray.kill of the node's actor just before a publish starts a new one.
 

@@ -34,6 +34,44 @@ class InProcessCollectorAPI:
         (torch.Size([4]), True)
     """
 
+    def metrics(self) -> dict[str, Any]:
+        """Collection figures, readable at any time from the main process.
+
+        Returns a dict with ``frames`` (collected), ``fps``, ``random_frames``,
+        ``nonfinite_dropped``, ``episodes``, ``terminated``, ``truncated``,
+        ``mean_return`` and ``mean_length`` over the recent-episode windows,
+        ``time`` (seconds per worker phase), ``policy_version`` (the oldest any
+        worker acts with), ``published_version``, ``buffer_size`` (``None``
+        without a replay buffer), ``engine`` (what steps the envs: ``"envpool"``,
+        ``"gymnasium"``, ``"torchrl"`` for an env stack run as given, or ``"mixed"``)
+        and ``workers`` (the same figures per worker, with each one's ``engine``).
+        With ``max_worker_restarts``: ``worker_restarts`` (in all), ``frames_lost``
+        (claimed by workers that died before writing them; not in ``frames``), and per
+        worker ``restarts`` and ``last_error`` (the last failure's message and traceback,
+        ``None`` if none).
+        Raises :class:`~torchrl_unilab.WorkerError` if a worker failed for good.
+        """
+        self._raise_if_failed()
+        out = self._metrics.summary()
+        out["frames"] = self.frames_written
+        out["buffer_size"] = len(self.replay_buffer) if self.replay_buffer is not None else None
+        out["published_version"] = self.policy_version
+        out["engine"] = self._engines[0] if len(set(self._engines)) == 1 else "mixed"
+        pool = self._pool
+        out["worker_restarts"] = sum(pool.restarts) if pool is not None else 0
+        out["frames_lost"] = self.frames_lost
+        for idx, (worker, engine) in enumerate(zip(out["workers"], self._engines)):
+            # From the frame accounting, exact across restarts: a batch of a worker killed after its rows were in
+            # and before it added them to its metrics row is counted by the parent (FrameControl.settle) only.
+            worker["frames"] = self._control.worker_written(idx)
+            worker["random_frames"] = self._control.random_written(idx)
+            worker["engine"] = engine
+            worker["restarts"] = pool.restarts[idx] if pool is not None else 0
+            last = pool.last_failure(idx) if pool is not None else None
+            worker["last_error"] = None if last is None else f"{last}"
+        out["random_frames"] = sum(worker["random_frames"] for worker in out["workers"])
+        return out
+
     def get_policy_version(self) -> int:
         """Same as :attr:`policy_version`."""
         return self.policy_version

@@ -82,11 +82,9 @@ def process_context(start_method: str = "forkserver") -> mp.context.BaseContext:
 
     ``"forkserver"`` (the default) forks each worker from one server process,
     which imported torch, TorchRL and this package once, when the first
-    worker started. A worker that is spawned instead imports them itself, about
-    7 s on 2 cores. A 2-worker Pendulum collector, from construction to its last
-    batch, took 0.26 to 0.36 s forked from the server, against 5.9 to 9.0 s
-    spawned (2026-12-01, 3 rounds each, one machine). The cost is the same for a
-    worker that replaces a dead one. Like spawn, and unlike fork, a worker
+    worker started. A worker that is spawned instead imports them itself, which
+    takes seconds, against a fork of an already loaded process. The cost is the
+    same for a worker that replaces a dead one. Like spawn, and unlike fork, a worker
     shares no threads or locks with the learner, and it re-imports the main
     script, so the ``if __name__ == "__main__":`` guard is still needed. The
     server has the environment variables that the first start saw. Use
@@ -115,9 +113,9 @@ def _prepare_fork_server() -> None:
 
     multiprocessing removes its ``pymp-*`` directory when the process exits,
     and leaves it when the process is killed (a Ray node actor, a SIGKILLed
-    run): 56 of them after an hour of the suite and its loops, with this server
-    (2026-12-01). Named after the pid, a dead process's one is removed at the
-    next start, as the buffer's scratch directories are.
+    run), so over many killed processes they pile up in the temporary
+    directory. Named after the pid, a dead process's one is removed at the next
+    start, as the buffer's scratch directories are.
     """
     mp.set_forkserver_preload(_FORKSERVER_PRELOAD)
     config = mp.current_process()._config  # noqa: SLF001 - where multiprocessing.util.get_temp_dir keeps it
@@ -602,11 +600,11 @@ class _SpawnPopen(popen_spawn_posix.Popen):
     The standard one writes the pickled process object into a pipe while it
     still holds the child's read end of that pipe itself; a child that dies
     before it has read the payload (SIGKILLed while it imports torch) leaves the
-    parent blocked in that write forever. Measured: in ``benchmarks/faults.py
-    --soak-minutes``, a replacement worker killed 20-40 s after the one it
-    replaced hung the collector's watcher thread in ``Popen._launch``, and the
-    recipe's shutdown waited on it (2026-12-01, load 6 on 2 cores). Here the
-    parent closes the child's ends before writing, so the write raises
+    parent blocked in that write forever: for a replacement worker, the
+    collector's watcher thread hangs in ``Popen._launch``, and so does a
+    shutdown that waits on that thread (``benchmarks/faults.py --soak-minutes``
+    kills workers again and again, replacements included). Here the parent
+    closes the child's ends before writing, so the write raises
     ``BrokenPipeError`` once the child is gone; the child is reaped.
     """
 

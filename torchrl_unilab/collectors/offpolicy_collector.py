@@ -7,7 +7,6 @@ import dataclasses
 import functools
 import logging
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -30,7 +29,8 @@ from torchrl_unilab.collectors._arguments import (
     round_total_frames,
 )
 from torchrl_unilab.collectors._batches import BatchSlots, FeedThread, to_storing_device, torchrl_layout
-from torchrl_unilab.collectors._control import STREAM_TRAJ_BITS, FrameControl, check_wait, split_random_frames
+from torchrl_unilab.collectors._checkpoint import CheckpointAPI
+from torchrl_unilab.collectors._control import FrameControl, check_wait, split_random_frames
 from torchrl_unilab.collectors._env_view import EnvView
 from torchrl_unilab.collectors._in_process_api import InProcessCollectorAPI
 from torchrl_unilab.collectors._policy import PolicyFromFactory, PolicyRecipe
@@ -42,6 +42,7 @@ from torchrl_unilab.collectors._processes import (
     process_context,
     shut_down_at_exit,
 )
+from torchrl_unilab.collectors._weights_api import WeightSyncAPI
 from torchrl_unilab.collectors._worker import (
     NEXT_STEP_KEY,
     STEP_KEY,
@@ -58,8 +59,8 @@ from torchrl_unilab.data.replay_buffer import holds_row, prepare_storage
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
 from torchrl_unilab.envs.resolve import as_batched_env, resolve_envs
 from torchrl_unilab.modules.normalization import ObservationNormalizer
-from torchrl_unilab.weight_update.torchrl_schemes import as_seqlock_scheme, as_weight_updater, bind_receiver_schemes
-from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme, resolve_weight_names
+from torchrl_unilab.weight_update.torchrl_schemes import as_seqlock_scheme, as_weight_updater
+from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme
 
 __all__ = ["OffPolicyCollector", "WorkerError"]
 
@@ -67,7 +68,7 @@ __all__ = ["OffPolicyCollector", "WorkerError"]
 _log = logging.getLogger("torchrl.unilab")
 
 
-class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
+class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, MultiAsyncCollector):
     """TorchRL's asynchronous multi-process collector, rebuilt for off-policy training.
 
     Each of ``num_workers`` workers steps a batch of environments, picks actions
@@ -711,7 +712,7 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
         reached = self._control.wait(predicate, timeout=timeout, on_poll=self._raise_if_failed)
         if self._pool is not None:
             # The other workers can write the last frames before the watcher has named one that died on the
-            # way (CI saw it: worker 0 alone wrote the rest of 2048 Pendulum frames first); give it a moment.
+            # way (one worker alone can write the rest); its report gets a moment to arrive.
             self._pool.raise_if_failed(wait_for_report=1.0)
         return reached
 
@@ -800,221 +801,6 @@ class OffPolicyCollector(InProcessCollectorAPI, MultiAsyncCollector):
             # can hold one the counter does not show yet; what was yielded is collected.
             return max(self._control.written, self._handed_over)
         return self._buffer_frames
-
-    # ------------------------------------------------------------ weights etc.
-    def update_policy_weights_(
-        self,
-        policy_or_weights: TensorDictBase | nn.Module | Mapping[str, torch.Tensor] | None = None,
-        *,
-        worker_ids: int | list[int] | None = None,
-        model_id: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        """Publishes new weights; every worker loads them before its next step.
-
-        Args:
-            policy_or_weights: a module, a ``state_dict`` or a TensorDict of weights
-                (``TensorDict.from_module(actor)``), for the policy given to the
-                constructor or any of its submodules: names are resolved under
-                whatever the collector wrapped around it (``algo=``, ``obs_norm=``),
-                and the rest (normaliser statistics) is published as it is now.
-                ``None`` publishes the ``policy`` given to the constructor, which
-                the learner typically trains in place (when it lives on a GPU, the
-                workers act on a CPU copy, and this publishes the original). CUDA
-                tensors reach the shared CPU block with one batched copy.
-            worker_ids: accepted for TorchRL compatibility; all workers share one
-                copy of the weights, so it must be ``None``.
-            model_id: ``None`` or ``"policy"``, the one model the workers run. TorchRL's receiving
-                schemes pass it once they have received weights.
-
-        A ``weight_updater`` given to the constructor is called first, as TorchRL's
-        collectors call it; the weights then go to the workers as above.
-        """
-        if "policy_weights" in kwargs:
-            policy_or_weights = kwargs.pop("policy_weights")
-        if kwargs:
-            raise TypeError(f"update_policy_weights_() got unexpected keyword arguments {sorted(kwargs)}")
-        if model_id not in (None, "policy"):
-            raise ValueError(f"model_id must be None or 'policy' (the model the workers run), got {model_id!r}")
-        self._raise_if_failed()
-        if self._weight_updater is not None:
-            self._weight_updater(policy_or_weights=policy_or_weights, worker_ids=worker_ids)
-        self._publish(policy_or_weights, worker_ids=worker_ids)
-
-    def register_scheme_receiver(self, weight_recv_schemes: Mapping[str, WeightSyncScheme], *,
-                                 synchronize_weights: bool = True) -> None:
-        """Takes weights from a parent collector through TorchRL's receiving schemes, as TorchRL's collectors do.
-
-        TorchRL's Ray, RPC and distributed collectors call this on the collector
-        they run on a node. Each scheme applies the weights it receives to the
-        policy given to the constructor, then calls :meth:`update_policy_weights_`,
-        which publishes them to the workers
-        (:func:`~torchrl_unilab.weight_update.torchrl_schemes.bind_receiver_schemes`).
-        """
-        bind_receiver_schemes(self, weight_recv_schemes, self._receiving_model(), log=self._says_how_weights_arrive)
-        MultiAsyncCollector.register_scheme_receiver(self, weight_recv_schemes,
-                                                     synchronize_weights=synchronize_weights)
-
-    def receive_weights(self, *args: Any, **kwargs: Any) -> None:
-        """Receives weights through the schemes :meth:`register_scheme_receiver` registered, as TorchRL does.
-
-        Without such a scheme this collector is the sender of its workers' weights, and this raises
-        ``NotImplementedError``.
-        """
-        if not getattr(self, "_receiver_schemes", None):
-            raise NotImplementedError("OffPolicyCollector receives weights only through the schemes given as "
-                               "weight_recv_schemes or to register_scheme_receiver(); call update_policy_weights_() "
-                               "to publish the learner's weights")
-        MultiAsyncCollector.receive_weights(self, *args, **kwargs)
-
-    def _receiving_model(self) -> nn.Module | None:
-        """The module the parent's weights are for: the policy as given, or one built from ``policy_factory``."""
-        if self._user_policy is None and self.policy_factory is not None:
-            self._user_policy = self.policy_factory()
-        return self._user_policy
-
-    def _publish(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
-        # Weights restored by load_state_dict stay what the workers start from, until the learner publishes.
-        restored, self._weights_restored = getattr(self, "_weights_restored", False), False
-        if policy_or_weights is None or policy_or_weights is self._user_policy:
-            # The constructor's policy as it is now; the workers' CPU copy of a CUDA policy is no part of training.
-            policy_or_weights = self._user_policy if self._acts_on_copy else None
-        if restored and not kwargs.get("new_version", True):
-            policy_or_weights = None  # the collector's policy, where load_state_dict put the weights
-        self._scheme.send(policy_or_weights, **kwargs)
-
-    @property
-    def policy_version(self) -> int:
-        """Version of the latest published weights (1 = the initial policy)."""
-        return self._scheme.version
-
-    def metrics(self) -> dict[str, Any]:
-        """Collection figures, readable at any time from the main process.
-
-        Returns a dict with ``frames`` (collected), ``fps``, ``random_frames``,
-        ``nonfinite_dropped``, ``episodes``, ``terminated``, ``truncated``,
-        ``mean_return`` and ``mean_length`` over the recent-episode windows,
-        ``time`` (seconds per worker phase), ``policy_version`` (the oldest any
-        worker acts with), ``published_version``, ``buffer_size`` (``None``
-        without a replay buffer), ``engine`` (what steps the envs: ``"envpool"``,
-        ``"gymnasium"``, ``"torchrl"`` for an env stack run as given, or ``"mixed"``)
-        and ``workers`` (the same figures per worker, with each one's ``engine``).
-        With ``max_worker_restarts``: ``worker_restarts`` (in all), ``frames_lost``
-        (claimed by workers that died before writing them; not in ``frames``), and per
-        worker ``restarts`` and ``last_error`` (the last failure's message and traceback,
-        ``None`` if none).
-        Raises :class:`~torchrl_unilab.WorkerError` if a worker failed for good.
-        """
-        self._raise_if_failed()
-        out = self._metrics.summary()
-        out["frames"] = self.frames_written
-        out["buffer_size"] = len(self.replay_buffer) if self.replay_buffer is not None else None
-        out["published_version"] = self.policy_version
-        out["engine"] = self._engines[0] if len(set(self._engines)) == 1 else "mixed"
-        pool = self._pool
-        out["worker_restarts"] = sum(pool.restarts) if pool is not None else 0
-        out["frames_lost"] = self.frames_lost
-        for idx, (worker, engine) in enumerate(zip(out["workers"], self._engines)):
-            # From the frame accounting, exact across restarts: a batch of a worker killed after its rows were in
-            # and before it added them to its metrics row is counted by the parent (FrameControl.settle) only.
-            worker["frames"] = self._control.worker_written(idx)
-            worker["random_frames"] = self._control.random_written(idx)
-            worker["engine"] = engine
-            worker["restarts"] = pool.restarts[idx] if pool is not None else 0
-            last = pool.last_failure(idx) if pool is not None else None
-            worker["last_error"] = None if last is None else f"{last}"
-        out["random_frames"] = sum(worker["random_frames"] for worker in out["workers"])
-        return out
-
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Seeds the workers' envs; call it before collection starts. Returns the next free seed.
-
-        Env ``j`` of worker ``i`` gets ``seed + i * num_envs + j``, so the next
-        free seed is ``seed + num_workers * num_envs``.
-        """
-        if static_seed:
-            raise ValueError("static_seed=True is not supported: every env of every worker gets its own seed")
-        if self._started:
-            raise RuntimeError(
-                "set_seed() must be called before collection starts (the first iteration, start(), "
-                "allow_frames() or wait_for_frames()); pass seed= to the constructor, or call it earlier"
-            )
-        self.seed = int(seed)
-        return self.seed + self.num_workers * self.num_envs
-
-    def state_dict(self) -> OrderedDict:
-        """Counters in TorchRL's collector shape (``"worker<i>"``, ``"frames"``, ``"iter"``), for checkpoints.
-
-        Per worker: frames collected, the policy version it acts with and, as in
-        TorchRL's collectors, ``"policy_state_dict"`` under the names of the policy
-        given to the constructor (none for a policy without weights): a CPU
-        policy's own weights, which TorchRL's workers share, and for a policy on
-        a GPU the weights published last. The workers act with the version
-        published last (``"policy_version"``). Env states stay in the workers; a
-        resumed run starts new episodes.
-        ``"traj_pool"`` is TorchRL's ``{"traj_id": ...}``: here the first trajectory id
-        no worker of this run hands out, so that a run resumed from it numbers its
-        trajectories after those already in a saved buffer.
-        """
-        state = OrderedDict()
-        if isinstance(self._user_policy, nn.Module) and not self._acts_on_copy:
-            weights = {name: value.detach().clone() for name, value in self._user_policy.state_dict().items()}
-        else:
-            closed = self._scheme.shared.closed
-            weights = None if closed else self._scheme.published_state_dict(like=self._user_policy)
-        for idx, worker in enumerate(self._metrics.summary()["workers"]):
-            state[f"worker{idx}"] = {"frames": self._control.worker_written(idx),
-                                     "policy_version": worker["policy_version"]}
-            if weights:
-                state[f"worker{idx}"]["policy_state_dict"] = OrderedDict(weights)
-        state.update(frames=self._frames, iter=self._iter, frames_written=self.frames_written,
-                     policy_version=self.policy_version)
-        state["traj_pool"] = {"traj_id": torch.tensor(self._first_free_traj_id(), dtype=torch.int64)}
-        return state
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
-        """Restores the consumer-side counters saved by :meth:`state_dict`, to continue a run.
-
-        As with TorchRL's collectors, iteration goes on from the restored
-        ``frames`` to ``total_frames``, and the restored frames count against
-        ``init_random_frames`` (loaded before collection starts; once workers
-        run, the random frames they were given stay). The workers start new
-        episodes. A ``"policy_state_dict"`` (of the first worker that has one)
-        is loaded into the collector's policy and published: every worker acts
-        with it from its next step; ``strict`` as in ``nn.Module.load_state_dict``
-        (TorchRL's ``RayCollector`` passes ``strict=False``).
-        """
-        saved = [entry.get("policy_state_dict") for key, entry in state_dict.items()
-                 if key.startswith("worker") and isinstance(entry, Mapping)]
-        weights = next((entry for entry in saved if entry), None)
-        if weights is not None:
-            if isinstance(self.policy, nn.Module) and not strict:
-                # nn.Module's own reading of strict=False: the names given are loaded, the others kept
-                self.policy.load_state_dict(dict(weights), strict=False)
-                weights = None  # the policy, as it now is, is what the workers get
-            elif isinstance(self.policy, nn.Module):
-                self.policy.load_state_dict(resolve_weight_names(self.policy, weights))
-            self._scheme.send(weights)
-            self._weights_restored = True
-        frames = int(state_dict.get("frames", 0))
-        self._restored += frames - self._frames
-        self._frames = frames
-        self._iter = int(state_dict.get("iter", -1))
-        traj_pool = state_dict.get("traj_pool")
-        if traj_pool is not None and not self._started:
-            # The first seed stream whose trajectory ids all lie at or above the saved first free id.
-            block = self.num_workers << STREAM_TRAJ_BITS
-            self._stream_base = max(self._stream_base, -(-int(traj_pool["traj_id"]) // block))
-        if not self._started:
-            self._set_frame_control()
-
-    def _first_free_traj_id(self) -> int:
-        """An id above every trajectory id this run's workers may hand out (see ``_worker.WorkerLoop``).
-
-        Worker ``i`` on seed stream ``s`` numbers its trajectories ``(s * 2**32 + k) * num_workers + i``.
-        """
-        restarts = max(self._pool.restarts) if self._pool is not None else 0
-        return ((self._stream_base + restarts + 1) << STREAM_TRAJ_BITS) * self.num_workers
 
     # ---------------------------------------------------------------- closing
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:

@@ -78,9 +78,9 @@ def _ray():
 
 def _wait_longer_for_the_rendezvous() -> None:
     # TorchRL's RayWeightSyncScheme waits a module-level 60 s for its gloo rendezvous, on the learner
-    # and on each node. Nodes whose workers were still starting on a loaded 2-core machine (load 10)
-    # missed it (DistStoreError: wait timeout after 60000ms), twice in a day; the learner and every
-    # node call this, so both sides wait longer.
+    # and on each node. A node whose workers are still starting on a loaded machine can miss it
+    # (DistStoreError: wait timeout after 60000ms); the learner and every node call this, so both
+    # sides wait longer.
     import torchrl.weight_update._ray as torchrl_ray
 
     if getattr(torchrl_ray, "_DIST_TIMEOUT", None) is not None:
@@ -280,9 +280,9 @@ class RayOffPolicyCollector(RayCollector):
         num_nodes: Ray actors (collector nodes), ``>= 1``.
         num_workers: worker processes per node. num_envs: envs per worker.
         frames_per_batch: frames of one batch (one worker's write, one ``ray.get``).
-            The learner's cost is per batch, so use a few hundred: at 512 the Ray path
-            ran at 0.80 x the local collector, at 64 at 0.50 x
-            (``python benchmarks/ray_scaling.py --frames-per-batch 512``).
+            The learner's cost is per batch, so use a few hundred: smaller batches lose
+            more of the local collector's rate to the per-batch cost
+            (``python benchmarks/ray_scaling.py --frames-per-batch N`` measures it).
         total_frames: frames to collect over all nodes, ``-1`` for no limit.
         init_random_frames: uniformly random frames over all nodes and workers,
             split exactly (node ``i`` takes ``n // num_nodes`` plus one if ``i < n % num_nodes``).
@@ -538,9 +538,9 @@ class RayOffPolicyCollector(RayCollector):
 
         Called where batches are collected (each delivery, and while the learner holds collection back).
 
-        The learner waited for them before: 4.2 s (a host name) and 4.6 s (a publish) in a Ray soak, while a
-        replacement worked through its queue of calls. A lost node's call fails; the collection thread replaces
-        or reports that node, as it does any lost node.
+        Waiting for them would stall the learner (for a host name, or a publish) for as long as a replacement
+        takes to start and work through its queue of calls. A lost node's call fails; the collection thread
+        replaces or reports that node, as it does any lost node.
         """
         with self._calls_lock:
             calls = list(self._host_calls) + list(self._weight_calls)
@@ -708,8 +708,8 @@ class RayOffPolicyCollector(RayCollector):
         if self._replaced:
             # Replacements are no part of the weight-sync group made at the start: a Ray call brings them the
             # weights, and the version they publish to their workers is the learner's.
-            # Not waited for (a learner stall: 6.8 s while one still started, 4.6 s behind a started one's queue,
-            # in Ray soaks): Ray runs an actor's calls in order, so the node loads them before its next batch.
+            # Not waited for (the learner would stall while one still starts, or behind a started one's queue):
+            # Ray runs an actor's calls in order, so the node loads them before its next batch.
             # The collection thread takes their answers (_reap_calls).
             weights = ray.put(_cpu_weights(self.policy if processed_weights is None else processed_weights))
             for i in sorted(self._replaced - set(self._lost)):
@@ -753,8 +753,8 @@ class RayOffPolicyCollector(RayCollector):
             if self._metrics_calls.get(i, (None,))[0] is not self._nodes[i]:
                 self._metrics_calls[i] = (self._nodes[i], self._nodes[i].node_metrics.remote())
         calls = {self._metrics_calls[i][1]: i for i in live}
-        # A node killed a moment ago may not be known lost yet, and its call would wait for Ray's timeout: the
-        # learner stalled 14 s here in the Ray soak. So wait briefly, and use each node's last answer.
+        # A node killed a moment ago may not be known lost yet, and its call would wait for Ray's timeout, with
+        # the learner stalled here. So wait briefly, and use each node's last answer.
         wait_s = 10.0 if any(i not in self._node_figures for i in live) else 1.0
         ready, _ = ray.wait(list(calls), num_returns=len(calls), timeout=wait_s)
         for ref in ready:

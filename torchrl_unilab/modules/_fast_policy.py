@@ -9,11 +9,9 @@ types this package builds (plain ``TensorDictModule`` networks, a TanhNormal
 same computation on a plain dict of tensors. Any other module makes
 :func:`tensor_policy` return ``None`` and the worker calls the policy as usual.
 
-Measured (``python benchmarks/policy_call.py``, 16 envs, HalfCheetah-v5 sizes,
-the default 512-wide LayerNorm actor, one thread, 2026-11-30 at load 4 on 2
-cores): SAC 927 calls/s against 228 for the TensorDict call (4.1x), TD3 354
-against 196 (1.8x); with caches evicted before each call (``--cold``, as
-after physics) 1.9x and 1.2x.
+``python benchmarks/policy_call.py`` compares this path with the TensorDict
+call for SAC's and TD3's exploration policies on HalfCheetah-v5 sizes, and with
+``--cold`` with the caches evicted before each call, as after physics.
 """
 
 from __future__ import annotations

@@ -91,13 +91,11 @@ def flush_denormals(enabled: bool = True) -> bool:
 
     A ReLU unit that stops firing gets zero gradients, and Adam's moments of its
     weights then decay through the denormal range (below 1.2e-38), where x86 CPUs
-    compute many times slower: at the end of a 100k-frame ``recipes/sac.py`` run
-    on HalfCheetah-v5, 17 % of the actor's 256x256 layer's first moments were
-    denormal (6 % of all Adam's moments), and one-thread updates from that state
-    ran 1.09x faster with denormals flushed (47.3 against 43.6 updates/s,
-    ``benchmarks/learner_throughput.py --checkpoint``, 2026-12-02, 2 cores, beside
-    another run; 1.17x in an ad-hoc run: 48, the rate of fresh networks, against 41).
-    Values that small change no loss.
+    compute many times slower; so late in a training run a share of the updates'
+    arithmetic runs on denormals. Flushed, they are read and written as zero, and
+    values that small change no loss. ``benchmarks/learner_throughput.py
+    --checkpoint DIR`` measures the update from a trained run's state with and
+    without flushing (and the fraction of Adam's moments that are denormal).
 
     The flag is per thread, and torch's intra-op threads copy it from the main
     thread when they start: call this before the first parallel torch op of the
@@ -139,15 +137,15 @@ class LearnerThreads:
     the learner takes the idle cores, and when collection is the bottleneck
     (a low ratio, many workers) it gives them back.
 
-    Why the whole machine: two ``auto`` learners that saw only their own
-    workers each took both cores of a 2-core machine, and their oversubscribed
-    threads ran at 6 updates/s each, against 45 each on one thread (two SAC
-    trainings side by side, 2026-12-02).
+    Why the whole machine: a learner that saw only its own workers would take
+    cores that another job (a second ``auto`` training beside it) uses too, and
+    oversubscribed threads run far slower than one thread each.
 
     Where ``read_metrics`` returns ``None`` (the recipes' Ray collector, whose
     node actors answer only between their batches), ``"auto"`` stays at one thread.
 
-    Measured (``benchmarks/learner_throughput.py``, 2 cores): see ``docs/performance.rst``.
+    ``benchmarks/learner_throughput.py`` measures the update on one and two threads, and the
+    SAC recipe end to end with ``optim.num_threads=auto`` against ``1``.
 
     Args:
         setting: a thread count (an int >= 1) or ``"auto"``.
