@@ -17,6 +17,7 @@ import pickle
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import cloudpickle
 import numpy as np
@@ -665,15 +666,43 @@ _METRIC_PHASES = {
 }
 
 
-def worker_main(worker_idx: int, cfg: WorkerConfig, env_sources: list, policy_bytes: bytes, extras_bytes: bytes,
-                sink, weights: SharedWeights, metrics: CollectorMetrics, control: FrameControl, stop_event,
-                error_pipe, started, stderr_fd: int | None) -> None:
+@dataclass(frozen=True)
+class WorkerInputs:
+    """What every worker of one collector starts from, besides its index and the pool's channels.
+
+    Examples:
+        >>> import dataclasses
+        >>> cfg = WorkerConfig(num_workers=1, frames_per_batch=8, num_envs=2, random_frames=[0], seed=0,
+        ...                    exploration_type=ExplorationType.RANDOM, row_keys=[])
+        >>> inputs = WorkerInputs(cfg, [b""], b"", b"", None, None, None, None)
+        >>> dataclasses.replace(inputs, cfg=dataclasses.replace(cfg, random_frames=[8])).cfg.random_frames
+        [8]
+    """
+
+    cfg: WorkerConfig
+    #: one per worker: a cloudpickled env factory (a process) or a live env instance (a thread)
+    env_sources: list
+    #: the cloudpickled acting policy, or a PolicyFromFactory that builds it in the worker
+    policy_bytes: bytes
+    #: cloudpickled ``init_fn``, collect hooks and ``postproc``
+    extras_bytes: bytes
+    #: where batches go: the shared replay buffer, or BatchSlots read by the parent
+    sink: Any
+    weights: SharedWeights
+    metrics: CollectorMetrics
+    control: FrameControl | None
+
+
+def worker_main(worker_idx: int, inputs: WorkerInputs, stop_event, error_pipe, started,
+                stderr_fd: int | None) -> None:
     """:class:`~torchrl_unilab.OffPolicyCollector`'s worker entry point; reports any exception to the parent.
 
     A process worker gets its env factory as cloudpickled bytes and ``stderr_fd``;
     a thread worker (``stderr_fd is None``) gets a live env instance and leaves
-    process-wide settings (signals, torch threads, exit) alone.
+    process-wide settings (signals, torch threads, exit) alone. ``stop_event``,
+    ``error_pipe`` and ``started`` are the pool's (:class:`~._processes.WorkerPool`).
     """
+    cfg, weights, sink = inputs.cfg, inputs.weights, inputs.sink
     in_process = stderr_fd is not None
     worker_started(started, worker_idx)
     if in_process:
@@ -687,19 +716,20 @@ def worker_main(worker_idx: int, cfg: WorkerConfig, env_sources: list, policy_by
         weights = pickle.loads(pickle.dumps(weights))
     loop, code = None, 0
     try:
-        extras = cloudpickle.loads(extras_bytes)
+        extras = cloudpickle.loads(inputs.extras_bytes)
         if extras.get("init_fn") is not None:
             extras["init_fn"]()
-        source = env_sources[worker_idx]
+        source = inputs.env_sources[worker_idx]
         env = as_batched_env(cloudpickle.loads(source)() if in_process else source)
-        policy = cloudpickle.loads(policy_bytes)
+        policy = cloudpickle.loads(inputs.policy_bytes)
         if isinstance(policy, PolicyFromFactory):  # the user's policy_factory, called here as TorchRL's workers do
             policy = policy(env)
         hooks = LoopHooks(before_batch=extras.get("pre_collect_hook"), postproc=extras.get("postproc"),
                           after_batch=extras.get("post_collect_hook"))
         if isinstance(sink, BatchSlots):
             sink = SlotWriter(sink, worker_idx, lambda: stop_event.is_set() or not _parent_alive())
-        loop = WorkerLoop(worker_idx, cfg, env, policy, sink, weights, metrics, control, stop_event, hooks)
+        loop = WorkerLoop(worker_idx, cfg, env, policy, sink, weights, inputs.metrics, inputs.control, stop_event,
+                          hooks)
         loop.run()
     except BaseException as err:  # noqa: BLE001 - everything must reach the parent
         code = 1

@@ -49,6 +49,7 @@ from torchrl_unilab.collectors._worker import (
     TRAJ_KEY,
     VERSION_KEY,
     WorkerConfig,
+    WorkerInputs,
     apply_postproc,
     tensor_path,
     worker_main,
@@ -566,15 +567,16 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         if sink is None:
             self._slots = BatchSlots(self._row.select(*self._row_keys), self.num_workers, self.frames_per_batch)
             sink = self._slots
-        args = (config, sources, cloudpickle.dumps(worker_policy), cloudpickle.dumps(extras), sink,
-                self._scheme.shared, self._metrics, self._control)
+        inputs = WorkerInputs(config, sources, cloudpickle.dumps(worker_policy), cloudpickle.dumps(extras), sink,
+                              self._scheme.shared, self._metrics, self._control)
         self._pool = WorkerPool(
             process_context(self.start_method),
             target=worker_main,
-            args=args,
+            args=(inputs,),
             num_workers=self.num_workers,
             in_thread=in_thread,
-            restart=RestartPolicy(self.max_worker_restarts, prepare=functools.partial(self._replacement_args, args)),
+            restart=RestartPolicy(self.max_worker_restarts,
+                                  prepare=functools.partial(self._replacement_args, inputs)),
         )
         self.procs = self._pool.procs
         # Workers start from the policy as it is now, as TorchRL's do (a policy loaded or changed in place after
@@ -582,7 +584,7 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         self._publish(new_version=False)
         self._pool.start()
 
-    def _replacement_args(self, args: tuple, worker_idx: int, restarts: int) -> tuple:
+    def _replacement_args(self, inputs: WorkerInputs, worker_idx: int, restarts: int) -> tuple[WorkerInputs]:
         """What a dead worker's replacement starts with; settles the dead one's frame accounting first.
 
         Called by the pool once the dead process is gone: its claimed, unwritten
@@ -599,10 +601,11 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
 
         lost, owed = self._control.settle(worker_idx, self._random_shares[worker_idx], handed_over)
         self.frames_lost += lost
-        config = args[0]
+        config = inputs.cfg
         random_frames, streams = list(config.random_frames), list(config.streams or [0] * self.num_workers)
         random_frames[worker_idx], streams[worker_idx] = owed, self._stream_base + restarts
-        return (dataclasses.replace(config, random_frames=random_frames, streams=streams), *args[1:])
+        return (dataclasses.replace(inputs, cfg=dataclasses.replace(config, random_frames=random_frames,
+                                                                    streams=streams)),)
 
     def _close_probe(self) -> None:
         probe, self._probe_env, self._probe_given = self._probe_env, None, None

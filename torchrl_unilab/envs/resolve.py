@@ -82,47 +82,20 @@ def resolve_envs(create_env_fn: Any, num_workers: int | None, gym_ids: GymIdOpti
         >>> resolved.num_workers, resolved.engines, resolved.probe is None
         (2, ['gymnasium', 'gymnasium'], True)
     """
-    many = isinstance(create_env_fn, Sequence) and not isinstance(create_env_fn, str)
-    items = list(create_env_fn) if many else None
-    if many:
-        if not items:
-            raise ValueError("create_env_fn as a list must not be empty")
-        if num_workers is not None and num_workers != len(items):
-            raise ValueError(f"num_workers={num_workers} does not match the {len(items)} envs in create_env_fn")
-        num_workers = len(items)
-    num_workers = check_int("num_workers", 1 if num_workers is None else num_workers, 1)
     choices: dict[tuple, Any] = {}
+    items = _one_item_per_worker(create_env_fn, num_workers, gym_ids, privileged, choices)
+    num_workers = len(items)
+    kwargs_list = _kwargs_per_worker(create_env_kwargs, num_workers)
     copies: dict[tuple, Any] = {}  # each factory pickled before its first call
-    if not many:
-        if isinstance(create_env_fn, EnvBase) and num_workers > 1:
-            # Decided once here and reused below (an instance takes no create_env_kwargs).
-            choice = choices[(id(create_env_fn), "[]")] = choose_env_stack(create_env_fn, gym_ids.engine,
-                                                                           privileged)
-            if choice.plan is None:
-                # TorchRL's collectors pickle the instance into each worker; so do we (a stack
-                # rebuilt on EnvPool needs no copy: each worker builds its own).
-                create_env_fn = EnvCopy(create_env_fn, num_workers)
-        items = [create_env_fn] * num_workers
-    if isinstance(create_env_kwargs, Mapping) or create_env_kwargs is None:
-        kwargs_list = [dict(create_env_kwargs or {})] * num_workers
-    else:
-        kwargs_list = [dict(k) for k in create_env_kwargs]
-        if len(kwargs_list) != num_workers:
-            raise ValueError(f"create_env_kwargs holds {len(kwargs_list)} dicts for {num_workers} workers")
     out, engines, probe = [], [], None
     try:  # an env built to be looked at is closed if a later item is refused
         for idx, (item, kwargs) in enumerate(zip(items, kwargs_list)):
             if isinstance(item, str):
                 if kwargs:
                     raise ValueError("create_env_kwargs applies to env factories; for a gymnasium id use env_kwargs")
-                options = dataclasses.asdict(gym_ids)
-                check_int("num_envs", options["num_envs"], 1)
-                if max_frames_per_traj:
-                    options["env_kwargs"] = {**(options["env_kwargs"] or {}), "max_episode_steps": max_frames_per_traj}
-                options["engine"] = select_engine(item, options["engine"], options["env_kwargs"], privileged)
-                engines.append(options["engine"])
-                source = functools.partial(make_gym_id_env, item, options.pop("num_envs"), **options)
-                max_steps = None
+                source, engine = _gym_id_source(item, gym_ids, max_frames_per_traj, privileged)
+                engines.append(engine)
+                max_steps = None  # the id's env bounds its episodes itself (max_episode_steps)
             elif isinstance(item, EnvBase) or callable(item):
                 if isinstance(item, EnvBase) and kwargs:
                     raise ValueError("create_env_kwargs cannot apply to an env instance; pass a factory instead")
@@ -173,6 +146,50 @@ def resolve_envs(create_env_fn: Any, num_workers: int | None, gym_ids: GymIdOpti
         if isinstance(item, EnvBase) and all(item is not env for env in given):
             given.append(item)
     return ResolvedEnvs(out, num_workers, engines, given, probe)
+
+
+def _one_item_per_worker(create_env_fn: Any, num_workers: int | None, gym_ids: GymIdOptions,
+                         privileged: Transform | None, choices: dict[tuple, Any]) -> list:
+    """``create_env_fn`` as one item per worker: a list as given, one item repeated ``num_workers`` times.
+
+    An env instance shared by several workers is copied into each, as TorchRL's collectors pickle it, unless
+    its stack is rebuilt on EnvPool (``choices`` keeps that decision for :func:`resolve_envs`).
+    """
+    if isinstance(create_env_fn, Sequence) and not isinstance(create_env_fn, str):
+        items = list(create_env_fn)
+        if not items:
+            raise ValueError("create_env_fn as a list must not be empty")
+        if num_workers is not None and num_workers != len(items):
+            raise ValueError(f"num_workers={num_workers} does not match the {len(items)} envs in create_env_fn")
+        return items
+    num_workers = check_int("num_workers", 1 if num_workers is None else num_workers, 1)
+    if isinstance(create_env_fn, EnvBase) and num_workers > 1:
+        # An instance takes no create_env_kwargs: its key is that of empty ones.
+        choice = choices[(id(create_env_fn), "[]")] = choose_env_stack(create_env_fn, gym_ids.engine, privileged)
+        if choice.plan is None:  # a stack rebuilt on EnvPool needs no copy: each worker builds its own
+            create_env_fn = EnvCopy(create_env_fn, num_workers)
+    return [create_env_fn] * num_workers
+
+
+def _kwargs_per_worker(create_env_kwargs: Any, num_workers: int) -> list[dict]:
+    """TorchRL's ``create_env_kwargs``: one dict for every worker, or a list of one dict per worker."""
+    if isinstance(create_env_kwargs, Mapping) or create_env_kwargs is None:
+        return [dict(create_env_kwargs or {})] * num_workers
+    kwargs_list = [dict(k) for k in create_env_kwargs]
+    if len(kwargs_list) != num_workers:
+        raise ValueError(f"create_env_kwargs holds {len(kwargs_list)} dicts for {num_workers} workers")
+    return kwargs_list
+
+
+def _gym_id_source(env_id: str, gym_ids: GymIdOptions, max_frames_per_traj: int | None,
+                   privileged: Transform | None) -> tuple[Callable[[], EnvBase], str]:
+    """A worker's factory of the gymnasium id ``env_id`` as ``gym_ids`` says to build it, and its engine."""
+    options = dataclasses.asdict(gym_ids)
+    check_int("num_envs", options["num_envs"], 1)
+    if max_frames_per_traj:
+        options["env_kwargs"] = {**(options["env_kwargs"] or {}), "max_episode_steps": max_frames_per_traj}
+    options["engine"] = select_engine(env_id, options["engine"], options["env_kwargs"], privileged)
+    return functools.partial(make_gym_id_env, env_id, options.pop("num_envs"), **options), options["engine"]
 
 
 class _FactoryCopy:
