@@ -451,8 +451,8 @@ def test_a_node_lost_to_its_batch_call_and_its_ping_is_replaced_once():
         assert collector.wait_for_frames(64, timeout=120)
         assert wait_until(lambda: len(collector._pings) == 2 and "pid" in collector.node_hosts[1], timeout=60)  # noqa: SLF001
         lost = collector.remote_collectors[1]
-        # the collection thread checks its nodes under this lock: the order of the two failures is the test's
-        with collector._cond:  # noqa: SLF001
+        # the collection thread checks its nodes under its pacing lock: the order of the two failures is the test's
+        with collector._delivered._cond:  # noqa: SLF001
             ray.wait(list(collector._pings), num_returns=2, timeout=60)  # noqa: SLF001
             collector._watch_nodes()  # noqa: SLF001  the live nodes' answers: no ping left in flight
             assert not collector._pings and collector.node_restarts == [0, 0]  # noqa: SLF001

@@ -21,6 +21,7 @@ random frames it had not written.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -29,8 +30,8 @@ import torch
 
 from torchrl_unilab._sync import ProcessLock
 
-__all__ = ["NODE_STREAM_TRAJ_BITS", "STREAM_TRAJ_BITS", "FrameControl", "check_wait", "node_traj_ids",
-           "split_random_frames"]
+__all__ = ["NODE_STREAM_TRAJ_BITS", "STREAM_TRAJ_BITS", "DeliveredFrames", "FrameControl", "check_wait",
+           "node_traj_ids", "num_batches", "split_random_frames", "stream_seed"]
 
 #: Trajectory ids are unique over workers, their replacements and Ray nodes. A worker's seed stream ``s``
 #: numbers its trajectories from ``s << STREAM_TRAJ_BITS``. A Ray node started in a lost node's place, the
@@ -79,6 +80,37 @@ def split_random_frames(random_frames: int, num_workers: int, frames_per_batch: 
     return shares
 
 
+def stream_seed(seed: int | None, unit: int, stream: int, num_units: int, block: int) -> int | None:
+    """The first seed of ``unit`` (a worker of a collector, or a node of a Ray collector) on seed ``stream``.
+
+    Each unit seeds ``block`` envs from it. Stream 0 takes the first ``num_units * block`` seeds, and each later
+    stream (that of a unit started in a lost one's place) the next block of as many, so no two envs share a seed.
+
+    Examples:
+        >>> [stream_seed(100, unit, 0, num_units=2, block=4) for unit in (0, 1)], stream_seed(100, 0, 1, 2, 4)
+        ([100, 104], 108)
+        >>> stream_seed(None, 0, 0, 2, 4) is None
+        True
+    """
+    return None if seed is None else seed + (stream * num_units + unit) * block
+
+
+def num_batches(total_frames: int | float, frames_per_batch: int) -> int:
+    """A collector's ``len()``, as TorchRL's: the batches it yields to reach ``total_frames`` (the last one whole).
+
+    Examples:
+        >>> num_batches(1000, 256)
+        4
+        >>> num_batches(float("inf"), 256)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: a collector with total_frames=-1 does not stop, so it has no length
+    """
+    if total_frames == float("inf"):
+        raise RuntimeError("a collector with total_frames=-1 does not stop, so it has no length")
+    return -(-int(total_frames) // frames_per_batch)
+
+
 def check_wait(frames: int, *, total_frames: int | float, restored: int = 0, reachable: int,
                background: bool) -> None:
     """Raises the ``ValueError`` of a ``wait_for_frames(frames)`` that could never return, for both collectors.
@@ -110,9 +142,8 @@ class FrameControl:
     counts themselves survive such a kill whole: each worker's record is
     changed in a spare copy that one store makes current (:meth:`_changing`),
     and the totals are sums of the records. With counters changed in place, a
-    worker SIGKILLed between two of them left a batch counted twice (CI:
-    2112 frames counted for 2048 rows) or a claim never handed back, so
-    ``total_frames`` was never reached.
+    worker SIGKILLed between two of them would leave a batch counted twice or a
+    claim never handed back, and ``total_frames`` would never be reached.
 
     Args:
         random_frames: each worker's share of the random frames (see
@@ -305,4 +336,80 @@ class FrameControl:
                 return False
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
+        return True
+
+
+class DeliveredFrames:
+    """Frames delivered in this process against an allowance: the pacing of a collector whose batches arrive here.
+
+    A collection thread :meth:`add`-s each batch it delivers and :meth:`hold`-s
+    while the learner's :meth:`allow`-ance is reached; the learner
+    :meth:`wait_for`-s frames. A failure of the collection thread
+    (:meth:`fail`) is raised to every waiter, and again on each later wait.
+    :class:`~torchrl_unilab.collectors.ray_collector.RayOffPolicyCollector`
+    paces its nodes with it; :class:`FrameControl` is the same knob shared with
+    worker processes.
+
+    Examples:
+        >>> frames = DeliveredFrames()
+        >>> frames.allow(64)
+        >>> frames.add(64)
+        >>> frames.written, frames.wait_for(64, timeout=0), frames.wait_for(128, timeout=0.01)
+        (64, True, False)
+        >>> frames.hold(stop=lambda: True)  # returns at once when told to stop
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._written = 0
+        self._allowed: float = 0
+        self._error: BaseException | None = None
+
+    @property
+    def written(self) -> int:
+        """Frames delivered so far."""
+        return self._written
+
+    def allow(self, frames: int | None) -> None:
+        """Sets the allowance (``None``: no limit)."""
+        with self._cond:
+            self._allowed = float("inf") if frames is None else frames
+            self._cond.notify_all()
+
+    def add(self, frames: int) -> None:
+        """Counts a delivered batch."""
+        with self._cond:
+            self._written += frames
+            self._cond.notify_all()
+
+    def hold(self, stop: Callable[[], bool], while_held: Callable[[], None] = lambda: None,
+             interval: float = 0.5) -> None:
+        """Blocks while the allowance is reached, until ``stop()``; calls ``while_held`` every ``interval`` s."""
+        with self._cond:
+            while self._written >= self._allowed and not stop():
+                self._cond.wait(interval)
+                while_held()
+
+    def fail(self, error: BaseException) -> None:
+        """Hands the collection thread's failure to the waiters."""
+        with self._cond:
+            self._error = error
+            self._cond.notify_all()
+
+    def raise_if_failed(self) -> None:
+        """Raises the failure given to :meth:`fail`, on every call: a later wait would otherwise block for good."""
+        if self._error is not None:
+            raise self._error
+
+    def wait_for(self, frames: int, timeout: float | None = None) -> bool:
+        """Blocks until ``frames`` frames are delivered; False on timeout. Raises the collection thread's failure."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._written < frames:
+                self.raise_if_failed()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(0.1 if left is None else min(left, 0.1))
+        self.raise_if_failed()
         return True

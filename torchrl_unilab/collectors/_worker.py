@@ -28,7 +28,7 @@ from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from torchrl_unilab.collectors._batches import BatchSlots, SlotWriter
-from torchrl_unilab.collectors._control import STREAM_TRAJ_BITS, FrameControl
+from torchrl_unilab.collectors._control import STREAM_TRAJ_BITS, FrameControl, stream_seed
 from torchrl_unilab.collectors._policy import PolicyFromFactory
 from torchrl_unilab.collectors._processes import (
     report_error,
@@ -146,9 +146,7 @@ class WorkerConfig:
 
         All distinct: stream 0 takes the first ``num_workers * num_envs`` seeds, each later stream the next block.
         """
-        if self.seed is None:
-            return None
-        return self.seed + (self.stream(worker_idx) * self.num_workers + worker_idx) * self.num_envs
+        return stream_seed(self.seed, worker_idx, self.stream(worker_idx), self.num_workers, self.num_envs)
 
     def torch_seed(self, worker_idx: int) -> int | None:
         """The worker's torch seed (random actions, exploration noise): a hash of ``seed``, its stream and the worker.

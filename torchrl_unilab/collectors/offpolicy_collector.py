@@ -30,7 +30,7 @@ from torchrl_unilab.collectors._arguments import (
 )
 from torchrl_unilab.collectors._batches import BatchSlots, FeedThread, to_storing_device, torchrl_layout
 from torchrl_unilab.collectors._checkpoint import CheckpointAPI
-from torchrl_unilab.collectors._control import FrameControl, check_wait, split_random_frames
+from torchrl_unilab.collectors._control import FrameControl, check_wait, num_batches, split_random_frames
 from torchrl_unilab.collectors._env_view import EnvView
 from torchrl_unilab.collectors._in_process_api import InProcessCollectorAPI
 from torchrl_unilab.collectors._policy import PolicyFromFactory, PolicyRecipe
@@ -727,9 +727,7 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
             raise feed.error
 
     def __len__(self) -> int:
-        if self.total_frames == float("inf"):
-            raise RuntimeError("a collector with total_frames=-1 does not stop, so it has no length")
-        return int(self.total_frames) // self.frames_per_batch
+        return num_batches(self.total_frames, self.frames_per_batch)
 
     def __bool__(self) -> bool:
         # Without it, bool() would call __len__, which raises for a collector with no frame limit. Ray tests an

@@ -39,7 +39,14 @@ from torchrl.envs.utils import ExplorationType
 
 from torchrl_unilab._checks import check_int
 from torchrl_unilab._residue import pid_alive
-from torchrl_unilab.collectors._control import check_wait, node_traj_ids, split_random_frames
+from torchrl_unilab.collectors._control import (
+    DeliveredFrames,
+    check_wait,
+    node_traj_ids,
+    num_batches,
+    split_random_frames,
+    stream_seed,
+)
 from torchrl_unilab.collectors._processes import WorkerError, _remove_fork_server_dir, sweep_stale_fork_server_dirs
 from torchrl_unilab.collectors._worker import TRAJ_KEY, VERSION_KEY
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
@@ -378,7 +385,7 @@ class RayOffPolicyCollector(RayCollector):
         self.seed, self.num_nodes, self.max_node_restarts = seed, num_nodes, max_node_restarts
         # Each node's seed streams take blocks of seeds wide enough for its workers' own restarts.
         self._seed_block = num_workers * num_envs * (int(kwargs.get("max_worker_restarts", 0)) + 1)
-        self._node_seeds = [self._node_seed(i, 0) for i in range(num_nodes)]
+        self._node_seeds = [stream_seed(seed, i, 0, num_nodes, self._seed_block) for i in range(num_nodes)]
         self.node_restarts = [0] * num_nodes
         self._node_delivered = [[0, 0] for _ in range(num_nodes)]  # frames and random frames received per node
         self._replaced: set[int] = set()
@@ -395,10 +402,7 @@ class RayOffPolicyCollector(RayCollector):
         self._fetched: dict[Any, TensorDictBase | None] = {}  # finished calls, in arrival order
         # liveness calls to nodes whose batch waits in _fetched -> (node index, the actor pinged)
         self._pings: dict[Any, tuple[int, Any]] = {}
-        self._pump_error: BaseException | None = None
-        self._cond = threading.Condition()
-        self._written = 0
-        self._allowed: float = 0
+        self._delivered = DeliveredFrames()  # the pacing of background collection (allow_frames, wait_for_frames)
         self._write_lock = threading.Lock()
         self.published_version = 1
         self.receive_s = 0.0
@@ -429,9 +433,6 @@ class RayOffPolicyCollector(RayCollector):
         self._lazy_initialize_weight_sync()
 
     # ------------------------------------------------------------ construction
-    def _node_seed(self, idx: int, stream: int) -> int | None:
-        return None if self.seed is None else self.seed + (stream * self.num_nodes + idx) * self._seed_block
-
     def add_collectors(self, create_env_fn, num_envs, policy, collector_kwargs, remote_configs) -> None:
         """RayCollector's hook, with each node's exact share of random frames and its own seed."""
         collector_kwargs = [
@@ -458,8 +459,9 @@ class RayOffPolicyCollector(RayCollector):
                 random_frames += 0 if out is None else int((out[VERSION_KEY] == -1).sum())
         owed = max(0, self._node_random_frames[idx] - (random_frames if self._local_buffer is not None
                                                          or self.replay_buffer is None else frames))
-        params = dict(kwargs[idx], worker_idx=idx, seed=self._node_seed(idx, stream), init_random_frames=owed,
-                      node_stream=stream, version_offset=self.published_version - 1)
+        seed = stream_seed(self.seed, idx, stream, self.num_nodes, self._seed_block)
+        params = dict(kwargs[idx], worker_idx=idx, seed=seed, init_random_frames=owed, node_stream=stream,
+                      version_offset=self.published_version - 1)
         actor = self._make_collector(self.collector_class.as_remote(configs[idx]).remote,
                                      env_maker=[env_fns[idx]] * num_envs,
                                      policy=policy[idx] if isinstance(policy, Sequence) else policy,
@@ -475,9 +477,7 @@ class RayOffPolicyCollector(RayCollector):
         self.node_hosts[idx] = f"replacement {stream} of node {idx} (starting)"
 
     def __len__(self) -> int:
-        if self.total_frames == float("inf"):
-            raise RuntimeError("a collector with total_frames=-1 does not stop, so it has no length")
-        return -(-int(self.total_frames) // self.frames_per_batch)
+        return num_batches(self.total_frames, self.frames_per_batch)
 
     def __bool__(self) -> bool:
         return True
@@ -492,9 +492,7 @@ class RayOffPolicyCollector(RayCollector):
                     self._local_buffer.extend(out)
                 self.receive_s += time.perf_counter() - start
                 out = None
-            with self._cond:
-                self._written += self.frames_per_batch
-                self._cond.notify_all()
+            self._delivered.add(self.frames_per_batch)
             yield out
 
     def _async_iterator(self) -> Iterator[TensorDictBase | None]:
@@ -630,9 +628,7 @@ class RayOffPolicyCollector(RayCollector):
         if self._local_buffer is None and self.replay_buffer is None:
             raise RuntimeError("background collection needs replay_buffer= (a local ReplayBuffer or a RayReplayBuffer)")
         self._raise_if_failed()
-        with self._cond:
-            self._allowed = float("inf") if frames is None else frames
-            self._cond.notify_all()
+        self._delivered.allow(frames)
         if self._collection_thread is None:
             self._collection_thread = threading.Thread(target=self._pump, name="RayOffPolicyCollector", daemon=True)
             self._collection_thread.start()
@@ -641,22 +637,14 @@ class RayOffPolicyCollector(RayCollector):
         try:
             it = self.iterator()
             while not self._stop_event.is_set():
-                with self._cond:
-                    while self._written >= self._allowed and not self._stop_event.is_set():
-                        self._cond.wait(0.5)
-                        self._watch_nodes()
+                self._delivered.hold(stop=self._stop_event.is_set, while_held=self._watch_nodes)
                 if self._stop_event.is_set() or next(it, StopIteration) is StopIteration:
                     return
         except BaseException as err:  # noqa: BLE001 - handed to the learner's thread
-            with self._cond:
-                self._pump_error = err
-                self._cond.notify_all()
+            self._delivered.fail(err)
 
     def _raise_if_failed(self) -> None:
-        # Raised again on every call, as OffPolicyCollector's worker errors: a wait after the first would
-        # otherwise block for good on a collection thread that has ended.
-        if self._pump_error is not None:
-            raise self._pump_error
+        self._delivered.raise_if_failed()
 
     def wait_for_frames(self, frames: int, timeout: float | None = None) -> bool:
         """Blocks until ``frames`` frames reached the buffer; False on timeout. Raises a node's error.
@@ -666,23 +654,14 @@ class RayOffPolicyCollector(RayCollector):
         (call :meth:`start` or :meth:`allow_frames` first).
         """
         self._raise_if_failed()
-        check_wait(frames, total_frames=self.total_frames, reachable=self._written,
+        check_wait(frames, total_frames=self.total_frames, reachable=self._delivered.written,
                    background=self._collection_thread is not None)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while self._written < frames:
-                self._raise_if_failed()
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cond.wait(0.1 if left is None else min(left, 0.1))
-        self._raise_if_failed()
-        return True
+        return self._delivered.wait_for(frames, timeout)
 
     @property
     def frames_written(self) -> int:
         """Frames delivered so far (extended into the local buffer, or written by the nodes to the Ray buffer)."""
-        return self._written
+        return self._delivered.written
 
     @contextlib.contextmanager
     def pause(self, timeout: float = 30.0, *, resume: bool = True) -> Iterator[None]:
@@ -766,7 +745,7 @@ class RayOffPolicyCollector(RayCollector):
         returns = [m["mean_return"] for m in nodes.values() if m.get("mean_return") == m.get("mean_return")]
         lengths = [m["mean_length"] for m in nodes.values() if m.get("mean_length") == m.get("mean_length")]
         return {
-            "frames": self._written,
+            "frames": self._delivered.written,
             "node_frames": sum(m["frames"] for m in nodes.values()),
             "mean_return": sum(returns) / len(returns) if returns else float("nan"),
             "mean_length": sum(lengths) / len(lengths) if lengths else float("nan"),
