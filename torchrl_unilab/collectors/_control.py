@@ -173,11 +173,12 @@ class FrameControl:
     """
 
     def __init__(self, random_frames: list[int] | None = None, frames_per_batch: int = 1,
-                 total_frames: int | None = None) -> None:
+                 total_frames: int | float | None = None) -> None:
         self._lock = ProcessLock()
         reserved = [-(-share // frames_per_batch) * frames_per_batch for share in random_frames or [0]]
         self.frames_per_batch = frames_per_batch
-        limits = torch.tensor([0, _UNLIMITED if total_frames is None else int(total_frames)])
+        limits = torch.tensor([0, _UNLIMITED if total_frames is None or total_frames == float("inf")
+                               else int(total_frames)])
         # Two copies of each worker's record, and which one is current.
         records = torch.zeros(len(reserved), 2, 8, dtype=torch.int64)
         records[:, 0, _RESERVED] = torch.tensor(reserved, dtype=torch.int64)
@@ -242,10 +243,10 @@ class FrameControl:
         with self._lock:
             return int(self._current_records()[:, _WRITTEN].sum())
 
-    def allow(self, frames: int | None) -> None:
-        """Sets the allowance (``None`` for no limit). It may go down, never below ``claimed``."""
+    def allow(self, frames: int | float | None) -> None:
+        """Sets the allowance (``None`` or infinity for no limit). It may go down, never below ``claimed``."""
         with self._lock:
-            value = _UNLIMITED if frames is None else int(frames)
+            value = _UNLIMITED if frames is None or frames == float("inf") else int(frames)
             self._limits[_ALLOWED] = max(value, self._claimed())
 
     def freeze(self) -> int:

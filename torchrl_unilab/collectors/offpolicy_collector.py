@@ -30,9 +30,10 @@ from torchrl_unilab.collectors._arguments import (
 )
 from torchrl_unilab.collectors._batches import BatchSlots, FeedThread, to_storing_device, torchrl_layout
 from torchrl_unilab.collectors._checkpoint import CheckpointAPI
-from torchrl_unilab.collectors._control import FrameControl, check_wait, num_batches, split_random_frames
+from torchrl_unilab.collectors._control import FrameControl, num_batches, split_random_frames
 from torchrl_unilab.collectors._env_view import EnvView
 from torchrl_unilab.collectors._in_process_api import InProcessCollectorAPI
+from torchrl_unilab.collectors._pacing_api import PacingAPI
 from torchrl_unilab.collectors._policy import PolicyFromFactory, PolicyRecipe
 from torchrl_unilab.collectors._probe import probe_in_process, probe_step
 from torchrl_unilab.collectors._processes import (
@@ -69,7 +70,7 @@ __all__ = ["OffPolicyCollector", "WorkerError"]
 _log = logging.getLogger("torchrl.unilab")
 
 
-class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, MultiAsyncCollector):
+class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, CheckpointAPI, MultiAsyncCollector):
     """TorchRL's asynchronous multi-process collector, rebuilt for off-policy training.
 
     Each of ``num_workers`` workers steps a batch of environments, picks actions
@@ -491,7 +492,7 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         """
         random_frames = max(0, self.init_random_frames - self._restored)
         self._random_shares = split_random_frames(random_frames, self.num_workers, self.frames_per_batch)
-        self._control = FrameControl(self._random_shares, self.frames_per_batch, _cap(self._total_to_write))
+        self._control = FrameControl(self._random_shares, self.frames_per_batch, self._total_to_write)
 
     @property
     def _total_to_write(self) -> int | float:
@@ -689,36 +690,6 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         self._local.write(batch)
         self._fed += self.frames_per_batch  # batches, as the workers count them (nonfinite="drop" drops rows)
 
-    def _start_feed(self) -> None:
-        """A local buffer is fed by a thread of this process while collection runs in the background."""
-        if self._local is not None and self._feed is None:
-            self._feed = FeedThread(functools.partial(self._take_batch, raise_failures=False), self._write_local)
-
-    @property
-    def _workers_write(self) -> bool:
-        """Whether the workers write into ``replay_buffer`` themselves (the fast path)."""
-        return self.replay_buffer is not None and self._local is None
-
-    @property
-    def _buffer_frames(self) -> int:
-        """Frames in ``replay_buffer`` (or held there as unfinished trajectories) from these workers."""
-        return self._fed if self._local is not None else self._control.written
-
-    def _allow_ahead(self) -> None:
-        """Lets the workers collect up to one batch each past what was consumed (just the next batch in lockstep)."""
-        if not self._running_free:
-            batches = 1 if self._lockstep else self.num_workers
-            ahead = min(self.total_frames, self._frames + batches * self.frames_per_batch)
-            self._control.allow(_cap(ahead - self._restored))
-
-    def _wait(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
-        reached = self._control.wait(predicate, timeout=timeout, on_poll=self._raise_if_failed)
-        if self._pool is not None:
-            # The other workers can write the last frames before the watcher has named one that died on the
-            # way (one worker alone can write the rest); its report gets a moment to arrive.
-            self._pool.raise_if_failed(wait_for_report=1.0)
-        return reached
-
     def _raise_if_failed(self) -> None:
         if self._pool is not None:
             self._pool.raise_if_failed()
@@ -733,75 +704,6 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         # Without it, bool() would call __len__, which raises for a collector with no frame limit. Ray tests an
         # actor's truth when it stores a task error: a node would lose its remote traceback.
         return True
-
-    def start(self) -> None:
-        """Lets every worker collect into ``replay_buffer`` in the background until ``total_frames``."""
-        self._require_buffer("start()")
-        self._ensure_started()
-        self._raise_if_failed()
-        self._running_free = True
-        self._start_feed()
-        self._control.allow(_cap(self._total_to_write))
-
-    def allow_frames(self, frames: int | None) -> None:
-        """Caps the total frames workers may write (``None``: up to ``total_frames``).
-
-        Workers that reach the cap wait (they are paused, no data is dropped);
-        learners use this to bound how far collection runs ahead of training.
-        """
-        self._require_buffer("allow_frames()")
-        self._ensure_started()
-        self._raise_if_failed()
-        self._running_free = True
-        self._start_feed()
-        self._control.allow(_cap(self._total_to_write if frames is None else min(frames, self._total_to_write)))
-
-    def _require_buffer(self, what: str) -> None:
-        if self.replay_buffer is None:
-            raise RuntimeError(
-                f"{what} lets workers collect in the background into a replay buffer; this collector has none "
-                "(replay_buffer=None), so iterate over it instead"
-            )
-
-    @contextlib.contextmanager
-    def pause(self) -> Iterator[None]:
-        """Context manager: no new batch starts inside it, and batches in flight are written first."""
-        if not self._started:
-            yield
-            return
-        previous = self._control.freeze()
-        # with a feed thread, also until what the workers handed over is in the local buffer
-        self._wait(lambda: self._control.written >= self._control.claimed
-                   and (self._feed is None or self._fed >= self._control.written))
-        try:
-            yield
-        finally:
-            self._control.allow(previous)
-
-    def wait_for_frames(self, frames: int, timeout: float | None = None) -> bool:
-        """Blocks until ``frames`` frames are written; False on timeout. Raises a worker's error.
-
-        Starts the workers if they have not started. A wait that could never end
-        raises ``ValueError`` instead: ``frames`` above ``total_frames``, or above
-        what the workers are allowed to collect (call :meth:`start` or
-        :meth:`allow_frames` first).
-        """
-        check_wait(frames, total_frames=self.total_frames, restored=self._restored, reachable=frames,
-                   background=True)
-        self._ensure_started()
-        check_wait(frames, total_frames=self.total_frames, restored=self._restored,
-                   reachable=self._control.allowed, background=self._running_free)
-        self._start_feed()  # a local buffer needs a writer while this waits
-        return self._wait(lambda: self._buffer_frames >= frames, timeout)
-
-    @property
-    def frames_written(self) -> int:
-        """Frames collected by all workers so far (written into the buffer or handed over)."""
-        if self.replay_buffer is None:
-            # A worker counts a batch after handing it over (and after its post-collect hook), so the consumer
-            # can hold one the counter does not show yet; what was yielded is collected.
-            return max(self._control.written, self._handed_over)
-        return self._buffer_frames
 
     # ---------------------------------------------------------------- closing
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
@@ -861,9 +763,6 @@ def _idle_limit() -> float | None:
     limit = torchrl_constants._MAX_IDLE_COUNT * torchrl_constants._TIMEOUT
     return None if limit >= torch.iinfo(torch.int64).max else limit
 
-
-def _cap(frames: int | float) -> int | None:
-    return None if frames == float("inf") else int(frames)
 
 
 def _no_op() -> None:
