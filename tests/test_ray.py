@@ -608,3 +608,13 @@ def test_no_ray_process_is_left_after_ray_shutdown():
     ray.shutdown()
     assert wait_until(lambda: gone(list(ray_procs)), timeout=60), \
         {pid: cmd for pid, cmd in ray_procs.items() if not gone([pid])}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_nodes=0), "num_nodes must be an int >= 1, got 0"),
+    (dict(max_node_restarts=-1), "max_node_restarts must be an int >= 0, got -1"),
+    (dict(on_node_failure="drop"), r"on_node_failure must be one of \('raise', 'continue'\), got 'drop'"),
+])
+def test_a_bad_argument_is_named_before_any_node_starts(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RayOffPolicyCollector("Pendulum-v1", linear_policy(3, 1), frames_per_batch=32, **kwargs)

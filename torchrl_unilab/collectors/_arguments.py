@@ -169,6 +169,29 @@ class CollectorSpec:
     devices: Mapping[str, Any]
 
 
+#: what a Ray collector does when a node's actor is lost for good
+ON_NODE_FAILURE = ("raise", "continue")
+
+
+def check_ray_arguments(*, num_nodes: int, num_workers: int, num_envs: int, init_random_frames: int,
+                        max_node_restarts: int, on_node_failure: str) -> None:
+    """The checks of :class:`~torchrl_unilab.collectors.ray_collector.RayOffPolicyCollector`'s own arguments.
+
+    Examples:
+        >>> check_ray_arguments(num_nodes=2, num_workers=1, num_envs=4, init_random_frames=0, max_node_restarts=0,
+        ...                     on_node_failure="drop")
+        Traceback (most recent call last):
+        ...
+        ValueError: on_node_failure must be one of ('raise', 'continue'), got 'drop'
+    """
+    for name, value, minimum in (("num_nodes", num_nodes, 1), ("num_workers", num_workers, 1),
+                                 ("num_envs", num_envs, 1), ("init_random_frames", init_random_frames, 0),
+                                 ("max_node_restarts", max_node_restarts, 0)):
+        check_int(name, value, minimum)
+    if on_node_failure not in ON_NODE_FAILURE:
+        raise ValueError(f"on_node_failure must be one of {ON_NODE_FAILURE}, got {on_node_failure!r}")
+
+
 def check_arguments(
     *, torchrl_kwargs: Mapping[str, Any], devices: Mapping[str, Any], replay_buffer: ReplayBuffer | None,
     num_workers: int | None, num_collectors: int | None, total_frames: int | None, init_random_frames: int | None,

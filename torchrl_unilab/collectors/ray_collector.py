@@ -37,8 +37,8 @@ from torchrl.collectors.distributed import RayCollector
 from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType
 
-from torchrl_unilab._checks import check_int
 from torchrl_unilab._residue import pid_alive
+from torchrl_unilab.collectors._arguments import check_ray_arguments
 from torchrl_unilab.collectors._control import (
     DeliveredFrames,
     check_wait,
@@ -57,7 +57,6 @@ from torchrl_unilab.weight_update.weight_sync_scheme import _flat_weights
 
 __all__ = ["NodeError", "RayNodeCollector", "RayOffPolicyCollector"]
 
-ON_NODE_FAILURE = ("raise", "continue")
 
 # RayCollector passes these MultiAsyncCollector arguments to every remote
 # collector, at its own defaults; a node only takes them at those values.
@@ -355,12 +354,9 @@ class RayOffPolicyCollector(RayCollector):
         ray_init_config: Mapping[str, Any] | None = None,
     ) -> None:
         ray = _ray()
-        for name, value, minimum in (("num_nodes", num_nodes, 1), ("num_workers", num_workers, 1),
-                                     ("num_envs", num_envs, 1), ("init_random_frames", init_random_frames, 0),
-                                     ("max_node_restarts", max_node_restarts, 0)):
-            check_int(name, value, minimum)
-        if on_node_failure not in ON_NODE_FAILURE:
-            raise ValueError(f"on_node_failure must be one of {ON_NODE_FAILURE}, got {on_node_failure!r}")
+        check_ray_arguments(num_nodes=num_nodes, num_workers=num_workers, num_envs=num_envs,
+                            init_random_frames=init_random_frames, max_node_restarts=max_node_restarts,
+                            on_node_failure=on_node_failure)
         kwargs = dict(collector_kwargs or {})
         # RayCollector sets every node's max_frames_per_traj from its own argument, over collector_kwargs'.
         max_frames_per_traj = kwargs.pop("max_frames_per_traj", None)
