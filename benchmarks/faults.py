@@ -112,6 +112,23 @@ def id_writer(replay_buffer, first: int, rows: int) -> None:
         first += rows
 
 
+def fork_call(target: Callable[..., object], *args: object) -> int:
+    """Forks a child that runs ``target(*args)``; returns its pid.
+
+    The child never returns into the caller's code: it leaves with ``os._exit``,
+    0 once ``target`` returns and 1 if it raises (no traceback, no cleanup).
+    """
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            target(*args)
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
+
+
 def _forker_main(replay_buffer, rows: int, commands) -> None:
     # A spawned process forks the writers: a fork starts in milliseconds where a
     # spawn re-imports torch (seconds), and this process has no other threads to
@@ -121,13 +138,7 @@ def _forker_main(replay_buffer, rows: int, commands) -> None:
         first = commands.recv()
         if first is None:
             return
-        pid = os.fork()
-        if pid == 0:
-            try:
-                id_writer(replay_buffer, first, rows)
-            finally:
-                os._exit(1)
-        commands.send(pid)
+        commands.send(fork_call(id_writer, replay_buffer, first, rows))
 
 
 class WriterForker:

@@ -25,43 +25,23 @@ Ctrl-C saves a checkpoint to resume from.
 from __future__ import annotations
 
 import hydra
-import torch
 from omegaconf import DictConfig
 
-from torchrl_unilab.data import BufferSampler
-from torchrl_unilab.objectives import tensor_loss
 from torchrl_unilab.trainers.compile import compile_update
-from torchrl_unilab.trainers.device import learner_device
-from torchrl_unilab.trainers.recipes_utils import (
-    env_info,
-    make_loss_module,
-    make_networks,
-    make_optimizer,
-    make_replay_buffer,
-)
-from torchrl_unilab.trainers.run import RecipeRun
-from torchrl_unilab.trainers.threads import flush_denormals
+from torchrl_unilab.trainers.recipes_utils import make_learner, start_run
 
 
 @hydra.main(config_path="config", config_name="sac", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
-    # before any parallel op: torch's threads copy the flag at start
-    flush_denormals(cfg.optim.get("flush_denormal", True))
-    torch.manual_seed(cfg.env.seed)
-    device = learner_device(cfg.network.device)  # TorchRL's key; null: cuda if available, else cpu
-
-    # Networks on the learner's device: actor, critic, and the exploration policy ([normaliser,] actor, noise);
-    # the workers act on a CPU copy of that policy (nets.worker_policy: the policy itself on CPU)
-    nets = make_networks(cfg, "sac", env_info(cfg), device=device)
-
-    # Loss: TorchRL's SACLoss (two Q-networks, learned alpha), Polyak-averaged target critics, one Adam
-    loss_module, target_net_updater = make_loss_module(cfg, "sac", nets)
-    optimizer = make_optimizer(cfg, loss_module)
-    # The same losses as the loss module, from its own parameters, faster (None where it does not apply);
-    # it has no importance weights, so prioritized replay trains with the loss module.
-    prb, priority = cfg.replay_buffer.prb, loss_module.tensor_keys.priority
-    fast_loss = tensor_loss(loss_module) if cfg.compile.fast_loss and not prb else None
-    loss_fn = fast_loss or loss_module
+    # Denormals flushed and torch seeded; then, on the learner's device (network.device; null: cuda if available,
+    # else cpu), the networks: actor, critic, and the exploration policy ([normaliser,] actor, noise) whose CPU copy
+    # the workers act on; TorchRL's SACLoss (two Q-networks, learned alpha), Polyak-averaged target critics, one Adam
+    learner = make_learner(cfg, "sac")
+    loss_module, optimizer, target_net_updater = learner.loss_module, learner.optimizer, learner.target_net_updater
+    # learner.fast_loss: the same losses as the loss module, from its own parameters, faster (None where it does not
+    # apply); it has no importance weights, so prioritized replay trains with the loss module.
+    loss_fn = learner.fast_loss or loss_module
+    prb, priority = learner.prb, loss_module.tensor_keys.priority
 
     def update(batch):
         loss_td = loss_fn(batch)  # SACLoss also writes each row's "td_error" into batch
@@ -75,31 +55,23 @@ def main(cfg: DictConfig) -> dict:
         return losses
 
     # torch.compile, and on CUDA CUDA graphs, as the compile section asks (TorchRL's sota scripts, LeanRL)
-    update = compile_update(update, cfg.compile, device)
+    update = compile_update(update, cfg.compile, learner.device)
 
-    # Replay buffer in shared memory; the collector's workers fill it in the background
-    replay_buffer = make_replay_buffer(cfg)
-    # Run directory, checkpoint (resume=...), logger, evaluation, collector and UTD pacing
-    run = RecipeRun(cfg, "SAC", nets.policy, replay_buffer, normalizer=nets.normalizer,
-                    critic_normalizer=nets.critic_normalizer, worker_policy=nets.worker_policy,
-                    modules={"loss": loss_module, "optimizer": optimizer, "target_updater": target_net_updater})
+    # Replay buffer in shared memory, which the collector's workers fill in the background; the run: directory,
+    # checkpoint (resume=...), logger, evaluation, collector and UTD pacing; sample(): replay_buffer.sample() for the
+    # keys the losses read ("privileged" too for an asymmetric critic), into reused tensors (benchmarks/sampling.py);
+    # for a GPU through pinned memory, the copy queued while the GPU still runs the previous update
+    run, sample = start_run(cfg, "SAC", learner)
     utd = run.utd
-    # replay_buffer.sample() for the keys the losses read (nets.sample_keys: "privileged" too for an asymmetric
-    # critic), into reused tensors (benchmarks/sampling.py); for a GPU through pinned memory, the copy queued while
-    # the GPU still runs the previous update
-    sample = BufferSampler(replay_buffer, cfg.optim.batch_size, keys=nets.sample_keys, device=device)
 
     with run:  # Ctrl-C / SIGTERM: finish the update, save a checkpoint, shut the collector down
         while not run.done:  # total_frames trained on, max_minutes spent, or Ctrl-C / SIGTERM
             utd.wait()  # learner ahead: wait for data (lock-step: collect the next chunk)
 
-            batch, info = sample()  # rows the buffer's sampler picks (prb: by priority), copied under its lock
-            if prb:
-                batch.set(loss_module.tensor_keys.priority_weight, info["priority_weight"])
-            nets.normalize(batch)  # raw rows -> what the networks read (observation; privileged for its critic)
+            batch, info = sample()  # rows the buffer's sampler picks (prb: by priority, with their weights)
+            learner.nets.normalize(batch)  # raw rows -> what the networks read (observation; privileged for its critic)
             losses = update(batch)
-            if prb:
-                replay_buffer.update_priority(info["index"], losses[priority])
+            sample.update_priorities(info, losses)  # prb: each row's new priority back to the buffer
 
             utd.step()  # collector ahead: its workers pause at the cap this moves
             run.after_update(batch, losses)  # weight publish, logging, evaluation, checkpoint when due

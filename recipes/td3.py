@@ -33,19 +33,8 @@ from tensordict import TensorDictBase
 from torchrl.objectives import TD3Loss
 from torchrl.objectives.utils import TargetNetUpdater
 
-from torchrl_unilab.data import BufferSampler
-from torchrl_unilab.objectives import tensor_loss
 from torchrl_unilab.trainers.compile import compile_update
-from torchrl_unilab.trainers.device import learner_device
-from torchrl_unilab.trainers.recipes_utils import (
-    env_info,
-    make_loss_module,
-    make_networks,
-    make_optimizer,
-    make_replay_buffer,
-)
-from torchrl_unilab.trainers.run import RecipeRun
-from torchrl_unilab.trainers.threads import flush_denormals
+from torchrl_unilab.trainers.recipes_utils import make_learner, start_run
 
 
 def make_update(loss_module: TD3Loss, optimizer: torch.optim.Optimizer, target_net_updater: TargetNetUpdater,
@@ -61,6 +50,8 @@ def make_update(loss_module: TD3Loss, optimizer: torch.optim.Optimizer, target_n
     Examples:
         >>> from omegaconf import OmegaConf
         >>> from tensordict import TensorDict
+        >>> from torchrl_unilab.objectives import tensor_loss
+        >>> from torchrl_unilab.trainers.recipes_utils import env_info, make_loss_module, make_networks, make_optimizer
         >>> cfg = OmegaConf.create({"network": {"hidden_sizes": [8], "use_layer_norm": False},
         ...     "optim": {"gamma": 0.99, "loss_function": "l2", "target_update_polyak": 0.995, "policy_noise": 0.2,
         ...               "noise_clip": 0.5, "lr": 1e-3, "weight_decay": 0.0, "adam_eps": 1e-8}})
@@ -105,54 +96,34 @@ def make_update(loss_module: TD3Loss, optimizer: torch.optim.Optimizer, target_n
 
 @hydra.main(config_path="config", config_name="td3", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
-    # before any parallel op: torch's threads copy the flag at start
-    flush_denormals(cfg.optim.get("flush_denormal", True))
-    torch.manual_seed(cfg.env.seed)
-    device = learner_device(cfg.network.device)  # TorchRL's key; null: cuda if available, else cpu
-
-    # Networks on the learner's device: deterministic actor, critic, and the exploration policy (actor + Gaussian
-    # noise); the workers act on a CPU copy of that policy (nets.worker_policy: the policy itself on CPU)
-    nets = make_networks(cfg, "td3", env_info(cfg), device=device)
-
-    # Loss: TorchRL's TD3Loss (two Q-networks, target policy smoothing), Polyak-averaged targets, one Adam
-    loss_module, target_net_updater = make_loss_module(cfg, "td3", nets)
-    optimizer = make_optimizer(cfg, loss_module)
-    # The same losses as the loss module, from its own parameters, faster (None where it does not apply);
-    # it has no importance weights, so prioritized replay trains with the loss module.
-    prb = cfg.replay_buffer.prb
-    fast_loss = tensor_loss(loss_module) if cfg.compile.fast_loss and not prb else None
-
-    update = make_update(loss_module, optimizer, target_net_updater, fast_loss, prb=prb)
+    # Denormals flushed and torch seeded; then, on the learner's device (network.device; null: cuda if available,
+    # else cpu), the networks: deterministic actor, critic, and the exploration policy (actor + Gaussian noise) whose
+    # CPU copy the workers act on; TorchRL's TD3Loss (two Q-networks, target policy smoothing), Polyak-averaged
+    # targets, one Adam, and learner.fast_loss (None with prioritized replay, whose weights it does not read)
+    learner = make_learner(cfg, "td3")
+    update = make_update(learner.loss_module, learner.optimizer, learner.target_net_updater, learner.fast_loss,
+                         prb=learner.prb)
 
     # torch.compile, and on CUDA CUDA graphs, as the compile section asks (TorchRL's sota scripts, LeanRL);
     # one per value of update_actor: a CUDA graph replays the branch it captured
-    updates = {flag: compile_update(functools.partial(update, update_actor=flag), cfg.compile, device)
+    updates = {flag: compile_update(functools.partial(update, update_actor=flag), cfg.compile, learner.device)
                for flag in (False, True)}
 
-    # Replay buffer in shared memory; the collector's workers fill it in the background
-    replay_buffer = make_replay_buffer(cfg)
-    # Run directory, checkpoint (resume=...), logger, evaluation, collector and UTD pacing
-    run = RecipeRun(cfg, "TD3", nets.policy, replay_buffer, normalizer=nets.normalizer,
-                    critic_normalizer=nets.critic_normalizer, worker_policy=nets.worker_policy,
-                    modules={"loss": loss_module, "optimizer": optimizer, "target_updater": target_net_updater})
+    # Replay buffer in shared memory, which the collector's workers fill in the background; the run: directory,
+    # checkpoint (resume=...), logger, evaluation, collector and UTD pacing; sample(): replay_buffer.sample() for the
+    # keys the losses read, into reused tensors on the learner's device
+    run, sample = start_run(cfg, "TD3", learner)
     utd, policy_delay = run.utd, cfg.optim.policy_update_delay
-    # replay_buffer.sample() for the keys the losses read (nets.sample_keys: "privileged" too for an asymmetric
-    # critic), into reused tensors (benchmarks/sampling.py); for a GPU through pinned memory, the copy queued while
-    # the GPU still runs the previous update
-    sample = BufferSampler(replay_buffer, cfg.optim.batch_size, keys=nets.sample_keys, device=device)
 
     with run:  # Ctrl-C / SIGTERM: finish the update, save a checkpoint, shut the collector down
         while not run.done:  # total_frames trained on, max_minutes spent, or Ctrl-C / SIGTERM
             utd.wait()  # learner ahead: wait for data (lock-step: collect the next chunk)
 
-            batch, info = sample()  # rows the buffer's sampler picks (prb: by priority), copied under its lock
-            if prb:
-                batch.set(loss_module.tensor_keys.priority_weight, info["priority_weight"])
-            nets.normalize(batch)  # raw rows -> what the networks read (observation; privileged for its critic)
+            batch, info = sample()  # rows the buffer's sampler picks (prb: by priority, with their weights)
+            learner.nets.normalize(batch)  # raw rows -> what the networks read (observation; privileged for its critic)
             # The policy delay: the actor and the targets move on every policy_delay-th update only
             losses = updates[utd.updates % policy_delay == 0](batch)
-            if prb:
-                replay_buffer.update_priority(info["index"], losses[loss_module.tensor_keys.priority])
+            sample.update_priorities(info, losses)  # prb: each row's new priority back to the buffer
 
             utd.step()
             run.after_update(batch, losses)  # weight publish, logging, evaluation, checkpoint when due

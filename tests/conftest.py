@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import multiprocessing as mp
@@ -9,13 +10,33 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule
-from torchrl.envs import Transform
+from torchrl.data import ReplayBuffer
+from torchrl.envs import (
+    Compose,
+    DoubleToFloat,
+    EnvBase,
+    EnvCreator,
+    InitTracker,
+    ParallelEnv,
+    RewardSum,
+    SerialEnv,
+    StepCounter,
+    Transform,
+    TransformedEnv,
+)
 
+from torchrl_unilab import BatchedGymEnv, SharedWeights, layout_of, make_replay_buffer
 from torchrl_unilab._residue import live_processes, multiprocessing_helpers
+from torchrl_unilab.worker import CollectorProcess, init_offpolicy_storage, make_collector_actor
+
+#: The task of the function-level API tests (``learner_side``, ``collector_process``).
+FUNCTION_API_ENV = "Pendulum-v1"
 
 
 def child_pids() -> set[int]:
@@ -82,6 +103,80 @@ def linear_policy(obs_dim: int, action_dim: int, seed: int = 0) -> TensorDictMod
     torch.manual_seed(seed)
     net = torch.nn.Sequential(torch.nn.Linear(obs_dim, action_dim), torch.nn.Tanh())
     return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
+
+
+def publish_zero_weights(collector, policy: torch.nn.Module) -> None:
+    """Zeroes every parameter of ``policy`` in place and publishes them with ``collector.update_policy_weights_()``.
+
+    A :func:`linear_policy` then acts with zeros (``tanh(0)``), which tells its rows from those of the weights before.
+    """
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.zero_()
+    collector.update_policy_weights_()
+
+
+def rows_after_publish(collector, replay_buffer: ReplayBuffer, frames: int, timeout: float,
+                       version: int | None = None) -> TensorDictBase:
+    """The buffer's rows once ``frames`` more frames are written after a publish.
+
+    With ``version``, first asserts that every worker acts with that policy version (``metrics()``) within
+    ``timeout``; then asserts that ``frames`` frames beyond those written so far come within ``timeout``.
+    """
+    if version is not None:
+        assert wait_until(lambda: collector.metrics()["policy_version"] == version, timeout=timeout)
+    start = collector.frames_written
+    assert collector.wait_for_frames(start + frames, timeout=timeout)
+    return replay_buffer[: collector.frames_written]
+
+
+def sota_transforms(max_steps: int) -> Compose:
+    """The transforms TorchRL's sota ``make_environment`` puts over the batched env, episodes cut at ``max_steps``."""
+    return Compose(InitTracker(), StepCounter(max_steps), DoubleToFloat(), RewardSum())
+
+
+def sota_env(make_env: Callable[[], EnvBase], num_envs: int = 2, *, max_steps: int = 200, parallel: bool = False,
+             seed: int | None = None) -> TransformedEnv:
+    """The shape of TorchRL's sota ``make_environment``: ``num_envs`` envs of ``make_env`` batched in a ``SerialEnv``
+    (a ``ParallelEnv`` with ``parallel``), seeded with ``seed`` if given, under :func:`sota_transforms`."""
+    if parallel:
+        env = ParallelEnv(num_envs, EnvCreator(make_env), serial_for_single=True)
+    else:
+        env = SerialEnv(num_envs, EnvCreator(make_env))
+    if seed is not None:
+        env.set_seed(seed)
+    return TransformedEnv(env, sota_transforms(max_steps))
+
+
+@contextlib.contextmanager
+def learner_side(capacity: int, algo: str = "sac") -> Iterator[tuple[ReplayBuffer, torch.nn.Module, SharedWeights]]:
+    """The learner's side of the function-level API on :data:`FUNCTION_API_ENV`: ``(rb, actor, weights)``.
+
+    A buffer of ``capacity`` rows laid out for the task, a seeded actor with ``actor_hidden_dim=16`` and its
+    weights in shared memory, closed on the way out.
+    """
+    rb = make_replay_buffer(capacity)
+    init_offpolicy_storage(rb, FUNCTION_API_ENV)
+    env = BatchedGymEnv(FUNCTION_API_ENV, 1)
+    torch.manual_seed(0)  # the learner's initial weights are part of what must repeat
+    actor = make_collector_actor(algo, env, actor_hidden_dim=16)
+    env.close()
+    weights = SharedWeights.create(actor)
+    try:
+        yield rb, actor, weights
+    finally:
+        weights.close()
+
+
+def collector_process(rb: ReplayBuffer, actor: torch.nn.Module, weights: SharedWeights, **kwargs) -> CollectorProcess:
+    """A :class:`~torchrl_unilab.worker.CollectorProcess` that fills ``rb`` acting with ``weights``.
+
+    It steps 2 envs of :data:`FUNCTION_API_ENV` with ``actor``'s layout (``actor_hidden_dim=16``, as
+    :func:`learner_side` builds it); ``kwargs`` add to these or replace them. Use it as a context: it stops on exit.
+    """
+    return CollectorProcess(**{"env_name": FUNCTION_API_ENV, "num_envs": 2, "replay_buffer": rb,
+                               "weight_sync_name": weights.name, "weight_param_shapes": layout_of(actor),
+                               "actor_hidden_dim": 16, **kwargs})
 
 
 class RaiseAfter(Transform):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from conftest import let_worker_write, linear_policy, wait_until
+from conftest import let_worker_write, linear_policy, publish_zero_weights, rows_after_publish, wait_until
 from tensordict import TensorDictBase
 from torchrl.collectors import MultiAsyncCollector
 
@@ -207,15 +207,9 @@ def test_weight_sync_changes_worker_actions(no_leaks):
                             replay_buffer=rb, seed=0) as collector:
         collector.start()
         assert collector.wait_for_frames(2048, timeout=60)
-        with torch.no_grad():
-            for p in policy.parameters():
-                p.zero_()
-        collector.update_policy_weights_()
+        publish_zero_weights(collector, policy)
         assert collector.policy_version == 2
-        start = collector.frames_written
-        assert collector.wait_for_frames(start + 4096, timeout=60)
-        assert wait_until(lambda: collector.metrics()["policy_version"] == 2)
-        rows = rb[: collector.frames_written]
+        rows = rows_after_publish(collector, rb, 4096, timeout=60, version=2)
     old, new = rows[rows["policy_version"] == 1], rows[rows["policy_version"] == 2]
     assert len(old) > 0 and len(new) >= 4096 - 2 * 256
     assert (old["action"].abs() > 0).any(dim=-1).all()

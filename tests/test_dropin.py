@@ -16,25 +16,13 @@ import time
 import gymnasium as gym
 import pytest
 import torch
-from conftest import linear_policy, start_after_waits_that_could_never_end, wait_until
+from conftest import linear_policy, rows_after_publish, sota_env, start_after_waits_that_could_never_end
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 from torchrl.data.postprocs import MultiStep
-from torchrl.envs import (
-    Compose,
-    DoubleToFloat,
-    EnvCreator,
-    GymEnv,
-    GymWrapper,
-    InitTracker,
-    ParallelEnv,
-    RewardSum,
-    SerialEnv,
-    StepCounter,
-    TransformedEnv,
-)
+from torchrl.envs import EnvCreator, GymEnv, GymWrapper, SerialEnv
 from torchrl.envs.utils import ExplorationType
 from torchrl.modules import MLP, AdditiveGaussianModule, ProbabilisticActor, TanhNormal
 from torchrl.modules.distributions import NormalParamExtractor
@@ -54,12 +42,7 @@ def env_maker():
 
 def make_train_env(num_envs: int = 2, parallel: bool = False, seed: int = 0):
     """The shape of TorchRL's sota ``make_environment``: a batched env with the sota transforms."""
-    if parallel:
-        env = ParallelEnv(num_envs, EnvCreator(env_maker), serial_for_single=True)
-    else:
-        env = SerialEnv(num_envs, EnvCreator(env_maker))
-    env.set_seed(seed)
-    return TransformedEnv(env, Compose(InitTracker(), StepCounter(200), DoubleToFloat(), RewardSum()))
+    return sota_env(env_maker, num_envs, max_steps=200, parallel=parallel, seed=seed)
 
 
 def flatten(td):
@@ -196,10 +179,7 @@ def test_weights_by_name_under_algo_and_obs_norm_wrappers(no_leaks):
         assert collector.policy_version == 3
         collector.update_policy_weights_(weights)
         assert collector.policy_version == 4
-        assert wait_until(lambda: collector.metrics()["policy_version"] == 4, timeout=30)
-        start = collector.frames_written
-        assert collector.wait_for_frames(start + 256, timeout=60)
-        rows = rb[: collector.frames_written]
+        rows = rows_after_publish(collector, rb, 256, timeout=60, version=4)
     new = rows[rows["policy_version"] == 4]
     old = rows[rows["policy_version"] == 1]
     assert len(new) > 0 and len(old) > 0

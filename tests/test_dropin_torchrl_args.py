@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import linear_policy
+from conftest import linear_policy, publish_zero_weights, rows_after_publish
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import MultiAsyncCollector
@@ -147,14 +147,9 @@ def test_a_torchrl_weight_updater_is_registered_called_and_the_workers_get_the_w
         assert collector.weight_updater is updater and updater.collector is collector
         collector.start()
         assert collector.wait_for_frames(128, timeout=120)
-        with torch.no_grad():
-            for p in policy.parameters():
-                p.zero_()
-        collector.update_policy_weights_()
+        publish_zero_weights(collector, policy)
         assert updater.calls == [("call", None)]
-        start = collector.frames_written
-        assert collector.wait_for_frames(start + 256, timeout=120)
-        rows = rb[: collector.frames_written]
+        rows = rows_after_publish(collector, rb, 256, timeout=120)
     new = rows[rows["policy_version"] == 2]
     assert len(new) >= 128 and torch.equal(new["action"], torch.zeros_like(new["action"]))
     said = [r.getMessage() for r in unilab_log if "weight_updater is RecordingUpdater" in r.getMessage()]

@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from conftest import linear_policy, wait_until
+from conftest import linear_policy, publish_zero_weights, rows_after_publish
 from tensordict import TensorDict
 from torchrl.envs import GymEnv
 from torchrl.envs.utils import RandomPolicy
@@ -45,15 +45,9 @@ def test_torchrl_schemes_are_honoured_on_our_transport(scheme_cls, unilab_log, n
         assert len(said) == 1 and "update_policy_weights_() reaches every worker" in said[0], said
         collector.start()
         assert collector.wait_for_frames(256, timeout=120)
-        with torch.no_grad():
-            for p in policy.parameters():
-                p.zero_()
-        collector.update_policy_weights_()
+        publish_zero_weights(collector, policy)
         assert collector.policy_version == 2
-        assert wait_until(lambda: collector.metrics()["policy_version"] == 2, timeout=60)
-        start = collector.frames_written
-        assert collector.wait_for_frames(start + 256, timeout=120)
-        rows = rb[: collector.frames_written]
+        rows = rows_after_publish(collector, rb, 256, timeout=120, version=2)
     new = rows[rows["policy_version"] == 2]
     assert len(new) >= 128 and torch.equal(new["action"], torch.zeros_like(new["action"]))
 

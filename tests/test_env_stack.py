@@ -15,7 +15,7 @@ import time
 import gymnasium as gym
 import pytest
 import torch
-from conftest import child_pids, linear_policy
+from conftest import child_pids, linear_policy, sota_env, sota_transforms
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.envs import (
     Compose,
@@ -24,7 +24,6 @@ from torchrl.envs import (
     EnvCreator,
     GymEnv,
     GymWrapper,
-    InitTracker,
     ParallelEnv,
     RewardSum,
     SerialEnv,
@@ -46,10 +45,6 @@ def cheetah(**kwargs):
     return GymEnv("HalfCheetah-v5", max_episode_steps=LIMIT, **kwargs)
 
 
-def sota_transforms():
-    return Compose(InitTracker(), StepCounter(1000), DoubleToFloat(), RewardSum())
-
-
 def user_stack(container: str, num_envs: int = 2):
     """The shape of TorchRL's sota ``make_environment`` on HalfCheetah, with a 5-step time limit."""
     if container == "GymEnv":
@@ -58,7 +53,7 @@ def user_stack(container: str, num_envs: int = 2):
         base = SerialEnv(num_envs, EnvCreator(cheetah))
     else:
         base = ParallelEnv(num_envs, EnvCreator(cheetah))
-    return TransformedEnv(base, sota_transforms())
+    return TransformedEnv(base, sota_transforms(1000))
 
 
 def leaves(td):
@@ -254,7 +249,7 @@ def test_privileged_simulator_state_keeps_the_stack():
 
 # --------------------------------------------------------------------------------------------- the collector
 def sota_env_factory(num_envs: int = 2):
-    return TransformedEnv(SerialEnv(num_envs, EnvCreator(cheetah)), sota_transforms())
+    return sota_env(cheetah, num_envs, max_steps=1000)
 
 
 def sota_collector(engine: str) -> OffPolicyCollector:

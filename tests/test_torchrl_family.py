@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import wait_until
+from conftest import sota_env, wait_until
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torchrl.data import Bounded, LazyMemmapStorage, LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
 from torchrl.envs import (
@@ -25,9 +25,7 @@ from torchrl.envs import (
     DoubleToFloat,
     EnvCreator,
     GymEnv,
-    InitTracker,
     ParallelEnv,
-    RewardSum,
     SerialEnv,
     StepCounter,
     TransformedEnv,
@@ -44,8 +42,7 @@ def pendulum():
 
 def make_env(num_envs: int = 2):
     """The shape of TorchRL's sota ``make_train_environment``."""
-    env = SerialEnv(num_envs, EnvCreator(pendulum))
-    return TransformedEnv(env, Compose(InitTracker(), StepCounter(200), DoubleToFloat(), RewardSum()))
+    return sota_env(pendulum, num_envs, max_steps=200)
 
 
 def flatten(td):

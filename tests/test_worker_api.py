@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from conftest import wait_until
+from conftest import FUNCTION_API_ENV, collector_process, learner_side, wait_until
 from torch import nn
 
 from torchrl_unilab import BatchedGymEnv, SharedWeights, WorkerError, layout_of, make_replay_buffer
@@ -27,17 +27,7 @@ from torchrl_unilab.worker import (
 )
 
 CTX = mp.get_context("spawn")
-ENV = "Pendulum-v1"
-
-
-def learner_side(capacity: int, algo: str = "sac"):
-    rb = make_replay_buffer(capacity)
-    init_offpolicy_storage(rb, ENV)
-    env = BatchedGymEnv(ENV, 1)
-    torch.manual_seed(0)  # the learner's initial weights are part of what must repeat
-    actor = make_collector_actor(algo, env, actor_hidden_dim=16)
-    env.close()
-    return rb, actor, SharedWeights.create(actor)
+ENV = FUNCTION_API_ENV
 
 
 def next_message(q, timeout: float = 60.0):
@@ -45,11 +35,8 @@ def next_message(q, timeout: float = 60.0):
 
 
 def test_fills_buffer_and_follows_weight_publishes(no_leaks):
-    rb, actor, weights = learner_side(20_000)
-    try:
-        with CollectorProcess(env_name=ENV, num_envs=4, replay_buffer=rb, weight_sync_name=weights.name,
-                              weight_param_shapes=layout_of(actor), actor_hidden_dim=16, seed=0,
-                              env_steps_per_sync=16) as proc:
+    with learner_side(20_000) as (rb, actor, weights):
+        with collector_process(rb, actor, weights, num_envs=4, seed=0, env_steps_per_sync=16) as proc:
             deadline = time.monotonic() + 60
             while rb.write_count < 640 and time.monotonic() < deadline:
                 proc.metrics()
@@ -73,27 +60,19 @@ def test_fills_buffer_and_follows_weight_publishes(no_leaks):
         assert (old["action"] < 1.9).float().mean() > 0.5
         assert messages and {"total_steps", "buffer_size", "mean_return", "terminated_rate", "truncated_rate",
                              "timing", "dropped_messages"} <= set(messages[-1])
-    finally:
-        weights.close()
 
 
 def run_lockstep(seed: int, rounds: int):
     """Collects ``rounds + 1`` lock-step chunks and returns the rows written."""
-    rb, actor, weights = learner_side(100_000)
     ready, done = CTX.Queue(), CTX.Queue()
-    proc = CollectorProcess(env_name=ENV, num_envs=4, replay_buffer=rb, weight_sync_name=weights.name,
-                            weight_param_shapes=layout_of(actor), actor_hidden_dim=16, seed=seed,
-                            learning_starts=40, sync_collection=True, collection_ready_queue=ready,
-                            trainer_done_queue=done, env_steps_per_sync=8)
-    try:
+    with learner_side(100_000) as (rb, actor, weights), \
+            collector_process(rb, actor, weights, num_envs=4, seed=seed, learning_starts=40, sync_collection=True,
+                              collection_ready_queue=ready, trainer_done_queue=done, env_steps_per_sync=8):
         for _ in range(rounds):
             next_message(ready)
             done.put(True)
         next_message(ready)  # the collector is now blocked, waiting for the learner
         return rb[: rb.write_count]
-    finally:
-        proc.stop()
-        weights.close()
 
 
 def test_lockstep_is_bit_identical(no_leaks):
@@ -119,36 +98,25 @@ def stopped_within(proc: CollectorProcess, seconds: float) -> bool:
 
 
 def test_stop_event_ends_blocked_lockstep_within_2s(no_leaks):
-    rb, actor, weights = learner_side(1000)
     ready, done = CTX.Queue(), CTX.Queue()
-    proc = CollectorProcess(env_name=ENV, num_envs=2, replay_buffer=rb, weight_sync_name=weights.name,
-                            weight_param_shapes=layout_of(actor), actor_hidden_dim=16, sync_collection=True,
-                            collection_ready_queue=ready, trainer_done_queue=done)
-    try:
+    with learner_side(1000) as (rb, actor, weights), \
+            collector_process(rb, actor, weights, sync_collection=True, collection_ready_queue=ready,
+                              trainer_done_queue=done) as proc:
         next_message(ready)  # blocked in lock-step now
         time.sleep(0.3)
         assert proc.process.is_alive() and rb.write_count == 2
         assert stopped_within(proc, 2.0)
         proc.process.join(10)
         assert proc.process.exitcode == 0
-    finally:
-        proc.stop()
-        weights.close()
 
 
 def test_stop_event_ends_free_running_within_2s(no_leaks):
-    rb, actor, weights = learner_side(5000)
-    proc = CollectorProcess(env_name=ENV, num_envs=2, replay_buffer=rb, weight_sync_name=weights.name,
-                            weight_param_shapes=layout_of(actor), actor_hidden_dim=16,
-                            metrics_queue=CTX.Queue(maxsize=100_000))
-    try:
+    with learner_side(5000) as (rb, actor, weights), \
+            collector_process(rb, actor, weights, metrics_queue=CTX.Queue(maxsize=100_000)) as proc:
         deadline = time.monotonic() + 60
         while rb.write_count < 100 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert stopped_within(proc, 2.0)
-    finally:
-        proc.stop()
-        weights.close()
 
 
 def expected_rows(rb, meta):
@@ -165,45 +133,44 @@ def check_slot(slot, rows):
 def test_packing_honours_seed_min_writes_and_wraparound(tmp_path, no_leaks):
     trace = tmp_path / "trace.json"
     requests, packed = CTX.Queue(), CTX.Queue()
-    rb, actor, weights = learner_side(80)  # 32 frames per write: wraps on the third write
-    slots = make_pack_slots(rb, batch_size=16)
-    ready, done, stop = CTX.Queue(), CTX.Queue(), CTX.Event()
-    proc = CTX.Process(target=off_policy_collector_fn, daemon=True, kwargs=dict(
-        stop_event=stop, env_name=ENV, num_envs=4, replay_buffer=rb, weight_sync_name=weights.name,
-        weight_param_shapes=layout_of(actor), actor_hidden_dim=16, seed=0, sync_collection=True,
-        collection_ready_queue=ready, trainer_done_queue=done, env_steps_per_sync=8, trace_enabled=str(trace),
-        trace_thread_time=True,
-        collector_pack_request_queue=requests, collector_pack_ready_queue=packed,
-        collector_pack_shared_slots=slots))
-    proc.start()
-    try:
-        next_message(ready)
-        assert rb.write_count == 32
-        # 1. a request for rows not written yet waits until the write count is reached
-        requests.put({"batch_size": 16, "seed": 11, "min_writes": 100, "request_id": 0})
-        meta = None
-        while meta is None:
-            done.put(True)
+    with learner_side(80) as (rb, actor, weights):  # 32 frames per write: wraps on the third write
+        slots = make_pack_slots(rb, batch_size=16)
+        ready, done, stop = CTX.Queue(), CTX.Queue(), CTX.Event()
+        proc = CTX.Process(target=off_policy_collector_fn, daemon=True, kwargs=dict(
+            stop_event=stop, env_name=ENV, num_envs=4, replay_buffer=rb, weight_sync_name=weights.name,
+            weight_param_shapes=layout_of(actor), actor_hidden_dim=16, seed=0, sync_collection=True,
+            collection_ready_queue=ready, trainer_done_queue=done, env_steps_per_sync=8, trace_enabled=str(trace),
+            trace_thread_time=True,
+            collector_pack_request_queue=requests, collector_pack_ready_queue=packed,
+            collector_pack_shared_slots=slots))
+        proc.start()
+        try:
             next_message(ready)
-            try:
-                slot_id, meta = packed.get_nowait()
-            except queue.Empty:
-                continue
-        assert meta["write_count"] >= 100 and slot_id == 0
-        # 2. served while the collector is blocked: the buffer has wrapped (capacity 80)
-        assert rb.write_count > 80 and len(rb) == 80
-        requests.put((16, 12, 0, 1))
-        slot_id, meta = packed.get(timeout=30)
-        assert slot_id == 1 and meta["buffer_size"] == 80 and meta["write_count"] == rb.write_count
-        check_slot(slots[1], expected_rows(rb, meta))
-        requests.put((16, 12, 0, 2))  # the same seed selects the same rows, into slot 0 this time
-        slot_id, meta2 = packed.get(timeout=30)
-        assert slot_id == 0
-        check_slot(slots[0], slots[1])
-    finally:
-        stop.set()
-        proc.join(5)
-        weights.close()
+            assert rb.write_count == 32
+            # 1. a request for rows not written yet waits until the write count is reached
+            requests.put({"batch_size": 16, "seed": 11, "min_writes": 100, "request_id": 0})
+            meta = None
+            while meta is None:
+                done.put(True)
+                next_message(ready)
+                try:
+                    slot_id, meta = packed.get_nowait()
+                except queue.Empty:
+                    continue
+            assert meta["write_count"] >= 100 and slot_id == 0
+            # 2. served while the collector is blocked: the buffer has wrapped (capacity 80)
+            assert rb.write_count > 80 and len(rb) == 80
+            requests.put((16, 12, 0, 1))
+            slot_id, meta = packed.get(timeout=30)
+            assert slot_id == 1 and meta["buffer_size"] == 80 and meta["write_count"] == rb.write_count
+            check_slot(slots[1], expected_rows(rb, meta))
+            requests.put((16, 12, 0, 2))  # the same seed selects the same rows, into slot 0 this time
+            slot_id, meta2 = packed.get(timeout=30)
+            assert slot_id == 0
+            check_slot(slots[0], slots[1])
+        finally:
+            stop.set()
+            proc.join(5)
     assert proc.exitcode == 0
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["name"] for e in events if e["ph"] == "X"}
@@ -214,8 +181,7 @@ def test_packing_honours_seed_min_writes_and_wraparound(tmp_path, no_leaks):
 def test_unknown_kwarg_and_bad_values():
     with pytest.raises(TypeError, match="unexpected keyword argument 'learnign_starts'"):
         off_policy_collector_fn(None, ENV, 2, None, "x", [], learnign_starts=5)
-    rb, actor, weights = learner_side(100)
-    try:
+    with learner_side(100) as (rb, actor, weights):
         with pytest.raises(ValueError, match=r"sim_backend must be one of \('mujoco',\), got 'isaac'"):
             off_policy_collector_fn(None, ENV, 2, rb, weights.name, layout_of(actor), sim_backend="isaac")
         with pytest.raises(ValueError,
@@ -223,32 +189,22 @@ def test_unknown_kwarg_and_bad_values():
             off_policy_collector_fn(None, ENV, 2, rb, weights.name, layout_of(actor), algo_type="ppo")
         with pytest.raises(ValueError, match="storage is not laid out"):
             off_policy_collector_fn(None, ENV, 2, make_replay_buffer(10), weights.name, layout_of(actor))
-    finally:
-        weights.close()
 
 
 def test_subprocess_crash_reaches_parent_with_traceback(no_leaks):
-    rb, actor, weights = learner_side(100)
-    try:
-        proc = CollectorProcess(env_name="NoSuchEnv-v1", num_envs=2, replay_buffer=rb,
-                                weight_sync_name=weights.name, weight_param_shapes=layout_of(actor))
+    with learner_side(100) as (rb, actor, weights), \
+            collector_process(rb, actor, weights, env_name="NoSuchEnv-v1") as proc:
         proc.process.join(60)
         assert proc.process.exitcode not in (None, 0)
         with pytest.raises(WorkerError) as info:
             proc.metrics()
         assert "unknown gymnasium id 'NoSuchEnv-v1'" in str(info.value)
         assert "Traceback" in info.value.worker_traceback and "make_gym_env" in info.value.worker_traceback
-    finally:
-        proc.stop()
-        weights.close()
 
 
 def test_a_killed_collector_process_is_reported_by_its_signal(no_leaks):
     """CollectorProcess runs on the collector's worker pool: a SIGKILL is named, and nothing is left behind."""
-    rb, actor, weights = learner_side(5000)
-    proc = CollectorProcess(env_name=ENV, num_envs=2, replay_buffer=rb, weight_sync_name=weights.name,
-                            weight_param_shapes=layout_of(actor), actor_hidden_dim=16)
-    try:
+    with learner_side(5000) as (rb, actor, weights), collector_process(rb, actor, weights) as proc:
         deadline = time.monotonic() + 120  # a first start can take a minute on a loaded 2-core machine
         while rb.write_count < 200 and time.monotonic() < deadline:
             proc.metrics()
@@ -258,17 +214,12 @@ def test_a_killed_collector_process_is_reported_by_its_signal(no_leaks):
         proc.process.join(30)
         with pytest.raises(WorkerError, match="process killed by SIGKILL without reporting an exception"):
             proc.metrics()
-    finally:
-        proc.stop()
-        weights.close()
 
 
 def test_metrics_queue_drops_oldest_when_full(no_leaks):
-    rb, actor, weights = learner_side(5000)
     q = CTX.Queue(maxsize=2)
-    try:
-        with CollectorProcess(env_name=ENV, num_envs=2, replay_buffer=rb, weight_sync_name=weights.name,
-                              weight_param_shapes=layout_of(actor), actor_hidden_dim=16, metrics_queue=q) as proc:
+    with learner_side(5000) as (rb, actor, weights):
+        with collector_process(rb, actor, weights, metrics_queue=q) as proc:
             deadline = time.monotonic() + 60
             while rb.write_count < 400 and time.monotonic() < deadline:
                 time.sleep(0.05)  # nobody reads the queue meanwhile
@@ -276,8 +227,6 @@ def test_metrics_queue_drops_oldest_when_full(no_leaks):
         assert 1 <= len(messages) <= 2
         assert messages[-1]["dropped_messages"] > 0
         assert messages[-1]["total_steps"] > 100
-    finally:
-        weights.close()
 
 
 def test_reading_metrics_waits_out_the_worker_dropping_the_oldest():

@@ -304,13 +304,9 @@ def make_critic(
         action_dim: number of action dimensions.
 
     Keyword Args:
-        hidden_dim: width of each hidden layer (>= 1).
-        num_layers: number of hidden layers (>= 1).
-        hidden_sizes: the width of each hidden layer (TorchRL's
-            ``network.hidden_sizes``); replaces ``hidden_dim`` and ``num_layers``.
-        use_layer_norm: insert a ``LayerNorm`` after each hidden ``Linear``.
+        hidden_dim, num_layers, hidden_sizes, use_layer_norm, activation: the
+            hidden layers, as for :func:`make_actor`.
         in_keys: the keys read and concatenated, in that order.
-        activation: the activation class, instantiated once per hidden layer.
 
     Examples:
         >>> import torch

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -31,21 +31,28 @@ from torchrl.objectives.utils import TargetNetUpdater
 
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.data import replay_buffer as _rb
-from torchrl_unilab.data.buffer_sampler import SAMPLE_KEYS
+from torchrl_unilab.data.buffer_sampler import SAMPLE_KEYS, BufferSampler
 from torchrl_unilab.data.postprocs import MultiStepWithDone
 from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.envs.envpool_env import EnvPoolEnv, make_gym_id_env
 from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.models import ALGOS, PassThroughActor, make_actor, make_critic
 from torchrl_unilab.modules.normalization import ObservationNormalizer, normalize_batch
+from torchrl_unilab.objectives import tensor_loss
 from torchrl_unilab.objectives.target_update import ForeachSoftUpdate
-from torchrl_unilab.trainers.device import module_device
+from torchrl_unilab.trainers.device import learner_device, module_device
+from torchrl_unilab.trainers.threads import flush_denormals
 from torchrl_unilab.trainers.training import trainable_parameters
+
+if TYPE_CHECKING:
+    from torchrl_unilab.trainers.run import RecipeRun
 
 __all__ = [
     "CRITIC_INPUTS",
     "EnvInfo",
     "EvalRunner",
+    "Learner",
+    "LearnerSampler",
     "Networks",
     "config_to_dict",
     "critic_input",
@@ -53,11 +60,13 @@ __all__ = [
     "env_info",
     "env_kwargs",
     "make_collector",
+    "make_learner",
     "make_loss_module",
     "make_networks",
     "make_optimizer",
     "make_replay_buffer",
     "run_dir",
+    "start_run",
 ]
 
 
@@ -404,6 +413,177 @@ def make_replay_buffer(cfg: DictConfig) -> ReplayBuffer:
     return _rb.make_replay_buffer(
         size, scratch_dir=section.get("scratch_dir"), batch_size=int(cfg.optim.batch_size), sampler=sampler
     )
+
+
+@dataclass
+class Learner:
+    """What a recipe trains, as :func:`make_learner` builds it for SAC and TD3 alike.
+
+    Examples:
+        >>> from omegaconf import OmegaConf
+        >>> cfg = OmegaConf.create({"env": {"name": "Pendulum-v1", "seed": 0},
+        ...     "network": {"hidden_sizes": [8], "use_layer_norm": False, "device": "cpu"},
+        ...     "optim": {"flush_denormal": False, "gamma": 0.99, "loss_function": "l2", "target_update_polyak": 0.995,
+        ...               "policy_noise": 0.2, "noise_clip": 0.5, "lr": 1e-3, "weight_decay": 0.0, "adam_eps": 1e-8},
+        ...     "replay_buffer": {"prb": True}, "compile": {"fast_loss": True}})
+        >>> learner = make_learner(cfg, "td3")
+        >>> type(learner.loss_module).__name__, learner.prb, learner.fast_loss is None  # prb: no fast loss
+        ('TD3Loss', True, True)
+    """
+
+    device: torch.device
+    """The learner's device (``network.device``), where the networks and the sampled batches are."""
+    nets: Networks
+    """Actor, critic and exploration policy (:func:`make_networks`)."""
+    loss_module: LossModule
+    """TorchRL's ``SACLoss`` or ``TD3Loss`` (:func:`make_loss_module`)."""
+    target_net_updater: TargetNetUpdater
+    """The Polyak averaging of the target networks."""
+    optimizer: torch.optim.Optimizer
+    """One Adam over every trainable parameter of the loss (:func:`make_optimizer`)."""
+    fast_loss: Callable[..., dict[str, torch.Tensor]] | None
+    """The loss module's losses from its own parameters, faster
+    (:func:`~torchrl_unilab.objectives.tensor_loss`); ``None`` where it does not apply, with
+    ``compile.fast_loss`` off, or with prioritized replay, whose importance weights it does not read."""
+    prb: bool
+    """``replay_buffer.prb``: prioritized replay, whose losses return each row's new priority."""
+
+
+def make_learner(cfg: DictConfig, algo: str) -> Learner:
+    """The start of a recipe, as SAC and TD3 share it: the process set up, then what the learner trains.
+
+    Flushes denormals on torch's CPU threads unless ``optim.flush_denormal``
+    is off (first: torch's threads copy the flag when they start), seeds torch
+    with ``env.seed``, picks the learner's device (``network.device``), and
+    builds there the networks (:func:`make_networks`), TorchRL's loss with its
+    target updater (:func:`make_loss_module`), one Adam
+    (:func:`make_optimizer`) and the fast loss (``compile.fast_loss``, not with
+    ``replay_buffer.prb``).
+
+    Examples:
+        >>> from omegaconf import OmegaConf
+        >>> cfg = OmegaConf.create({"env": {"name": "Pendulum-v1", "seed": 0},
+        ...     "network": {"hidden_sizes": [8], "use_layer_norm": False, "device": "cpu"},
+        ...     "optim": {"flush_denormal": False, "gamma": 0.99, "loss_function": "l2", "alpha_init": 1.0,
+        ...               "target_update_polyak": 0.995, "lr": 3e-4, "weight_decay": 0.0, "adam_eps": 1e-8},
+        ...     "replay_buffer": {"prb": False}, "compile": {"fast_loss": True}})
+        >>> learner = make_learner(cfg, "sac")
+        >>> type(learner.loss_module).__name__, learner.device.type, learner.fast_loss is not None
+        ('SACLoss', 'cpu', True)
+    """
+    flush_denormals(cfg.optim.get("flush_denormal", True))
+    torch.manual_seed(cfg.env.seed)
+    device = learner_device(cfg.network.device)  # TorchRL's key; null: cuda if available, else cpu
+    nets = make_networks(cfg, algo, env_info(cfg), device=device)
+    loss_module, target_net_updater = make_loss_module(cfg, algo, nets)
+    optimizer = make_optimizer(cfg, loss_module)
+    prb = bool(cfg.replay_buffer.prb)
+    fast_loss = tensor_loss(loss_module) if cfg.compile.fast_loss and not prb else None
+    return Learner(device=device, nets=nets, loss_module=loss_module, target_net_updater=target_net_updater,
+                   optimizer=optimizer, fast_loss=fast_loss, prb=prb)
+
+
+class LearnerSampler:
+    """The learner's batches: a :class:`~torchrl_unilab.data.buffer_sampler.BufferSampler` with prioritized replay.
+
+    Each call returns ``(batch, info)`` as the ``BufferSampler`` does, for the
+    keys the losses read (:attr:`Networks.sample_keys`) on the learner's
+    device; with prioritized replay (:attr:`Learner.prb`) the batch also holds
+    the rows' importance weights, which the loss module reads, and
+    :meth:`update_priorities` gives the buffer each row's new priority.
+
+    Args:
+        replay_buffer: the shared buffer the collector fills, its storage laid out.
+        batch_size: rows per batch.
+        learner: what the batches train (:func:`make_learner`).
+
+    Examples:
+        >>> from omegaconf import OmegaConf
+        >>> from tensordict import TensorDict
+        >>> cfg = OmegaConf.create({"env": {"name": "Pendulum-v1", "seed": 0},
+        ...     "network": {"hidden_sizes": [8], "use_layer_norm": False, "device": "cpu"},
+        ...     "optim": {"flush_denormal": False, "gamma": 0.99, "loss_function": "l2", "alpha_init": 1.0,
+        ...               "target_update_polyak": 0.995, "lr": 3e-4, "weight_decay": 0.0, "adam_eps": 1e-8,
+        ...               "batch_size": 4},
+        ...     "replay_buffer": {"prb": True, "size": 100, "alpha": 0.7, "beta": 0.5}, "compile": {"fast_loss": True}})
+        >>> learner = make_learner(cfg, "sac")
+        >>> rb = make_replay_buffer(cfg)
+        >>> done = torch.zeros(10, 1, dtype=torch.bool)
+        >>> _ = rb.extend(TensorDict({"observation": torch.randn(10, 3), "action": torch.rand(10, 1),
+        ...     ("next", "observation"): torch.randn(10, 3), ("next", "reward"): torch.randn(10, 1),
+        ...     ("next", "terminated"): done, ("next", "done"): done, "policy_version": torch.ones(10)}, [10]))
+        >>> sample = LearnerSampler(rb, 4, learner)
+        >>> batch, info = sample()
+        >>> batch["priority_weight"].shape
+        torch.Size([4])
+        >>> sample.update_priorities(info, {"td_error": torch.ones(4)})
+    """
+
+    def __init__(self, replay_buffer: ReplayBuffer, batch_size: int, learner: Learner) -> None:
+        self.replay_buffer = replay_buffer
+        self.prb = learner.prb
+        self._sample = BufferSampler(replay_buffer, batch_size, keys=learner.nets.sample_keys, device=learner.device)
+        keys = learner.loss_module.tensor_keys
+        self._weight_key, self._priority_key = keys.priority_weight, keys.priority
+
+    def __call__(self) -> tuple[TensorDictBase, dict[str, Any]]:
+        """Draws one batch (the same TensorDict each call): ``(batch, info)``, ``info["index"]`` the rows."""
+        batch, info = self._sample()
+        if self.prb:
+            batch.set(self._weight_key, info["priority_weight"])
+        return batch, info
+
+    def update_priorities(self, info: Mapping[str, Any], losses: Mapping[str, torch.Tensor]) -> None:
+        """With prioritized replay, gives the buffer the new priority of each row of the batch ``info`` came with:
+        the loss's ``td_error`` entry of ``losses``; without, does nothing."""
+        if self.prb:
+            self.replay_buffer.update_priority(info["index"], losses[self._priority_key])
+
+
+def start_run(cfg: DictConfig, name: str, learner: Learner) -> tuple[RecipeRun, LearnerSampler]:
+    """The run of a recipe and its batches, once its update is defined: ``(run, sample)``.
+
+    Makes the replay buffer in shared memory (:func:`make_replay_buffer`),
+    then the :class:`~torchrl_unilab.trainers.run.RecipeRun` (run directory,
+    checkpoint and ``resume``, logger, evaluation, the collector whose workers
+    fill the buffer, UTD pacing), which checkpoints the loss module, the
+    optimiser and the target updater, and last the :class:`LearnerSampler` over
+    the buffer the collector has laid out.
+
+    Examples:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from omegaconf import OmegaConf
+        >>> import torchrl_unilab
+        >>> log_dir = tempfile.TemporaryDirectory()
+        >>> checkout = Path(torchrl_unilab.__file__).parents[1]  # the recipes' configs are in the source tree
+        >>> cfg = OmegaConf.load(checkout / "recipes" / "config" / "sac.yaml")
+        >>> cfg.merge_with_dotlist(["env.name=Pendulum-v1", "network.hidden_sizes=[8]", "collector.total_frames=96",
+        ...     "collector.init_random_frames=64", "collector.env_per_collector=2", "collector.frames_per_batch=32",
+        ...     "optim.batch_size=32", "optim.flush_denormal=false", "replay_buffer.size=1000", "logger.backend=none",
+        ...     "logger.progress_bar=false", "logger.num_eval_envs=1", f"logger.log_dir={log_dir.name}"])
+        >>> learner = make_learner(cfg, "sac")
+        >>> run, sample = start_run(cfg, "SAC", learner)
+        >>> with run:
+        ...     while not run.done:  # a recipe updates between sample() and step()
+        ...         run.utd.wait()
+        ...         batch, info = sample()
+        ...         run.utd.step()
+        >>> summary = run.finish()  # doctest: +ELLIPSIS
+        SAC Pendulum-v1: final eval return ...
+        >>> batch.shape, summary["updates"]
+        (torch.Size([32]), 8)
+        >>> log_dir.cleanup()
+    """
+    from torchrl_unilab.trainers.run import RecipeRun  # run.py imports this module
+
+    replay_buffer = make_replay_buffer(cfg)
+    nets = learner.nets
+    run = RecipeRun(cfg, name, nets.policy, replay_buffer, normalizer=nets.normalizer,
+                    critic_normalizer=nets.critic_normalizer, worker_policy=nets.worker_policy,
+                    modules={"loss": learner.loss_module, "optimizer": learner.optimizer,
+                             "target_updater": learner.target_net_updater})
+    return run, LearnerSampler(replay_buffer, cfg.optim.batch_size, learner)
 
 
 def multi_step_postproc(cfg: DictConfig) -> MultiStepWithDone | None:
