@@ -81,6 +81,38 @@ def test_tensor_loss_matches_the_torchrl_loss(algo, layer_norm, n_step):
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_bf16_matmuls_keep_the_losses_and_gradients_of_float32(algo, layer_norm):
+    """optim.matmul_dtype=bf16: only the matmuls change precision. Losses within 2 %, each parameter's gradient
+    within 5 % of its norm and pointing the same way (cosine > 0.99); what they return stays float32."""
+    torch.manual_seed(0)
+    nets = make_networks(config(layer_norm), algo, EnvInfo(OBS, ACT, -2 * torch.ones(ACT), 2 * torch.ones(ACT)))
+    loss, _ = make_loss_module(config(layer_norm), algo, nets)
+    fp32, bf16 = tensor_loss(loss), tensor_loss(loss, torch.bfloat16)
+    data = batch()
+    ref_values, ref_grads = losses_and_grads(loss, lambda: fp32(data.clone()))
+    values, grads = losses_and_grads(loss, lambda: bf16(data.clone()))
+    assert all(v.dtype == torch.float32 for v in values.values())
+    assert any(not torch.equal(values[k], ref_values[k]) for k in ref_values), "the matmuls did not run in bf16"
+    for key in ref_values:
+        torch.testing.assert_close(values[key], ref_values[key], rtol=0.02, atol=0.02, msg=key)
+    for ref, got in zip(ref_grads, grads):
+        if ref.norm() > 0:
+            assert (got - ref).norm() <= 0.05 * ref.norm()
+            assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.99
+
+
+def test_matmul_dtype_names_the_key_and_auto_follows_the_cpu():
+    from torchrl_unilab.trainers.device import cpu_computes_bf16, learner_matmul_dtype
+
+    cpu = torch.device("cpu")
+    assert learner_matmul_dtype("bf16", cpu) == torch.bfloat16 and learner_matmul_dtype("fp32", cpu) == torch.float32
+    assert learner_matmul_dtype("auto", cpu) == (torch.bfloat16 if cpu_computes_bf16() else torch.float32)
+    with pytest.raises(ValueError, match="optim.matmul_dtype must be 'auto', 'fp32' or 'bf16', got 'half'"):
+        learner_matmul_dtype("half", cpu)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_tensor_loss_matches_the_torchrl_loss_with_the_recipes_asymmetric_critic(algo):
     """network.critic_input=privileged: the same values and gradients (TD3 through its PassThroughActor)."""
     torch.manual_seed(0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import importlib.util
+import math
 import os
 import signal
 import subprocess
@@ -316,6 +317,16 @@ def test_the_recipes_flush_denormals_unless_told_not_to(tmp_path, no_leaks):
     assert bool((denormal * 1.0).all())
     run_recipe("td3", tmp_path / "on")
     assert not bool((denormal * 1.0).any())  # conftest's torch_state sets torch's default back
+
+
+def test_the_recipes_say_their_matmul_dtype_and_train_in_bf16(tmp_path, unilab_log, no_leaks):
+    summary = run_recipe("td3", tmp_path / "bf16", "optim.matmul_dtype=bf16")
+    check_run(tmp_path / "bf16", summary, frames=summary["frames"], updates=summary["updates"])
+    said = [r.getMessage() for r in unilab_log if "matmuls" in r.getMessage()]
+    assert said == ["learner: the networks' matmuls in bfloat16 (optim.matmul_dtype=bf16); losses and weights in "
+                    "float32"]
+    losses = [value for _, value in scalars(tmp_path / "bf16", "train/loss_qvalue")]
+    assert losses and all(math.isfinite(value) for value in losses)
 
 
 def test_max_minutes_ends_the_run_and_its_snapshots_hold_the_policy_it_evaluated(tmp_path, no_leaks):

@@ -121,6 +121,11 @@ class MLPExecutor:
     are seen, replaced tensors are not. Stacked weights run the ``n``
     networks as batched matmuls on an input of shape ``[n, B, in]``.
 
+    ``matmul_dtype=torch.bfloat16`` runs the network under ``torch.autocast``
+    in that dtype (its matmuls in bf16, the weights kept in float32) and
+    returns float32: what reads the output (distributions, losses, targets)
+    computes in float32.
+
     Examples:
         >>> import torch
         >>> from torch import nn
@@ -129,9 +134,14 @@ class MLPExecutor:
         >>> x = torch.randn(5, 3)
         >>> torch.allclose(run(x), net(x))
         True
+        >>> out = MLPExecutor(mlp_steps(net), matmul_dtype=torch.bfloat16)(x)
+        >>> out.dtype, torch.allclose(out, net(x), atol=0.05)
+        (torch.float32, True)
     """
 
-    def __init__(self, steps: list[Step], params: TensorDictBase | None = None) -> None:
+    def __init__(self, steps: list[Step], params: TensorDictBase | None = None,
+                 matmul_dtype: torch.dtype = torch.float32) -> None:
+        self.matmul_dtype = matmul_dtype
         self._ops: list[Callable[[torch.Tensor], torch.Tensor]] = []
         for step in steps:
             if step[0] == "call":
@@ -166,6 +176,11 @@ class MLPExecutor:
         """Runs the network on ``x``; ``copies=n`` first expands ``x`` to ``[n, *x.shape]`` (stacked weights)."""
         if copies is not None:
             x = x.expand(copies, *x.shape)
-        for op in self._ops:
-            x = op(x)
-        return x
+        if self.matmul_dtype == torch.float32:
+            for op in self._ops:
+                x = op(x)
+            return x
+        with torch.autocast(x.device.type, dtype=self.matmul_dtype):
+            for op in self._ops:
+                x = op(x)
+        return tuple(t.float() for t in x) if isinstance(x, tuple) else x.float()

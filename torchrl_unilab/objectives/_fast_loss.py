@@ -51,8 +51,8 @@ class _Network:
         self.in_keys: list[NestedKey] = list(module.in_keys)
         self.supported = self.steps is not None and (self.concat or len(self.in_keys) == 1)
 
-    def bind(self, params: TensorDictBase) -> MLPExecutor:
-        return MLPExecutor(self.steps, params)
+    def bind(self, params: TensorDictBase, matmul_dtype: torch.dtype = torch.float32) -> MLPExecutor:
+        return MLPExecutor(self.steps, params, matmul_dtype)
 
     def inputs(self, batch: TensorDictBase, *, next_: bool = False, **replace: torch.Tensor) -> torch.Tensor:
         """The network's input: ``in_keys`` read from ``batch`` (or ``batch["next"]``), some replaced."""
@@ -95,11 +95,12 @@ def _check_unweighted(loss: LossModule, batch: TensorDictBase) -> None:
 class _TensorLoss:
     """What SAC and TD3 share: the bound networks and the Q-networks' regression onto a target."""
 
-    def __init__(self, loss: SACLoss | TD3Loss, actor: _Network, critic: _Network) -> None:
+    def __init__(self, loss: SACLoss | TD3Loss, actor: _Network, critic: _Network, matmul_dtype: torch.dtype) -> None:
         self.loss, self.actor, self.critic = loss, actor, critic
-        self.policy = actor.bind(loss.actor_network_params)
-        self.q = critic.bind(loss.qvalue_network_params)
-        self.q_target = critic.bind(loss.target_qvalue_network_params)
+        self.matmul_dtype = matmul_dtype
+        self.policy = actor.bind(loss.actor_network_params, matmul_dtype)
+        self.q = critic.bind(loss.qvalue_network_params, matmul_dtype)
+        self.q_target = critic.bind(loss.target_qvalue_network_params, matmul_dtype)
         self.n = loss.num_qvalue_nets
         self.action_key = loss.tensor_keys.action
 
@@ -112,14 +113,15 @@ class _TensorLoss:
 class _SACTensorLoss(_TensorLoss):
     """``SACLoss`` (v2: two Q-networks, no value network) on tensors; see the module docstring."""
 
-    def __init__(self, loss: SACLoss, actor: _Network, critic: _Network, dist_kwargs: dict) -> None:
-        super().__init__(loss, actor, critic)
+    def __init__(self, loss: SACLoss, actor: _Network, critic: _Network, dist_kwargs: dict,
+                 matmul_dtype: torch.dtype) -> None:
+        super().__init__(loss, actor, critic, matmul_dtype)
         if dist_kwargs.get("tanh_loc", False):
             self._draw = lambda loc, scale: TanhNormal(loc, scale, **dist_kwargs).rsample_and_log_prob()
         else:
             sampler = TanhNormalSampler(dist_kwargs.get("low", -1.0), dist_kwargs.get("high", 1.0))
             self._draw = sampler.rsample_and_log_prob
-        self.q_detached = critic.bind(loss.qvalue_network_params.detach())
+        self.q_detached = critic.bind(loss.qvalue_network_params.detach(), matmul_dtype)
 
     def _sample(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self._draw(*self.policy(observation))
@@ -152,11 +154,11 @@ class _TD3TensorLoss(_TensorLoss):
     on :meth:`value_loss` before it computes :meth:`actor_loss`, so that the actor climbs the updated critic.
     """
 
-    def __init__(self, loss: TD3Loss, actor: _Network, critic: _Network) -> None:
-        super().__init__(loss, actor, critic)
-        self.policy_target = actor.bind(loss.target_actor_network_params)
+    def __init__(self, loss: TD3Loss, actor: _Network, critic: _Network, matmul_dtype: torch.dtype) -> None:
+        super().__init__(loss, actor, critic, matmul_dtype)
+        self.policy_target = actor.bind(loss.target_actor_network_params, matmul_dtype)
         # The actor loss reads the first Q-network only: no need to run the others.
-        self.q1_detached = critic.bind(loss.qvalue_network_params.detach()[:1])
+        self.q1_detached = critic.bind(loss.qvalue_network_params.detach()[:1], matmul_dtype)
 
     def actor_loss(self, batch: TensorDictBase) -> torch.Tensor:
         """``TD3Loss.actor_loss``: ``-Q1(s, actor(s))`` averaged over the batch, gradients to the actor only."""
@@ -194,7 +196,8 @@ def _td0_target(batch: TensorDictBase, next_value: torch.Tensor, gamma: torch.Te
     return (reward + gamma * (~terminated) * next_value).squeeze(-1)
 
 
-def tensor_loss(loss: LossModule) -> Callable[..., dict[str, torch.Tensor]] | None:
+def tensor_loss(loss: LossModule,
+                matmul_dtype: torch.dtype = torch.float32) -> Callable[..., dict[str, torch.Tensor]] | None:
     """``f(batch, update_actor=True) -> {"loss_actor", "loss_qvalue", ...}`` computing ``loss``'s math, or ``None``.
 
     Supported: :class:`~torchrl.objectives.SACLoss` (v2) and
@@ -205,6 +208,12 @@ def tensor_loss(loss: LossModule) -> Callable[..., dict[str, torch.Tensor]] | No
     ``alpha``, ``entropy``; TD3: losses). For TD3 the returned object also
     has ``value_loss(batch)`` and ``actor_loss(batch)``, each a scalar, as
     ``TD3Loss``'s methods of those names (which return ``(loss, metadata)``).
+
+    ``matmul_dtype=torch.bfloat16`` runs the networks' matmuls in bf16
+    (:class:`~torchrl_unilab.modules._mlp.MLPExecutor`): the parameters, the
+    optimizer's state, the networks' outputs and everything computed from them
+    (log-probabilities, targets, losses) stay float32. See
+    :func:`~torchrl_unilab.trainers.device.learner_matmul_dtype` for where bf16 is native.
 
     Examples:
         >>> from torchrl.objectives import TD3Loss
@@ -222,11 +231,11 @@ def tensor_loss(loss: LossModule) -> Callable[..., dict[str, torch.Tensor]] | No
     if not critic.supported:
         return None
     if type(loss) is SACLoss:
-        return _sac(loss, critic)
-    return _td3(loss, critic)
+        return _sac(loss, critic, matmul_dtype)
+    return _td3(loss, critic, matmul_dtype)
 
 
-def _sac(loss: SACLoss, critic: _Network) -> _SACTensorLoss | None:
+def _sac(loss: SACLoss, critic: _Network, matmul_dtype: torch.dtype) -> _SACTensorLoss | None:
     actor = loss.actor_network
     if getattr(loss, "_version", 2) != 2 or getattr(loss, "skip_done_states", False):
         return None
@@ -241,15 +250,15 @@ def _sac(loss: SACLoss, critic: _Network) -> _SACTensorLoss | None:
     if list(params_module.out_keys) != list(dist_module.in_keys):
         return None
     network = _Network(actor, params_module)
-    return _SACTensorLoss(loss, network, critic, kwargs) if network.supported else None
+    return _SACTensorLoss(loss, network, critic, kwargs, matmul_dtype) if network.supported else None
 
 
-def _td3(loss: TD3Loss, critic: _Network) -> _TD3TensorLoss | None:
+def _td3(loss: TD3Loss, critic: _Network, matmul_dtype: torch.dtype) -> _TD3TensorLoss | None:
     root = actor = loss.actor_network
     if isinstance(actor, PassThroughActor):  # an asymmetric critic's inputs pass by the actor, unread
         actor = actor[0]
     if not isinstance(actor, TensorDictModule) or list(actor.out_keys) != ["action"]:
         return None
     network = _Network(root, actor)
-    return _TD3TensorLoss(loss, network, critic) if network.supported else None
+    return _TD3TensorLoss(loss, network, critic, matmul_dtype) if network.supported else None
 

@@ -19,9 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["learner_device", "module_device"]
+__all__ = ["learner_device", "learner_matmul_dtype", "module_device"]
 
 _ACCEPTED = "null (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:<index>'"
+_MATMUL_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+                  "bfloat16": torch.bfloat16}
 
 
 def learner_device(value: Any) -> torch.device:
@@ -74,3 +76,38 @@ def module_device(module: nn.Module) -> torch.device:
     for tensor in module.buffers():
         return tensor.device
     return torch.device("cpu")
+
+
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX); elsewhere torch emulates it, slowly.
+
+    Examples:
+        >>> isinstance(cpu_computes_bf16(), bool)
+        True
+    """
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def learner_matmul_dtype(value: str, device: torch.device) -> torch.dtype:
+    """The dtype of the learner's matmuls from ``optim.matmul_dtype``: ``"fp32"``, ``"bf16"`` or ``"auto"``.
+
+    ``"auto"`` is bf16 on a CPU that computes it natively (:func:`cpu_computes_bf16`) and float32
+    elsewhere (a CUDA learner included). Only the networks' matmuls change: the parameters, the
+    optimizer's state and the losses stay float32 (:func:`~torchrl_unilab.objectives.tensor_loss`).
+
+    Examples:
+        >>> learner_matmul_dtype("fp32", torch.device("cpu"))
+        torch.float32
+        >>> learner_matmul_dtype("auto", torch.device("cpu")) == (
+        ...     torch.bfloat16 if cpu_computes_bf16() else torch.float32)
+        True
+        >>> learner_matmul_dtype("fp16", torch.device("cpu"))
+        Traceback (most recent call last):
+        ...
+        ValueError: optim.matmul_dtype must be 'auto', 'fp32' or 'bf16', got 'fp16'
+    """
+    if value == "auto":
+        return torch.bfloat16 if device.type == "cpu" and cpu_computes_bf16() else torch.float32
+    if value not in _MATMUL_DTYPES:
+        raise ValueError(f"optim.matmul_dtype must be 'auto', 'fp32' or 'bf16', got {value!r}")
+    return _MATMUL_DTYPES[value]

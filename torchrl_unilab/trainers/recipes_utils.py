@@ -14,6 +14,7 @@ loop. :class:`EvalRunner` runs the deterministic policy on its own envs.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from torchrl_unilab.modules.models import ALGOS, PassThroughActor, make_actor, m
 from torchrl_unilab.modules.normalization import ObservationNormalizer, normalize_batch
 from torchrl_unilab.objectives import tensor_loss
 from torchrl_unilab.objectives.target_update import ForeachSoftUpdate
-from torchrl_unilab.trainers.device import learner_device, module_device
+from torchrl_unilab.trainers.device import learner_device, learner_matmul_dtype, module_device
 from torchrl_unilab.trainers.threads import flush_denormals
 from torchrl_unilab.trainers.training import trainable_parameters
 
@@ -68,6 +69,8 @@ __all__ = [
     "run_dir",
     "start_run",
 ]
+
+_log = logging.getLogger("torchrl.unilab")
 
 
 def env_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -458,7 +461,8 @@ def make_learner(cfg: DictConfig, algo: str) -> Learner:
     builds there the networks (:func:`make_networks`), TorchRL's loss with its
     target updater (:func:`make_loss_module`), one Adam
     (:func:`make_optimizer`) and the fast loss (``compile.fast_loss``, not with
-    ``replay_buffer.prb``).
+    ``replay_buffer.prb``), whose matmuls run in ``optim.matmul_dtype``
+    (:func:`~torchrl_unilab.trainers.device.learner_matmul_dtype`; default ``fp32``), said in the log.
 
     Examples:
         >>> from omegaconf import OmegaConf
@@ -478,7 +482,13 @@ def make_learner(cfg: DictConfig, algo: str) -> Learner:
     loss_module, target_net_updater = make_loss_module(cfg, algo, nets)
     optimizer = make_optimizer(cfg, loss_module)
     prb = bool(cfg.replay_buffer.prb)
-    fast_loss = tensor_loss(loss_module) if cfg.compile.fast_loss and not prb else None
+    matmul_dtype = learner_matmul_dtype(cfg.optim.get("matmul_dtype", "fp32"), device)
+    fast_loss = tensor_loss(loss_module, matmul_dtype) if cfg.compile.fast_loss and not prb else None
+    if fast_loss is not None:
+        _log.info(f"learner: the networks' matmuls in {str(matmul_dtype).removeprefix('torch.')} "
+                  f"(optim.matmul_dtype={cfg.optim.get('matmul_dtype', 'fp32')}); losses and weights in float32")
+    elif matmul_dtype != torch.float32:
+        _log.info("learner: optim.matmul_dtype applies to the fast loss only; the loss module runs in float32")
     return Learner(device=device, nets=nets, loss_module=loss_module, target_net_updater=target_net_updater,
                    optimizer=optimizer, fast_loss=fast_loss, prb=prb)
 
