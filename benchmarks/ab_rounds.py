@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from wallclock import percentile_interval
+from common import bootstrap_interval, run_captured
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,20 +61,6 @@ def describe(python: str, repo: Path) -> dict[str, str]:
     return {"torch": torch_version, "commit": commit, "repo": str(repo)}
 
 
-def median_interval(ratios: list[float]) -> tuple[float, float] | None:
-    """A 90 % percentile-bootstrap interval of the median of per-round ratios; ``None`` below 3 rounds.
-
-    Examples:
-        >>> median_interval([0.95, 1.0, 1.05, 1.0, 0.97, 0.99, 1.02])
-        (0.97, 1.02)
-        >>> median_interval([1.0, 1.1]) is None
-        True
-    """
-    if len(ratios) < 3:
-        return None
-    return percentile_interval(lambda rng: statistics.median(rng.choices(ratios, k=len(ratios))))
-
-
 def one_run(python: str, repo: Path, benchmark: str, args: list[str], timeout: float,
             script_repo: Path | None = None) -> dict:
     """One run of ``benchmarks/<benchmark>.py`` under ``python``, importing ``repo``'s package: its last JSON line.
@@ -84,8 +70,7 @@ def one_run(python: str, repo: Path, benchmark: str, args: list[str], timeout: f
     script = (script_repo or repo) / "benchmarks" / f"{benchmark}.py"
     # the side's own package first, whatever is installed in the interpreter
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    result = subprocess.run([python, str(script), *args], capture_output=True, text=True, timeout=timeout,
-                            cwd=repo, env=env)
+    result = run_captured([python, str(script), *args], timeout=timeout, cwd=repo, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"{python}@{repo}: {benchmark}.py failed:\n{result.stderr[-2000:]}")
     return json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
@@ -133,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios = [y / x for x, y in zip(a, b)]
         out[f"ratio_{key}"] = round(statistics.median(ratios), 3)
         out[f"ratios_{key}"] = [round(ratio, 3) for ratio in ratios]
-        interval = median_interval(ratios)
+        interval = bootstrap_interval(ratios, statistic=statistics.median)
         if interval is not None:
             out[f"ratio_{key}_interval"] = [round(end, 3) for end in interval]
     line = json.dumps(out)

@@ -49,7 +49,7 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 import torch
-from provenance import provenance
+from common import provenance
 from torchrl.collectors import Collector
 from torchrl.envs import DoubleToFloat, GymEnv, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type

@@ -35,12 +35,10 @@ Run: ``python benchmarks/dropin_speedup.py [--rounds 3] [--seconds 6] [--workers
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -50,7 +48,7 @@ import time
 from pathlib import Path
 
 import torch
-from provenance import provenance
+from common import kill_now, provenance
 from tensordict.nn import TensorDictModule
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.data import LazyTensorStorage, ReplayBuffer
@@ -198,9 +196,7 @@ def run_in_subprocess(name: str, args: argparse.Namespace) -> tuple[dict | None,
         except subprocess.TimeoutExpired:
             problem = "hang at exit"
     if problem is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the child leads its own session: this kills only its group
-        proc.wait()
+        kill_now(proc)
     reader.join(timeout=5)
     if not result and problem is None:
         stderr.seek(0)

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from provenance import provenance
+from common import kill_now, provenance, scalar_rows
 from tensordict import TensorDict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -471,9 +471,7 @@ def recipe_sigterm() -> dict:
             out, _ = proc.communicate(timeout=120)
             exit_s = time.monotonic() - sent
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
+            kill_now(proc)
         saved = torch.load(run_dir / "checkpoint" / "state.pt", weights_only=True)["counters"]
         checkpointed = make_replay_buffer(20_000)
         Checkpointer(run_dir / "checkpoint", modules={}).load(checkpointed)
@@ -550,11 +548,8 @@ def _processes(text: bytes, *, parent: int | None = None) -> set[int]:
 
 def _last_scalar(run_dir: Path, name: str, column: int = -1) -> float | None:
     """The last logged value of a recipe's scalar (``column=0``: the frames it was logged at)."""
-    files = list(run_dir.glob(f"*/scalars/{name}.csv"))
-    if not files:
-        return None
-    rows = [line.split(",") for line in files[0].read_text().splitlines() if line and line[0].isdigit()]
-    return float(rows[-1][column]) if rows else None
+    rows = [row for path in list(run_dir.glob(f"*/scalars/{name}.csv"))[:1] for row in scalar_rows(path)]
+    return rows[-1][column] if rows else None
 
 
 def _checked_buffer(run_dir: Path, size: int) -> dict:
@@ -650,9 +645,7 @@ def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, bac
             if killer.is_alive():
                 killer.join(10)
             for proc in procs.values():
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                kill_now(proc)
         for name, (run_dir, log) in runs.items():
             results[name] = _summary(procs[name], run_dir, log, size, frames)
         restarts = "node_restarts" if ray else "worker_restarts"

@@ -13,7 +13,7 @@ weight publish from the GPU), ``sample_ms`` (one batch through pinned memory),
 
 Each part runs in a process of its own (forked from this one, which never touched
 CUDA), in its own session, with its own timeout, after which its process group is
-killed (``sota_dropin._kill_group``). A part writes its figures as it gets them, so
+killed (``common.kill_group``). A part writes its figures as it gets them, so
 one that fails or times out keeps what it measured and records its error; the parts
 run one after another, within ``--budget-s`` in all.
 
@@ -56,6 +56,7 @@ import collector_throughput  # noqa: E402
 import learner_throughput  # noqa: E402
 import sota_dropin  # noqa: E402
 import torch  # noqa: E402
+from common import kill_group  # noqa: E402
 
 from torchrl_unilab.data import BufferSampler  # noqa: E402
 
@@ -372,7 +373,7 @@ def run_part(name: str, settings: Settings, timeout: float) -> dict:
         timed_out = process.is_alive()
         # The whole group (collector workers, fork servers, a sota script), the resource tracker last;
         # also after a clean exit, in case anything of it was left.
-        sota_dropin._kill_group(process.pid)  # noqa: SLF001
+        kill_group(process.pid)
         process.join()
         seconds = time.monotonic() - start
         error = None

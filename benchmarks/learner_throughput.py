@@ -49,9 +49,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from common import provenance, scalar_rows
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from provenance import provenance
 from sampling import collector_rows
 from torchrl.objectives import SACLoss, SoftUpdate
 
@@ -509,9 +509,9 @@ def end_to_end(frames: int, threads: int | str, overrides: list[str] | tuple[str
             summary = module.main(cfg)
         finally:
             finished.set()
-        elapsed = _scalar_rows(exp / "time" / "elapsed_s.csv")
-        ups = dict(_scalar_rows(exp / "learner" / "updates_per_s.csv"))
-        stalls = dict(_scalar_rows(exp / "learner" / "longest_stall_s.csv"))
+        elapsed = scalar_rows(exp / "time" / "elapsed_s.csv")
+        ups = dict(scalar_rows(exp / "learner" / "updates_per_s.csv"))
+        stalls = dict(scalar_rows(exp / "learner" / "longest_stall_s.csv"))
     # Frames per second between the first log after learning started and the last log.
     after = [(f, t) for f, t in elapsed if f >= measured_from]
     (f0, t0), (f1, t1) = after[0], after[-1]
@@ -529,23 +529,11 @@ def end_to_end(frames: int, threads: int | str, overrides: list[str] | tuple[str
     return out
 
 
-def _scalar_rows(path: Path) -> list[tuple[float, float]]:
-    """``(frames, value)`` rows of a csv scalar file of the recipes' logger (a line being written is skipped)."""
-    rows = []
-    for line in path.read_text().splitlines() if path.exists() else ():
-        try:
-            frames, value = map(float, line.split(","))
-        except ValueError:
-            continue
-        rows.append((frames, value))
-    return rows
-
-
 def _stop_after(elapsed_csv: Path, from_frames: int, seconds: float, finished: threading.Event) -> None:
     """SIGTERMs this process ``seconds`` after ``elapsed_csv`` logs ``from_frames`` frames (if not ``finished``)."""
     started = None
     while not finished.wait(0.2):
-        if started is None and any(f >= from_frames for f, _ in _scalar_rows(elapsed_csv)):
+        if started is None and any(f >= from_frames for f, _ in scalar_rows(elapsed_csv)):
             started = time.monotonic()
         if started is not None and time.monotonic() - started >= seconds:
             os.kill(os.getpid(), signal.SIGTERM)  # the recipe's graceful stop, as a Ctrl-C

@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import wallclock
+from common import figure, percentile_interval, provenance, scalar_rows
 from hydra import compose, initialize_config_dir
-from provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -251,11 +251,6 @@ def run_or_reuse(task: Task, seed: int, run_dir: Path, reuse: bool) -> dict:
     return result
 
 
-def scalar_points(path: Path) -> list[tuple[float, float]]:
-    """A recipe's logged scalar (``<run>/<exp>/scalars/<group>/<name>.csv``: ``frames,value`` lines) as points."""
-    return [tuple(map(float, line.split(","))) for line in open(path)]
-
-
 def run(task: Task, seed: int, run_dir: Path) -> dict:
     if task.algo.startswith("sb3_"):
         return run_sb3(task, seed)
@@ -271,10 +266,10 @@ def run(task: Task, seed: int, run_dir: Path) -> dict:
     ])
     summary = recipe.main(cfg)
     exp = run_dir / cfg.logger.exp_name / "scalars"
-    curve = scalar_points(exp / "eval" / "return.csv")
+    curve = scalar_rows(exp / "eval" / "return.csv")
     # a budgeted run shorter than one log interval logs no times (its snapshots have them)
     times = exp / "time" / "elapsed_s.csv"
-    elapsed = dict(scalar_points(times)) if times.exists() else {}
+    elapsed = dict(scalar_rows(times))
     snapshots = ([] if task.minutes is None else
                  wallclock.evaluate_snapshots(Path(summary["run_dir"]), cfg, task.algo, task.info_keys))
     return {**summary, "curve": curve, "elapsed_at": elapsed, "snapshots": snapshots}
@@ -388,7 +383,7 @@ def difference_interval(ours: list[float], sb3: list[float], *, level: float = 0
     """
     if min(len(ours), len(sb3)) < 3:
         return None
-    return wallclock.percentile_interval(
+    return percentile_interval(
         lambda rng: statistics.fmean(rng.choices(ours, k=len(ours))) - statistics.fmean(rng.choices(sb3, k=len(sb3))),
         level=level, draws=draws)
 
@@ -591,26 +586,14 @@ def plot_sides(path: Path, title: str, sides: dict[str, dict[int, dict]]) -> Non
     A side is a recipe or SB3 (``--suite td3``, ``sb3``), or one variant of a task (the ``robot`` suite's
     privileged and symmetric critics).
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    for label, runs in sides.items():
-        curves = [on_grid(r["curve"]) for r in runs.values()]
-        marks = sorted({f for c in curves for f in c})
-        values = [[c[f] for c in curves if f in c] for f in marks]
-        ax.plot(marks, [statistics.mean(v) for v in values], marker="o", markersize=3,
-                label=f"{label} (mean of {seed_count(runs)})" if len(runs) > 1 else f"{label} ({seed_count(runs)})")
-        ax.fill_between(marks, [min(v) for v in values], [max(v) for v in values], alpha=0.2)
-    ax.set_xlabel("frames")
-    ax.set_ylabel("deterministic eval return")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path)
+    with figure(path, title, "frames", "deterministic eval return", legend={}) as ax:
+        for label, runs in sides.items():
+            curves = [on_grid(r["curve"]) for r in runs.values()]
+            marks = sorted({f for c in curves for f in c})
+            values = [[c[f] for c in curves if f in c] for f in marks]
+            ax.plot(marks, [statistics.mean(v) for v in values], marker="o", markersize=3,
+                    label=f"{label} (mean of {seed_count(runs)})" if len(runs) > 1 else f"{label} ({seed_count(runs)})")
+            ax.fill_between(marks, [min(v) for v in values], [max(v) for v in values], alpha=0.2)
 
 
 def saved_runs(directory: Path, task: Task, seeds: list[int]) -> dict[int, dict]:
@@ -749,7 +732,7 @@ def report_go1(out: Path, sides: dict[str, dict[int, dict]], minutes: float) -> 
 
 def episode_lengths(run: dict) -> dict[float, float]:
     """A recipe run's mean evaluation episode length at each 10k mark (:func:`on_grid`), from its scalars."""
-    return on_grid(scalar_points(next(Path(run["run_dir"]).glob("*/scalars/eval/episode_length.csv"))))
+    return on_grid(scalar_rows(next(Path(run["run_dir"]).glob("*/scalars/eval/episode_length.csv"))))
 
 
 def report_robot(out: Path, by_env: dict[tuple[str, str], dict[str, dict[int, dict]]], note: str | None) -> dict:

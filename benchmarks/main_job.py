@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from provenance import provenance
+from common import git, provenance, run_captured
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The recipe's last line (trainers/run.py ``RecipeRun.finish``).
@@ -41,8 +41,7 @@ FINAL_LINE = re.compile(r"(?P<env>\S+): final eval return (?P<ret>-?[\d.]+) afte
 def clone_head(repo: Path, into: Path) -> str:
     """``git clone`` of ``repo``'s committed ``HEAD`` into ``into``; returns its commit."""
     subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(repo), str(into)], check=True)
-    return subprocess.run(["git", "-C", str(into), "rev-parse", "--short", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return git(["-C", str(into), "rev-parse", "--short", "HEAD"])
 
 
 def run_recipe(clone: Path, config_name: str, seed: int, overrides: list[str], timeout: float) -> dict:
@@ -51,7 +50,7 @@ def run_recipe(clone: Path, config_name: str, seed: int, overrides: list[str], t
     command = [sys.executable, "recipes/sac.py", *(["--config-name", config_name] if config_name != "sac" else []),
                f"env.seed={seed}", *overrides]
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True, timeout=timeout)
+    done = run_captured(command, cwd=clone, env=env, timeout=timeout)
     minutes = (time.perf_counter() - start) / 60
     match = FINAL_LINE.search(done.stdout)
     if done.returncode != 0 or match is None:

@@ -85,7 +85,7 @@ def list_table(header: list[str], rows: list[list[str]], widths: list[int] | Non
 
 
 def provenance_line(data: dict) -> str:
-    """The line under each table: the command, date, machine and torch that ``benchmarks/provenance.py`` recorded."""
+    """The line under each table: the command, date, machine and torch that ``common.provenance`` recorded."""
     return (f"``{data['command']}``; measured {data['date']} on a {data['machine']}; torch {data['torch']}. "
             f"Data: ``benchmarks/results/{data['_file']}``.\n")
 
@@ -827,47 +827,27 @@ def stale(results: Path = RESULTS, readme: Path = README) -> list[Path]:
 def plot_learning(path: Path, title: str, sides: list[tuple[str, dict, list[float]]], marks: list[int]) -> None:
     """Mean deterministic eval return against frames, one line per side, its band from the lowest to the highest
     seed."""
-    import matplotlib
+    from common import figure  # benchmarks/ is on sys.path once plots() runs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, runs, mean in sides:
-        curves = [r["returns"] for r in runs.values()]
-        ax.plot(marks, mean, marker=".", label=f"{label} (mean of {len(runs)})")
-        ax.fill_between(marks, [min(c) for c in zip(*curves)], [max(c) for c in zip(*curves)], alpha=0.2)
-    ax.set(title=title, xlabel="frames", ylabel="deterministic eval return")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, metadata={"Software": None})
-    plt.close(fig)
+    with figure(path, title, "frames", "deterministic eval return", legend={}) as ax:
+        for label, runs, mean in sides:
+            curves = [r["returns"] for r in runs.values()]
+            ax.plot(marks, mean, marker=".", label=f"{label} (mean of {len(runs)})")
+            ax.fill_between(marks, [min(c) for c in zip(*curves)], [max(c) for c in zip(*curves)], alpha=0.2)
 
 
 def plot_bars(path: Path, title: str, labels: list[str], groups: dict[str, list[float]], xlabel: str) -> None:
     """Horizontal bars: one row per label, one bar per group (``{"TorchRL": [...], "ours": [...]}``)."""
-    import matplotlib
+    from common import figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(labels) * max(1, len(groups)) + 1.2))
-    height = 0.8 / len(groups)
-    for g, (name, values) in enumerate(groups.items()):
-        ys = [i + g * height for i in range(len(labels))]
-        ax.barh(ys, values, height=height, label=name if len(groups) > 1 else None)
-    ax.set_yticks([i + height * (len(groups) - 1) / 2 for i in range(len(labels))], labels)
-    ax.invert_yaxis()
-    ax.set(title=title, xlabel=xlabel)
-    ax.grid(alpha=0.3, axis="x")
-    if len(groups) > 1:
-        ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, metadata={"Software": None})
-    plt.close(fig)
+    with figure(path, title, xlabel, size=(7, 0.45 * len(labels) * max(1, len(groups)) + 1.2), grid_axis="x",
+                legend={} if len(groups) > 1 else None) as ax:
+        height = 0.8 / len(groups)
+        for g, (name, values) in enumerate(groups.items()):
+            ax.barh([i + g * height for i in range(len(labels))], values, height=height,
+                    label=name if len(groups) > 1 else None)
+        ax.set_yticks([i + height * (len(groups) - 1) / 2 for i in range(len(labels))], labels)
+        ax.invert_yaxis()
 
 
 def plots(results: Path = RESULTS) -> list[Path]:
@@ -875,6 +855,7 @@ def plots(results: Path = RESULTS) -> list[Path]:
     res = load(results)
     sac, td3, robot = res["learning/sac_vs_sb3.json"], res["learning/td3_vs_sb3.json"], res["robot/learning.json"]
     made = []
+    sys.path.insert(0, str(ROOT / "benchmarks"))
 
     def plot(name, title, sides, marks):
         plot_learning(PLOTS / name, title, sides, marks)
@@ -909,7 +890,6 @@ def plots(results: Path = RESULTS) -> list[Path]:
               {"local": [v["local_fps"] for v in r.values()], "Ray": [v["ray_fps"] for v in r.values()]},
               "frames per second")
     made += [PLOTS / "collector.png", PLOTS / "dropin.png", PLOTS / "ray.png"]
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import wallclock
 
     for algo, name in (("sac", "wallclock"), ("td3", "wallclock_td3")):

@@ -23,7 +23,7 @@ import statistics
 import time
 
 import torch
-from provenance import provenance
+from common import provenance
 from tensordict import TensorDict
 
 from torchrl_unilab import make_replay_buffer

@@ -38,15 +38,14 @@ import dataclasses
 import importlib.metadata
 import json
 import os
-import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from common import first_error, mapped_shm, open_rl, provenance, run_in_own_group, shm_entries
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SWAP_TARGET = "torchrl_unilab.OffPolicyCollector"
@@ -328,206 +327,16 @@ def select_scripts(only: str | None) -> list[Script]:
 
 
 # ------------------------------------------------------------- the checkout
-def _git(args: Sequence[str], **kwargs) -> str:
-    return subprocess.run(["git", *args], check=True, capture_output=True, text=True, **kwargs).stdout.strip()
-
-
 def open_checkout(rl_root: Path, workdir: Path) -> tuple[Path, str]:
     """``(sota-implementations directory, commit)`` of a work tree, or of a bare repository's HEAD.
 
     A bare repository's ``HEAD:sota-implementations`` is extracted under ``workdir``.
     """
-    if (rl_root / "sota-implementations").is_dir():
-        try:
-            commit = _git(["-C", str(rl_root), "rev-parse", "HEAD"])
-        except (subprocess.CalledProcessError, FileNotFoundError):
-            commit = "unknown"  # a copy without its .git
-        return rl_root / "sota-implementations", commit
-    # A git dir whose HEAD holds the scripts (a mirror may lack the config that says core.bare).
-    try:
-        _git(["--git-dir", str(rl_root), "cat-file", "-e", "HEAD:sota-implementations"])
-        bare = True
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        bare = False
-    if not bare:
-        raise ValueError(f"--rl-root must be a pytorch/rl work tree (holding sota-implementations/) or a bare "
-                         f"git repository of it, got {str(rl_root)!r}")
-    commit = _git(["--git-dir", str(rl_root), "rev-parse", "HEAD"])
-    archive = subprocess.run(["git", "--git-dir", str(rl_root), "archive", "HEAD", "sota-implementations"],
-                             check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(workdir)], input=archive, check=True)
-    return workdir / "sota-implementations", commit
-
-
-# -------------------------------------------------------------------- running
-def first_error(output: str) -> str | None:
-    """The exception line of the last traceback in ``output`` (``Type: message``), or ``None``.
-
-    Only the message's first line is sure to be the message (later lines may be any
-    later output: warnings, logs); a first line that ends with ``:`` announces more,
-    as hydra's ``InstantiationException`` does before the exception it wraps, and
-    its next lines are joined with `` | `` (up to a blank, ``full_key:`` or warning line).
-
-    Examples:
-        >>> first_error("ok\\nTraceback (most recent call last):\\n  File \\"a.py\\", line 1\\n"
-        ...             "    f()\\nValueError: bad\\n/x.py:3: UserWarning: later output\\n")
-        'ValueError: bad'
-        >>> first_error("Traceback (most recent call last):\\n  File \\"a.py\\", line 1\\n"
-        ...             "hydra.errors.InstantiationException: Error in call to target 'f':\\n"
-        ...             "TypeError('no')\\nfull_key: trainer\\n")
-        "hydra.errors.InstantiationException: Error in call to target 'f': | TypeError('no')"
-        >>> first_error("all good\\n") is None
-        True
-    """
-    lines = output.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
-    if not starts:
-        return None
-    rest = lines[starts[-1] + 1:]
-    # The frames are indented; the first line that is not is the exception's.
-    first = next((i for i, line in enumerate(rest) if line.strip() and not line[0].isspace()), None)
-    if first is None:
-        return None
-    message = [rest[first].strip()]
-    for line in rest[first + 1:first + 4] if message[0].endswith(":") else ():
-        if not line.strip() or line.startswith("full_key:") or re.match(r"\S+:\d+: \w*Warning", line):
-            break
-        message.append(line.strip())
-    text = " | ".join(message)
-    return text[:600] + (" ..." if len(text) > 600 else "")
-
-
-def _group_members(pgid: int) -> dict[int, str]:
-    """``{pid: command line}`` of the live processes of group ``pgid`` (read from /proc)."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-            if int(fields[2]) != pgid or fields[0] == "Z":
-                continue
-            out[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile
-    return out
-
-
-def _is_resource_tracker(cmdline: str) -> bool:
-    return "multiprocessing.resource_tracker" in cmdline
-
-
-def _wait_for(pgid: int, seconds: float, done: Callable[[dict[int, str]], bool]) -> dict[int, str]:
-    deadline = time.monotonic() + seconds
-    members = _group_members(pgid)
-    while not done(members) and time.monotonic() < deadline:
-        time.sleep(0.2)
-        members = _group_members(pgid)
-    return members
-
-
-def _kill(pids: Sequence[int], sig: signal.Signals) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def _kill_group(pgid: int, grace: float = 5.0) -> None:
-    """Ends every process of group ``pgid``, multiprocessing's resource tracker last.
-
-    SIGTERM first, SIGKILL after ``grace`` seconds. The resource tracker ignores
-    SIGTERM and, once every process that held it has gone, unlinks the semaphores
-    and shared memory they leaked; it is SIGKILLed only if it has not finished
-    10 s later, so that a killed script leaves nothing in /dev/shm.
-    """
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    members = _wait_for(pgid, grace, lambda m: all(_is_resource_tracker(c) for c in m.values()))
-    _kill([pid for pid, cmd in members.items() if not _is_resource_tracker(cmd)], signal.SIGKILL)
-    members = _wait_for(pgid, 10.0, lambda m: not m)
-    _kill(list(members), signal.SIGKILL)
-    _wait_for(pgid, 5.0, lambda m: not m)
-
-
-def _dump_stacks(pgid: int) -> int:
-    """Makes each Python process of the group print every thread's stack, then die; returns how many.
-
-    The runs have ``PYTHONFAULTHANDLER=1``: on SIGABRT, :mod:`faulthandler` writes the
-    stacks to the process's stderr (the run's log), which shows where a hang sits.
-    The resource tracker is spared (see :func:`_kill_group`).
-    """
-    pids = [pid for pid, cmd in _group_members(pgid).items() if not _is_resource_tracker(cmd)]
-    _kill(pids, signal.SIGABRT)
-    _wait_for(pgid, 3.0, lambda m: all(_is_resource_tracker(c) for c in m.values()))
-    return len(pids)
-
-
-def _shm() -> set[str]:
-    try:
-        return set(os.listdir("/dev/shm"))
-    except OSError:
-        return set()
-
-
-def _mapped_shm() -> set[str]:
-    """Names in /dev/shm that a live process maps (a named semaphore or shared block in use)."""
-    out = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            for line in Path(f"/proc/{entry}/maps").read_text().splitlines():
-                where = line.find("/dev/shm/")
-                if where >= 0:
-                    out.add(line[where + 9:].split()[0])
-        except OSError:
-            continue
-    return out
-
-
-@dataclasses.dataclass
-class GroupRun:
-    """How a command run by :func:`run_in_own_group` ended."""
-
-    returncode: int
-    seconds: float
-    timed_out: bool
-    dumped: int  # processes whose stacks were written to the log at the timeout
-    leftovers: dict[int, str]  # processes of its group still alive 10 s after it exited (killed since)
-    exit_after_output_s: float | None  # from its last output (tqdm's bar: the last update) to its exit; None: killed
-
-
-def run_in_own_group(cmd: Sequence[str], cwd: Path, env: dict[str, str], log_path: Path,
-                     timeout: float) -> GroupRun:
-    """Runs ``cmd`` in a session of its own, its output into ``log_path``.
-
-    At ``timeout`` the stacks of its process group go into the log and the group
-    is killed; after it exits, what of its group is still alive 10 s later (a
-    clean exit may leave a resource tracker a moment to finish) is killed too.
-    """
-    start = time.monotonic()
-    timed_out, dumped = False, 0
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            dumped = _dump_stacks(proc.pid)
-            _kill_group(proc.pid)
-            proc.wait()
-    seconds = time.monotonic() - start
-    exit_after_output = None if timed_out else max(0.0, time.time() - log_path.stat().st_mtime)
-    leftovers = _wait_for(proc.pid, 10.0, lambda members: not members)
-    if leftovers:
-        _kill_group(proc.pid, grace=2.0)
-    return GroupRun(proc.returncode, seconds, timed_out, dumped, leftovers, exit_after_output)
+    checkout = open_rl(rl_root, "sota-implementations/")
+    if not checkout.bare:
+        return rl_root / "sota-implementations", checkout.commit
+    checkout.copy(["sota-implementations"], workdir)
+    return workdir / "sota-implementations", checkout.commit
 
 
 @dataclasses.dataclass
@@ -710,7 +519,7 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     env["TMPDIR"] = str(folder / "tmp")
     (folder / "tmp").mkdir(exist_ok=True)
     log_path = folder / "sota_dropin.log"
-    shm_before = _shm()
+    shm_before = shm_entries()
     run = run_in_own_group(cmd, folder, env, log_path, timeout)
     seconds, timed_out, dumped, leftovers = run.seconds, run.timed_out, run.dumped, run.leftovers
     # What the script printed, without the stack dumps of a timeout.
@@ -739,10 +548,10 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     if leftovers and not timed_out:
         shown = "; ".join(f"{pid}: {cmd[:120]}" for pid, cmd in sorted(leftovers.items()))
         result.notes.append(f"{len(leftovers)} process(es) of its group alive 10 s after it exited, killed: {shown}")
-    left = _shm() - shm_before - _mapped_shm()
+    left = shm_entries() - shm_before - mapped_shm()
     if left:  # a resource tracker (ours or another job's) may still be removing them
         time.sleep(5.0)
-        left = sorted(left & _shm() - _mapped_shm())
+        left = sorted(left & shm_entries() - mapped_shm())
     if left:
         result.notes.append(f"left in /dev/shm (made during the run, held by no live process; on a shared "
                             f"machine another job's cannot be told apart): {left}")
@@ -751,7 +560,6 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
 
 def write_results(summary: dict, path: Path, argv: Sequence[str] | None = None) -> None:
     """Writes ``summary`` with the run's provenance (date, command, machine, torch) where ``report.py`` reads it."""
-    from provenance import provenance
 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**provenance("sota_dropin", argv=None if argv is None else list(argv)), **summary},

@@ -58,9 +58,10 @@ from typing import Any
 # that the benchmarks' own module names shadow nothing.
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
-from sota_dropin import REPO_ROOT, _git, _mapped_shm, _shm, run_in_own_group  # noqa: E402
+from common import git, mapped_shm, open_rl, run_in_own_group, shm_entries  # noqa: E402
 
 BENCHMARKS = Path(__file__).resolve().parent
+REPO_ROOT = BENCHMARKS.parent
 PLUGIN = Path(__file__).stem
 TEST_FILE = "test/test_collectors.py"
 #: The class under test, by its current and its legacy name.
@@ -447,61 +448,26 @@ def open_tests(rl_root: Path, workdir: Path) -> tuple[Path, str]:
     """
     root = workdir / "rl"
     (root / "test").mkdir(parents=True)
-    if (rl_root / TEST_FILE).is_file():
-        try:
-            commit = _git(["-C", str(rl_root), "rev-parse", "HEAD"])
-        except (subprocess.CalledProcessError, FileNotFoundError):
-            commit = "unknown"
-        available = {p.stem if p.suffix == ".py" else p.name for p in (rl_root / "test").iterdir()
-                     if p.suffix == ".py" or (p / "__init__.py").is_file()}
-
-        def read(path: str) -> str:
-            return (rl_root / path).read_text()
-
-        def copy(paths: list[str]) -> None:
-            for path in paths:
-                source, target = rl_root / path, root / path
-                if source.is_dir():
-                    shutil.copytree(source, target)
-                elif source.is_file():
-                    shutil.copy2(source, target)
-    else:
-        try:
-            _git(["--git-dir", str(rl_root), "cat-file", "-e", f"HEAD:{TEST_FILE}"])
-        except (subprocess.CalledProcessError, FileNotFoundError):
-            raise ValueError(f"--rl-root must be a pytorch/rl work tree (holding {TEST_FILE}) or a bare git "
-                             f"repository of it, got {str(rl_root)!r}") from None
-        commit = _git(["--git-dir", str(rl_root), "rev-parse", "HEAD"])
-        listing = _git(["--git-dir", str(rl_root), "ls-tree", "--name-only", "HEAD", "test/"]).splitlines()
-        available = {Path(p).stem if p.endswith(".py") else Path(p).name for p in listing}
-
-        def read(path: str) -> str:
-            return _git(["--git-dir", str(rl_root), "show", f"HEAD:{path}"])
-
-        def copy(paths: list[str]) -> None:
-            present = [p for p in paths
-                       if subprocess.run(["git", "--git-dir", str(rl_root), "cat-file", "-e", f"HEAD:{p}"],
-                                         capture_output=True).returncode == 0]
-            archive = subprocess.run(["git", "--git-dir", str(rl_root), "archive", "HEAD", *present],
-                                     check=True, capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
-
+    checkout = open_rl(rl_root, TEST_FILE)
+    # the test modules and packages it may import (any folder of a bare repository)
+    available = {n.removesuffix(".py") for n in checkout.names("test")
+                 if n.endswith(".py") or checkout.bare or checkout.has(f"test/{n}/__init__.py")}
     wanted, todo = {"test_collectors", "conftest"}, ["test_collectors", "conftest"]
     while todo:  # the local modules they import, and what those import
         name = todo.pop()
         path = f"test/{name}.py"
         try:
-            text = read(path)
+            text = checkout.read(path)
         except (OSError, subprocess.CalledProcessError):
             continue  # a package (test/name/): copied whole, not followed
         for found in local_imports(text, available) - wanted:
             wanted.add(found)
             todo.append(found)
     paths = ["pytest.ini"] + [f"test/{n}.py" for n in sorted(wanted)] + [f"test/{n}" for n in sorted(wanted)]
-    copy(paths)
+    checkout.copy(paths, root)
     if not (root / TEST_FILE).is_file():
         raise ValueError(f"--rl-root: {TEST_FILE} could not be copied from {str(rl_root)!r}")
-    return root, commit
+    return root, checkout.commit
 
 
 # -------------------------------------------------------------------- running
@@ -611,7 +577,7 @@ def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout
     tmp = Path(tempfile.mkdtemp(prefix="tcf_"))
     env = _pytest_env(side, events_path, tmp, rebind, verify, plugin_dir)
     notes: list[str] = []
-    shm_before = _shm()
+    shm_before = shm_entries()
     run = run_in_own_group(_pytest_cmd(root, args), root, env, log_path, timeout)
     seconds, timed_out = run.seconds, run.timed_out
     if run.leftovers:
@@ -637,10 +603,10 @@ def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout
         crash = f"died: exit code {run.returncode}" + (f" in {current}" if current else "") + (
             "" if finished else " before pytest finished")
     # multiprocessing's named semaphores (sem.mp-*) come and go with every job on the machine: not counted.
-    left = {e for e in _shm() - shm_before - _mapped_shm() if not e.startswith("sem.mp-")}
+    left = {e for e in shm_entries() - shm_before - mapped_shm() if not e.startswith("sem.mp-")}
     if left:  # a resource tracker (ours or another job's) may still be removing them
         time.sleep(5.0)
-        left = sorted(left & _shm() - _mapped_shm())
+        left = sorted(left & shm_entries() - mapped_shm())
     if left:
         # On a shared machine another job's entries cannot be told apart: a count and a few names.
         notes.append(f"{len(left)} entries left in /dev/shm (made during the run, held by no live process; "
@@ -700,8 +666,8 @@ def compare(stock: dict[str, str], ours: dict[str, str]) -> tuple[list[str], lis
 
 def _unilab_state() -> tuple[str, bool]:
     try:
-        commit = _git(["-C", str(REPO_ROOT), "rev-parse", "HEAD"])
-        dirty = bool(_git(["-C", str(REPO_ROOT), "status", "--porcelain", "--", "torchrl_unilab"]))
+        commit = git(["-C", str(REPO_ROOT), "rev-parse", "HEAD"])
+        dirty = bool(git(["-C", str(REPO_ROOT), "status", "--porcelain", "--", "torchrl_unilab"]))
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "unknown", False
     return commit, dirty
@@ -828,7 +794,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The plugin as it is now: edits of this file during a long run do not reach its later functions.
         plugin_dir = workdir / "plugin"
         plugin_dir.mkdir()
-        for name in (f"{PLUGIN}.py", "sota_dropin.py"):
+        for name in (f"{PLUGIN}.py", "common.py"):
             shutil.copy2(BENCHMARKS / name, plugin_dir / name)
         cases, left_out = collect_cases(root, tests, workdir, max(args.timeout_per_function, 300.0), plugin_dir)
         tests = [t for t in tests if cases.get(t)]

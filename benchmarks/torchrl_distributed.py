@@ -9,7 +9,7 @@ actions all equal ``tanh(0.5)`` shows that the weights reached the node's worker
 ``DistributedSyncCollector.update_policy_weights_`` raises ``NotImplementedError`` in TorchRL itself, so that
 collector is run without the update.
 
-Each run is a subprocess in its own process group with a timeout (``sota_dropin.run_in_own_group``): a hang
+Each run is a subprocess in its own process group with a timeout (``common.run_in_own_group``): a hang
 is reported as one, and leaves nothing running.
 
 Run::
@@ -34,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import sota_dropin
+from common import first_error, run_in_own_group
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("dist", "rpc", "sync")
@@ -101,13 +101,13 @@ def run(kind: str, class_name: str, timeout: float, workdir: Path) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, class_name, str(free_port())]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH"))
                                                       if p))
-    outcome = sota_dropin.run_in_own_group(cmd, workdir, env, log, timeout)
+    outcome = run_in_own_group(cmd, workdir, env, log, timeout)
     output = log.read_text(errors="replace")
     lines = [line for line in output.splitlines() if line.startswith("{")]
     if outcome.timed_out:
         return {"status": "failed", "error": f"timeout after {timeout:.0f} s (a hang; killed)"}
     if outcome.returncode != 0 or not lines:
-        return {"status": "failed", "error": sota_dropin.first_error(output) or f"exit {outcome.returncode}"}
+        return {"status": "failed", "error": first_error(output) or f"exit {outcome.returncode}"}
     figures = json.loads(lines[-1])
     ok = figures["batches"] == BATCHES and figures["weights_reached"] is not False
     return {"status": "ok" if ok else "failed", **figures}

@@ -20,10 +20,10 @@ targets against SB3's runs.
 from __future__ import annotations
 
 import math
-import random
 import statistics
-from collections.abc import Callable
 from pathlib import Path
+
+from common import bootstrap_interval, figure
 
 #: The wall-clock seconds between two snapshots: the suite evaluates every minute.
 SNAPSHOT_EVERY_S = 60
@@ -77,35 +77,6 @@ def value_at_minutes(points: list[dict], minutes: int, key: str = "return") -> l
         done = [p[key] for p in points if p["elapsed_s"] <= 60 * minute + 1.0]
         out.append(done[-1] if done else None)
     return out
-
-
-def percentile_interval(draw: Callable[[random.Random], float], *, level: float = 0.9,
-                        draws: int = 10_000) -> tuple[float, float]:
-    """The central ``level`` interval of ``draws`` values of ``draw(rng)``: a percentile bootstrap.
-
-    A fixed RNG: the same runs give the same interval. Also the interval of ``learning.difference_interval``.
-
-    Examples:
-        >>> percentile_interval(lambda rng: rng.choice([1.0, 2.0, 3.0]))
-        (1.0, 3.0)
-    """
-    rng = random.Random(0)
-    values = sorted(draw(rng) for _ in range(draws))
-    tail = (1 - level) / 2
-    return values[int(tail * draws)], values[min(draws - 1, int((1 - tail) * draws))]
-
-
-def bootstrap_interval(values: list[float], *, level: float = 0.9, draws: int = 10_000) -> tuple[float, float] | None:
-    """A percentile-bootstrap interval of the mean of ``values`` (seeds); ``None`` below 3 values.
-
-    Examples:
-        >>> bootstrap_interval([1.0, 2.0, 3.0, 4.0, 5.0])
-        (2.0, 4.0)
-    """
-    if len(values) < 3:
-        return None
-    return percentile_interval(lambda rng: statistics.fmean(rng.choices(values, k=len(values))), level=level,
-                               draws=draws)
 
 
 def mean_with_interval(runs: dict[int, list[float | None]]) -> list[dict]:
@@ -230,34 +201,23 @@ def wallclock_targets(curve: list[dict], reference: dict[str, float]) -> dict:
 def plot_against_minutes(path: Path, title: str, sides: dict[str, list[dict]],
                          reference: dict[str, float] | None = None) -> None:
     """Return against wall-clock minutes: each side's mean curve with its 90 % band, SB3's 100k mean as a line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for label, curve in sides.items():
-        if not curve:
-            continue
-        minutes = [p["minute"] for p in curve]
-        (line,) = ax.plot(minutes, [p["mean"] for p in curve], marker=".", label=f"{label} ({curve[-1]['seeds']})")
-        banded = [p for p in curve if p["low"] is not None]
-        if banded:
-            ax.fill_between([p["minute"] for p in banded], [p["low"] for p in banded], [p["high"] for p in banded],
-                            color=line.get_color(), alpha=0.2)
-    if reference is not None:
-        ax.axhline(reference["return"], color="grey", linestyle="--", linewidth=1)
-        ax.axvline(reference["minutes"], color="grey", linestyle=":", linewidth=1)
-        ax.annotate("SB3 mean at 100k frames", (reference["minutes"], reference["return"]), fontsize=8,
-                    ha="right", va="bottom")
-    ax.set_xlabel("wall-clock minutes")
-    ax.set_ylabel("evaluation return (5 deterministic episodes)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, title="config (seeds); band: 90 % interval of the mean", title_fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    legend = {"fontsize": 8, "title": "config (seeds); band: 90 % interval of the mean", "title_fontsize": 7}
+    with figure(path, title, "wall-clock minutes", "evaluation return (5 deterministic episodes)", size=(7, 4.2),
+                dpi=110, legend=legend) as ax:
+        for label, curve in sides.items():
+            if not curve:
+                continue
+            minutes = [p["minute"] for p in curve]
+            (line,) = ax.plot(minutes, [p["mean"] for p in curve], marker=".", label=f"{label} ({curve[-1]['seeds']})")
+            banded = [p for p in curve if p["low"] is not None]
+            if banded:
+                ax.fill_between([p["minute"] for p in banded], [p["low"] for p in banded],
+                                [p["high"] for p in banded], color=line.get_color(), alpha=0.2)
+        if reference is not None:
+            ax.axhline(reference["return"], color="grey", linestyle="--", linewidth=1)
+            ax.axvline(reference["minutes"], color="grey", linestyle=":", linewidth=1)
+            ax.annotate("SB3 mean at 100k frames", (reference["minutes"], reference["return"]), fontsize=8,
+                        ha="right", va="bottom")
 
 
 def markdown_table(sides: dict[str, dict]) -> list[str]:

@@ -38,10 +38,10 @@ def test_the_benchmarks_examples_hold():
     import doctest
 
     import ab_rounds
+    import common
     import dropin_speedup
-    import provenance
 
-    for module in (wallclock, ab_rounds, learning, provenance, dropin_speedup):
+    for module in (wallclock, ab_rounds, learning, common, dropin_speedup):
         assert doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
 
 
