@@ -11,7 +11,8 @@ with ``optim.num_threads=auto`` and ``=1`` (``e2e_fps_*``) against Stable-Baseli
 (``sb3_fps``; needs the ``bench`` extra). ``--profile`` adds where an update's milliseconds
 go, ``--prefetch`` a thread sampling the next batch, ``--checkpoint DIR`` the update from a
 trained run's state with and without flushing denormals. ``--batch-sizes`` measures only the
-update at other batch sizes on 1 and 2 threads, with sampling's share.
+update at other batch sizes on 1 and 2 threads, with sampling's share. ``--matmul-dtype bf16``
+adds the SAC and TD3 updates with bf16 matmuls (``optim.matmul_dtype``) to the same blocks.
 
 ``--device cuda`` measures a learner on a GPU instead (collection stays on CPU workers):
 eager, compiled and CUDA-graph updates per second, with and without overlapping the next
@@ -25,6 +26,7 @@ Run::
                                             [--e2e-rounds 2] [--no-compile] [--no-sb3] [--prefetch] [--profile]
     python benchmarks/learner_throughput.py --device cuda [--block-updates 200] [--e2e-frames 20000]
     python benchmarks/learner_throughput.py --batch-sizes 256 512 1024 2048 [--buffer-rows 1000000]
+    python benchmarks/learner_throughput.py --matmul-dtype bf16 --e2e-frames 0 --no-compile --no-sb3
 
 It prints one JSON line; ``benchmarks/README.md`` lists every key. The figures the docs
 show are in ``benchmarks/results/learning/learner_throughput.json``.
@@ -59,7 +61,7 @@ from torchrl_unilab import SharedWeights, make_replay_buffer
 from torchrl_unilab.data import BufferSampler
 from torchrl_unilab.objectives import tensor_loss
 from torchrl_unilab.trainers.compile import compile_update
-from torchrl_unilab.trainers.device import learner_device
+from torchrl_unilab.trainers.device import cpu_computes_bf16, learner_device
 from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
 from torchrl_unilab.trainers.threads import machine_cores
 
@@ -113,14 +115,15 @@ def plain_loop(rb):
 
 def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False, cudagraphs: bool = False,
                 device: torch.device | str = "cpu", serial: bool = False, prefetch: bool = False,
-                trained: dict | None = None, batch_size: int = BATCH):
+                trained: dict | None = None, batch_size: int = BATCH, matmul_dtype: torch.dtype = torch.float32):
     """The update of recipes/sac.py: BufferSampler, the (tensor-level) loss, one fused Adam, SoftUpdate.
 
     On ``device``, compiled as the recipe's ``compile`` section would (``compile``, ``cudagraphs``),
     on batches of ``batch_size`` rows;
     ``serial`` waits for the GPU after each update, so that the next batch is sampled after it;
     ``prefetch`` samples the next batch in a thread (into a second sampler) while the update runs;
-    ``trained``: the ``modules`` of a SAC recipe checkpoint, whose loss module and optimizer state it starts from.
+    ``trained``: the ``modules`` of a SAC recipe checkpoint, whose loss module and optimizer state it starts from;
+    ``matmul_dtype``: the tensor-level loss's matmuls (``optim.matmul_dtype``).
     """
     device = torch.device(device)
     nets = networks(device)
@@ -130,7 +133,7 @@ def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False, cudagraphs
     if trained is not None:  # copies: the optimizer would update the checkpoint's own tensors in place
         loss.load_state_dict(copy.deepcopy(trained["loss"]))
         optimizer.load_state_dict(copy.deepcopy(trained["optimizer"]))
-    loss_fn = tensor_loss(loss) if fast_loss else loss
+    loss_fn = tensor_loss(loss, matmul_dtype) if fast_loss else loss
     assert loss_fn is not None
 
     def update(batch):
@@ -180,12 +183,14 @@ def with_flush_denormal(step, flush: bool):
 
 
 def td3_loop(rb, *, device: torch.device | str = "cpu", compile: bool = False, cudagraphs: bool = False,
-             batch_size: int | None = None, hidden: tuple[int, ...] | None = None):
+             batch_size: int | None = None, hidden: tuple[int, ...] | None = None,
+             matmul_dtype: torch.dtype = torch.float32):
     """The update of recipes/td3.py with its defaults (``make_update``, its networks, the tensor-level loss):
     the critics every call, the actor and targets every ``optim.policy_update_delay``-th.
 
     ``hidden`` and ``batch_size`` replace the config's ([400, 300], 256); on ``device``, compiled as the
-    recipe compiles it (``compile``, ``cudagraphs``: one compiled update per value of ``update_actor``).
+    recipe compiles it (``compile``, ``cudagraphs``: one compiled update per value of ``update_actor``);
+    ``matmul_dtype``: the tensor-level loss's matmuls (``optim.matmul_dtype``).
     """
     sys.path.insert(0, str(ROOT / "recipes"))
     from td3 import make_update  # noqa: PLC0415 - the recipe script, imported as a module
@@ -198,7 +203,7 @@ def td3_loop(rb, *, device: torch.device | str = "cpu", compile: bool = False, c
     torch.manual_seed(0)
     nets = make_networks(cfg, "td3", EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT)), device=device)
     loss, target = make_loss_module(cfg, "td3", nets)
-    update = make_update(loss, make_optimizer(cfg, loss), target, tensor_loss(loss))
+    update = make_update(loss, make_optimizer(cfg, loss), target, tensor_loss(loss, matmul_dtype))
     updates = {flag: compile_update(functools.partial(update, update_actor=flag), cfg.compile, device)
                for flag in (False, True)}
     sample = BufferSampler(rb, batch_size or int(cfg.optim.batch_size), device=device)
@@ -594,6 +599,9 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, metavar="N",
                         help="only the update at these batch sizes on 1 and 2 threads, and sampling's share "
                              "(batch_size_sweep)")
+    parser.add_argument("--matmul-dtype", choices=("bf16",), default=None,
+                        help="also the SAC and TD3 updates with bf16 matmuls (optim.matmul_dtype=bf16), in the same "
+                             "alternating blocks: *_bf16_ups_* and their ratios over float32")
     parser.add_argument("--buffer-rows", type=int, default=50_000,
                         help="rows in the buffer --batch-sizes samples from (the SAC recipe's holds up to 1,000,000)")
     args = parser.parse_args()
@@ -611,7 +619,11 @@ def main() -> None:
         variants["recipe_compiled"] = recipe_loop(rb, compile=True)
     if args.prefetch:
         variants["recipe_prefetch"] = recipe_loop(rb, prefetch=True)
-    rates = update_rates(variants, args.blocks, args.block_updates, threads={"recipe_2t": 2})
+    if args.matmul_dtype:
+        variants.update(recipe_bf16=recipe_loop(rb, matmul_dtype=torch.bfloat16),
+                        recipe_bf16_2t=recipe_loop(rb, matmul_dtype=torch.bfloat16),
+                        td3_recipe_bf16=td3_loop(rb, matmul_dtype=torch.bfloat16))
+    rates = update_rates(variants, args.blocks, args.block_updates, threads={"recipe_2t": 2, "recipe_bf16_2t": 2})
     limits = {n: sgemm_limit(n) for n in (1, 2)}
     td3_hidden = tuple(OmegaConf.load(ROOT / "recipes" / "config" / "td3.yaml").network.hidden_sizes)
     td3_limit = sgemm_limit(1, "td3", td3_hidden)
@@ -643,6 +655,14 @@ def main() -> None:
     }
     if "recipe_compiled" in rates:
         out["compile_warmup_s"] = round(rates["recipe_compiled"]["warmup_s"], 1)
+    if args.matmul_dtype:
+        out.update({"cpu_computes_bf16": cpu_computes_bf16(),
+                    "recipe_bf16_ups_1t": round(rates["recipe_bf16"]["ups"], 1),
+                    "recipe_bf16_ups_2t": round(rates["recipe_bf16_2t"]["ups"], 1),
+                    "td3_recipe_bf16_ups_1t": round(rates["td3_recipe_bf16"]["ups"], 1),
+                    "recipe_bf16_over_fp32_1t": round(rates["recipe_bf16"]["ups"] / rates["recipe"]["ups"], 3),
+                    "recipe_bf16_over_fp32_2t": round(rates["recipe_bf16_2t"]["ups"] / rates["recipe_2t"]["ups"], 3),
+                    "td3_bf16_over_fp32_1t": round(rates["td3_recipe_bf16"]["ups"] / rates["td3_recipe"]["ups"], 3)})
     if args.prefetch:
         out["sample_ms"] = round(median_ms(BufferSampler(rb, BATCH)), 3)
     if args.profile:
