@@ -354,6 +354,9 @@ class WorkerPool:
         # Notified after each pass of the watcher: raise_if_failed(wait_for_report=...) waits on it for an exit
         # to be handled (named or replaced), not for the watcher to end, which with restarts on it never does.
         self._watched = threading.Condition()
+        # One reader of exit statuses at a time: a forkserver child's status is read once from a pipe, and a second
+        # thread polling the same Popen meanwhile reads EOF, which multiprocessing reports as exit code 255.
+        self._status_lock = threading.Lock()
 
     def start(self) -> None:
         """Starts every worker and the watcher thread."""
@@ -406,11 +409,12 @@ class WorkerPool:
                 elif not self._failed(idx, WorkerError(*report)):
                     return
             for idx, proc in enumerate(self.procs):
-                if proc.exitcode not in (None, 0) and not self._stopping:
+                exitcode = self._exitcode(proc)
+                if exitcode not in (None, 0) and not self._stopping:
                     # Give the worker's own report a moment to arrive; it is more useful.
                     reader = self._error_readers[idx]
                     report = _receive(reader) if idx in self._open and reader.poll(0.5) else None
-                    error = WorkerError(*report) if report is not None else self._unexplained_exit(idx, proc.exitcode)
+                    error = WorkerError(*report) if report is not None else self._unexplained_exit(idx, exitcode)
                     if not self._failed(idx, error):
                         return
             with self._watched:
@@ -463,10 +467,11 @@ class WorkerPool:
         """Starts a new process in worker ``idx``'s place, once the old one has exited; None once it started,
         else the error that stopped it."""
         old = self.procs[idx]
-        old.join(_EXIT_WAIT_SECONDS)  # one that reported its error exits by itself at once
-        if old.is_alive():
+        # Waited for on its sentinel, its status read under the lock (threads are never replaced).
+        mp.connection.wait([old.sentinel], _EXIT_WAIT_SECONDS)  # one that reported its error exits at once
+        if self._exitcode(old) is None:
             old.kill()
-            old.join(_EXIT_WAIT_SECONDS)
+            mp.connection.wait([old.sentinel], _EXIT_WAIT_SECONDS)
         # Not old.close(): other threads may still read its exitcode; its fds go with the object.
         self._error_readers[idx].close()
         self._open.discard(idx)
@@ -530,13 +535,17 @@ class WorkerPool:
         if wait_for_report > 0:
             with self._watched:
                 self._watched.wait_for(lambda: self.error is not None or not self._watching or not any(
-                    p.exitcode not in (None, 0) for p in self.procs), timeout=wait_for_report)
+                    self._exitcode(p) not in (None, 0) for p in self.procs), timeout=wait_for_report)
         if self.error is not None:
             raise self.error
 
     def alive(self) -> int:
         """How many workers are still running."""
-        return sum(p.is_alive() for p in self.procs)
+        return sum(p.ident is not None and self._exitcode(p) is None for p in self.procs)
+
+    def _exitcode(self, proc: mp.process.BaseProcess | _ThreadWorker) -> int | None:
+        with self._status_lock:
+            return proc.exitcode
 
     def stop(self, timeout: float = 4.0) -> None:
         """Asks workers to stop, then terminates and kills stragglers within ``timeout`` seconds."""
