@@ -16,7 +16,6 @@ from conftest import FUNCTION_API_ENV, collector_process, learner_side, wait_unt
 from torch import nn
 
 from torchrl_unilab import BatchedGymEnv, SharedWeights, WorkerError, layout_of, make_replay_buffer
-from torchrl_unilab._residue import running
 from torchrl_unilab.collectors.trace import TRACE_PHASES
 from torchrl_unilab.worker import (
     CollectorProcess,
@@ -211,11 +210,11 @@ def test_a_killed_collector_process_is_reported_by_its_signal(no_leaks):
             proc.metrics()
             time.sleep(0.05)
         assert rb.write_count >= 200
-        pid = proc.process.pid
-        os.kill(pid, signal.SIGKILL)
+        os.kill(proc.process.pid, signal.SIGKILL)
         # Not proc.process.join(): the pool's watcher thread polls the same Popen, and two threads reading a
         # forkserver child's exit status race for it (the loser reads EOF, which multiprocessing reports as 255).
-        assert wait_until(lambda: not running(pid), timeout=30)
+        # Its sentinel turns readable once the status is there, and waiting on it reads nothing.
+        assert mp.connection.wait([proc.process.sentinel], 30)
         with pytest.raises(WorkerError, match="process killed by SIGKILL without reporting an exception"):
             proc.metrics()
 

@@ -635,8 +635,8 @@ class CollectorProcess:
                 out.append(message)
         if out:
             self.latest = out[-1]
-        if failed:
-            self.process.join(5.0)  # it is on its way out
+        if failed:  # it is on its way out; waited for on its sentinel, as the pool's watcher reads its status
+            mp.connection.wait([self.process.sentinel], 5.0)
         self.raise_if_failed()
         return out
 
