@@ -97,7 +97,6 @@ class _TensorLoss:
 
     def __init__(self, loss: SACLoss | TD3Loss, actor: _Network, critic: _Network, matmul_dtype: torch.dtype) -> None:
         self.loss, self.actor, self.critic = loss, actor, critic
-        self.matmul_dtype = matmul_dtype
         self.policy = actor.bind(loss.actor_network_params, matmul_dtype)
         self.q = critic.bind(loss.qvalue_network_params, matmul_dtype)
         self.q_target = critic.bind(loss.target_qvalue_network_params, matmul_dtype)
