@@ -217,15 +217,18 @@ class RecordingPolicy(TensorDictModuleBase):
         return td
 
 
-@pytest.mark.parametrize("policy", ["module", "tensor path"])
+@pytest.mark.parametrize("policy", ["module", "tensor path", "module on worker 1"])
 def test_an_env_instance_acts_through_a_module_only_while_the_consumer_waits(policy, no_leaks):
     """tensordict's exploration type is process-wide, and compiled losses guard on it (TorchRL's crossq.py and
     discrete_sac.py with compile.compile=true): a thread-stepped env instance whose policy goes through TensorDict
     modules acts only inside next(), one batch at a time, as TorchRL's Collector; on the tensor path, which reads
-    no such setting, it still collects the next batch while the consumer trains."""
+    no such setting, it still collects the next batch while the consumer trains. One worker on the module path
+    (an unbatched env, stepped as a batch of one) is enough to step them all in lockstep."""
     POLICY_CALLS.clear()
     env = SerialEnv(2, functools.partial(GymEnv, "Pendulum-v1"))
     actor = RecordingPolicy() if policy == "module" else linear_policy(3, 1)
+    if policy == "module on worker 1":
+        env = [SerialEnv(1, functools.partial(GymEnv, "Pendulum-v1")), GymEnv("Pendulum-v1")]
     collector = OffPolicyCollector(env, actor, frames_per_batch=32, total_frames=32 * 4)
     training = []  # (start, end, frames collected past those consumed at the end) of each update
     try:
@@ -241,5 +244,7 @@ def test_an_env_instance_acts_through_a_module_only_while_the_consumer_waits(pol
         assert len(calls) >= 3 * 16  # the three batches after the first, 2 envs a call
         assert not [c for c in calls for t in training if c[1] > t[0] and c[0] < t[1]]
         assert all(ahead == 0 for _, _, ahead in training)
-    else:
+    if policy == "module on worker 1":
+        assert all(ahead == 0 for _, _, ahead in training)
+    if policy == "tensor path":
         assert any(ahead > 0 for _, _, ahead in training[:-1])

@@ -762,7 +762,7 @@ def tensor_path(policy, env: EnvBase, exploration_type: ExplorationType) -> Call
         >>> tensor_path(actor, env, ExplorationType.RANDOM) is not None, tensor_path(actor, env, ExplorationType.MODE)
         (True, None)
     """
-    if (exploration_type != ExplorationType.RANDOM or isinstance(env, BatchOfOne)
+    if (exploration_type != ExplorationType.RANDOM or env.batch_dims != 1 or isinstance(env, BatchOfOne)
             or ActionEntry(env).key != "action" or not _reads_env_keys_only(policy, env)):
         return None
     return tensor_policy(policy)

@@ -525,10 +525,11 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
             _log.info(f"OffPolicyCollector: cudagraph_policy={cudagraph_policy!r} is accepted and has no use: "
                       "workers act on CPU, and CUDA graphs run on CUDA only")
 
-    def _acts_on_tensor_path(self) -> bool:
-        """Whether worker 0 acts through the tensor path, not the policy module (``_worker.tensor_path``)."""
+    def _acts_on_tensor_path(self, env: EnvBase | None = None) -> bool:
+        """Whether a worker stepping ``env`` (worker 0's by default) acts through the tensor path, not the policy
+        module (``_worker.tensor_path``)."""
         policy = self.policy if self._worker_policy is None else self._worker_policy
-        return tensor_path(policy, self._probe_env, self.exploration_type) is not None
+        return tensor_path(policy, self._probe_env if env is None else env, self.exploration_type) is not None
 
     def _ensure_started(self) -> None:
         """Starts the workers on first use: iteration, start(), allow_frames() or wait_for_frames()."""
@@ -556,7 +557,8 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         # it acts (set_exploration_type, a ProbabilisticActor's get_dist_params), and the learner's losses read it
         # while its torch.compile guards on it. A worker thread acting through the module therefore steps only
         # while the iterating thread waits for its batch, one batch at a time, as TorchRL's Collector steps.
-        self._lockstep = any(in_thread) and not self._acts_on_tensor_path()
+        self._lockstep = any(not self._acts_on_tensor_path(env) for env in self._worker_envs
+                             if isinstance(env, EnvBase))
         if not all(in_thread):
             self._close_probe()  # the processes build their own envs
         sources = [env if isinstance(env, EnvBase) else cloudpickle.dumps(env) for env in self._worker_envs]
