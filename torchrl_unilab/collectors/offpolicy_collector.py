@@ -73,156 +73,82 @@ _log = logging.getLogger("torchrl.unilab")
 class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, CheckpointAPI, MultiAsyncCollector):
     """TorchRL's asynchronous multi-process collector, rebuilt for off-policy training.
 
-    Each of ``num_workers`` workers steps a batch of environments, picks actions
-    with ``policy`` under ``exploration_type`` (uniformly at random for the first
-    ``init_random_frames`` frames), and either writes flat transitions straight
-    into ``replay_buffer`` or, without one, hands each batch of
-    ``frames_per_batch`` transitions to the iterating process, as
-    ``MultiAsyncCollector`` does. :meth:`update_policy_weights_` publishes new
-    weights to every worker through shared memory (a
-    :class:`~torchrl_unilab.weight_update.weight_sync_scheme.SeqlockWeightSyncScheme`).
+    Each of ``num_workers`` workers steps a batch of environments, picks actions with ``policy`` under
+    ``exploration_type`` (uniformly at random for the first ``init_random_frames`` frames), and either writes flat
+    transitions straight into ``replay_buffer`` or, without one, hands each batch of ``frames_per_batch``
+    transitions to the iterating process, as ``MultiAsyncCollector`` does. :meth:`update_policy_weights_` publishes
+    new weights to every worker through shared memory
+    (:class:`~torchrl_unilab.weight_update.weight_sync_scheme.SeqlockWeightSyncScheme`). Workers start on first
+    use (iteration, :meth:`start`, :meth:`allow_frames`, :meth:`wait_for_frames`), so :meth:`set_seed` may come
+    after construction, as in TorchRL's scripts.
 
-    Workers start lazily, on the first iteration, :meth:`start`,
-    :meth:`allow_frames` or :meth:`wait_for_frames`, so :meth:`set_seed` may be
-    called after construction, as TorchRL's scripts do.
+    A yielded batch is laid out as ``MultiAsyncCollector``'s: ``[*env.batch_size, T]``, its last dimension named
+    ``"time"``, with the env's keys, the policy's and ``("collector", "traj_ids")`` (unique across workers), plus
+    ``"policy_version"`` / ``"step_count"`` where TorchRL's options add them. Rows written into a replay buffer are
+    flat and always carry ``"step_count"``, ``("next", "step_count")`` and ``"policy_version"`` (``-1`` for uniformly
+    random actions), which the sampler and the frame accounting read.
 
-    A yielded batch is laid out as ``MultiAsyncCollector``'s: ``[*env.batch_size, T]``, its
-    last dimension named ``"time"``, with the env's keys (``"observation"``,
-    ``("next", "reward")``, ..., and whatever its transforms add), what the policy
-    writes (``"action"``, ...) and ``("collector", "traj_ids")`` (unique across
-    workers); ``"policy_version"`` with ``track_policy_version=True``, ``"step_count"``
-    with ``max_frames_per_traj``, as TorchRL's options add them. Rows written into
-    a replay buffer are flat, and always carry ``"step_count"`` / ``("next", "step_count")``
-    and ``"policy_version"`` (``-1`` for uniformly random actions), which the
-    sampler and the frame accounting read.
+    The user guide's :doc:`/guide/collector` and :doc:`/guide/dropin_parameters` give every argument in full.
 
     Args:
-        create_env_fn: a gymnasium id (``"HalfCheetah-v5"``, or ``"module:Env-vN"``), or a MuJoCo
-            Playground or Control Suite id (``"Go1JoystickFlatTerrain-v1"``, ``"CheetahRun-v1"``,
-            EnvPool only; see :mod:`~torchrl_unilab.envs.task_families`), run with ``num_envs`` envs per
-            worker on the engine ``engine`` selects
-            (:class:`~torchrl_unilab.EnvPoolEnv` or :class:`~torchrl_unilab.BatchedGymEnv`); a callable
-            (or ``EnvCreator``) returning a batched or unbatched TorchRL ``EnvBase``, run in each worker process; a live
-            ``EnvBase`` instance, stepped by a thread of this process (a started
-            ``ParallelEnv`` cannot be pickled into another process, and its own
-            processes do the physics); or a list of those, one per worker.
-        policy: a ``TensorDictModule`` reading the env's observation keys and writing
-            ``"action"`` for the whole batch. ``None`` with no ``policy_factory``:
-            TorchRL's ``RandomPolicy``.
+        create_env_fn: a gymnasium id (``"HalfCheetah-v5"``, ``"module:Env-vN"``) or a MuJoCo Playground or Control
+            Suite id (EnvPool only; :mod:`~torchrl_unilab.envs.task_families`), run ``num_envs`` per worker on the
+            engine ``engine`` selects; a callable (or ``EnvCreator``) returning a TorchRL ``EnvBase``, run in each
+            worker process; a live ``EnvBase``, stepped by a thread of this process; or a list, one per worker.
+        policy: a ``TensorDictModule`` reading the env's observations and writing ``"action"`` for the whole batch.
+            ``None`` with no ``policy_factory``: TorchRL's ``RandomPolicy``.
 
     Keyword Args:
-        num_workers: workers (``>= 1``); inferred from a list ``create_env_fn``. Default 1.
-            ``num_collectors``, the name TorchRL's ``Collector`` gives it, is accepted too.
+        num_workers: workers (``>= 1``); inferred from a list ``create_env_fn``. Default 1. Also ``num_collectors``.
         num_envs: environments per worker for a gymnasium id; otherwise taken from the env.
-        frames_per_batch: frames each worker collects per batch; rounded up to a
-            multiple of the env's batch size, as TorchRL does. A list holds one value per
-            worker, as TorchRL's multi-process collectors take it; as with
-            ``MultiAsyncCollector``, each batch then holds their sum.
+        frames_per_batch: frames per worker batch, rounded up to the env's batch size as TorchRL does; a list holds
+            one value per worker, and a batch then holds their sum, as with ``MultiAsyncCollector``.
         total_frames: total frames to collect, ``-1`` for no limit.
-        replay_buffer: a TorchRL ``ReplayBuffer``; iteration then yields ``None`` per batch.
-            Workers write into a shared one themselves (the fast path): our
-            :func:`~torchrl_unilab.make_replay_buffer`, or TorchRL's own
-            ``ReplayBuffer(storage=LazyTensorStorage|LazyMemmapStorage, shared=True)``,
-            laid out or not. Any other buffer (not shared, a storage with ``ndim >= 2``, or
-            with ``trajs_per_batch``) is extended by this process with each batch the workers
-            hand over, as it is iterated or, after :meth:`start`, by a thread; one log line
-            says so (see :mod:`~torchrl_unilab.data.local_writer`). Without one, iteration
-            yields each batch.
-        init_random_frames: frames (counted exactly, over all workers) whose actions are
-            uniform over the action spec. Each worker owns a fixed share, and the
-            batches it needs for it are reserved, so the count is exact whatever the
-            timing and a seeded run is reproducible. ``None`` or below 0: none, as TorchRL reads it.
-        seed: env ``j`` of worker ``i`` gets seed ``seed + i * num_envs + j``
-            (:meth:`set_seed` sets it after construction).
-        exploration_type: ``ExplorationType`` the policy runs under, or its name (``"RANDOM"``,
-            as TorchRL's trainer configs give it). Default ``RANDOM``.
-        env_kwargs: keyword arguments for ``gymnasium.make`` (gymnasium ids only).
-        stagger_resets: stagger the first episode ends of a batch (gymnasium ids only).
-        engine: what steps the envs. ``"auto"`` (default) runs gymnasium's MuJoCo tasks on
-            EnvPool's C++ implementation where it can: a gymnasium id (else on gymnasium), and
-            a TorchRL env stack that :func:`~torchrl_unilab.envs.torchrl_stack.recognise_env_stack`
-            recognises (``GymEnv`` of a MuJoCo v5 id, bare or in a ``SerialEnv``/``ParallelEnv``,
-            under common transforms), rebuilt on EnvPool with the same keys and specs and your
-            transforms on top; one log line says so. ``"torchrl"`` runs env stacks exactly as
-            given; ``"envpool"`` or ``"gymnasium"`` insist on one engine (see
-            :func:`~torchrl_unilab.select_engine` and
-            :func:`~torchrl_unilab.envs.torchrl_stack.choose_env_stack`).
-            ``metrics()["engine"]`` says what runs.
+        replay_buffer: a TorchRL ``ReplayBuffer``; iteration then yields ``None`` per batch. Workers write into a
+            shared one themselves (:func:`~torchrl_unilab.make_replay_buffer`, or TorchRL's
+            ``ReplayBuffer(storage=LazyTensorStorage|LazyMemmapStorage, shared=True)``); any other buffer is
+            extended by this process (:mod:`~torchrl_unilab.data.local_writer`), with one log line that says so.
+        init_random_frames: frames, exact over all workers, whose actions are uniform over the action spec; each
+            worker owns a fixed share, so a seeded run is reproducible. ``None`` or below 0: none.
+        seed: env ``j`` of worker ``i`` gets seed ``seed + i * num_envs + j`` (or :meth:`set_seed` later).
+        exploration_type: the ``ExplorationType`` the policy runs under, or its name. Default ``RANDOM``.
+        env_kwargs, stagger_resets: ``gymnasium.make``'s keyword arguments, and staggered first episode ends
+            (gymnasium ids only).
+        engine: ``"auto"`` (default) runs gymnasium's MuJoCo tasks, and TorchRL env stacks that
+            :func:`~torchrl_unilab.envs.torchrl_stack.recognise_env_stack` recognises, on EnvPool's C++
+            implementation where it can; ``"torchrl"`` runs env stacks as given; ``"envpool"`` or ``"gymnasium"``
+            insist on one engine. ``metrics()["engine"]`` says what runs.
         threads_per_worker: EnvPool threads per worker (EnvPool engine only). Default 1.
         metrics_window: finished episodes kept per worker for :meth:`metrics` (``>= 1``).
-        algo: ``"sac"`` or ``"td3"`` to wrap ``policy`` (the bare actor from
-            :func:`~torchrl_unilab.modules.models.make_actor`) with its exploration module.
-        td3_noise, td3_std_min, td3_std_max, td3_std: TD3 exploration options, used when ``algo="td3"``.
-        privileged: a :class:`~torchrl_unilab.PrivilegedInfoTransform` (or a dict of its
-            arguments) appended to every worker's env.
-        obs_norm: ``True`` or an :class:`~torchrl_unilab.modules.normalization.ObservationNormalizer`
-            put in front of the policy; the learner is the single writer of its statistics.
-        nonfinite: ``"raise"`` (default: a NaN or infinite value from an env fails the
-            worker, naming the env, step and key), ``"drop"`` (such transitions are
-            dropped and counted in ``metrics()["nonfinite_dropped"]``) or ``"reset"``
-            (the transition is dropped and its env reset at once, so no later step
-            starts from the bad state; resets counted in ``metrics()["nonfinite_resets"]``).
-        max_worker_restarts: how many times each worker process may be replaced after it
-            dies (SIGKILL, segfault, an exception from the env or the policy). ``0`` (default):
-            the first failure raises :class:`~torchrl_unilab.WorkerError`. A replacement
-            continues the worker's env seed stream (no seed is reused), loads the current
-            weights and is owed the worker's random frames not yet written; the batch the
-            dead worker was collecting is lost, and not counted (one it had written into a
-            ``make_replay_buffer`` buffer and not yet counted is found there and counted). A worker that fails once
-            more, or 3 times within 60 s, raises a ``WorkerError`` with every traceback seen.
-            Workers that step an env instance in a thread are not restarted.
-        start_method: how worker processes start. ``"forkserver"`` (default): each is forked
-            from one server process that has imported torch, TorchRL and this package once,
-            so a worker or its replacement starts in a fraction of a second. ``"spawn"``:
-            each imports them itself (about 7 s on 2 cores), and sees environment variables
-            set after the first start. Both re-import the main script.
-        policy_factory: TorchRL's argument: a callable building the policy each
-            worker runs, called in the workers, never here. ``policy``, if also
-            given, is the source of the weights each publish sends (and is never
-            pickled); without it, the factory is also called once in a spawned
-            process of its own, whose one env step lays the rows out.
-        create_env_kwargs: keyword arguments for ``create_env_fn`` (one dict, or one per worker).
-        max_frames_per_traj: truncate episodes after this many steps; ``None``, or ``0`` or less as
-            TorchRL reads them, for no limit.
-        postproc: applied to each batch: in the worker before it is written into
-            ``replay_buffer``, or in this process to each yielded batch. It gets the
-            batch as TorchRL's collectors lay it out, ``[envs, steps]`` (``MultiStep``
-            reads time along the last dimension), and its rows go on flat.
-        update_at_each_batch: publish the policy's weights before each yielded batch.
-        split_trajs: yield each batch split into trajectories, ``[trajectories, steps]`` padded
-            with ``("collector", "mask")``, as TorchRL's ``split_trajectories`` makes them
-            (then ``postproc``, as TorchRL orders them). Without a ``replay_buffer`` only:
-            buffer rows are flat transitions.
-        trajs_per_batch: collect whole trajectories, as TorchRL's collectors do. Without a
-            ``replay_buffer``, iteration yields batches of this many complete trajectories
-            (laid out by ``traj_format``); with one, this process extends it with each
-            trajectory, flat, once its last step is done (``trajs_per_write`` per ``extend``),
-            and iteration yields ``None`` per batch collected. Episodes still running are held.
-        trajs_per_write, traj_format: TorchRL's options of ``trajs_per_batch`` (``"padded"``
-            or ``"cat"``; ``None``: TorchRL's default and its ``FutureWarning``).
-        extend_buffer: accepted (both values): whole batches are written.
-        weight_sync_schemes: ``{"policy": SeqlockWeightSyncScheme()}`` (the default). TorchRL's own
-            schemes (``SharedMemWeightSyncScheme``, ``MultiProcessWeightSyncScheme``, ...) are kept to
-            their contract on the same transport, with one log line that says how
-            (:mod:`~torchrl_unilab.weight_update.torchrl_schemes`).
-        num_sub_threads: torch threads per worker process. Default 1.
-        init_fn: called in each worker before its env is built.
-        pre_collect_hook, post_collect_hook: called in each worker before a batch is
-            collected and with each batch once written; set them before collection starts.
-        device, storing_device, env_device, policy_device: TorchRL's devices, any device or a
-            list of them (one per worker). Workers act and store on CPU whatever they name;
-            a yielded batch is moved to the storing device, and
-            :meth:`update_policy_weights_` publishes a CUDA policy's weights to the shared CPU
-            block. A device this machine lacks raises torch's own error, naming the argument.
-        **torchrl_kwargs: the other parameters of ``MultiAsyncCollector`` and of TorchRL's
-            single-process ``Collector`` (``backend``, ``sync``, ... : a trainer config's
-            ``collector: sync`` passes them): accepted where
-            they make sense for this collector (``set_truncated``, ``use_buffers``,
-            ``cat_results``, ``no_cuda_sync``, ``trust_policy``, ``track_policy_version``,
-            ``worker_idx``; ``compile_policy`` and ``cudagraph_policy``, read as TorchRL reads
-            them, with the workers' CPU policy uncompiled; a ``weight_updater``, called by
-            :meth:`update_policy_weights_`; ``weight_recv_schemes``, see
-            :meth:`register_scheme_receiver`), otherwise only at their defaults; any other
+        algo, td3_noise, td3_std_min, td3_std_max, td3_std: ``"sac"`` or ``"td3"`` wraps ``policy`` (the bare actor
+            of :func:`~torchrl_unilab.modules.models.make_actor`) with its exploration module; TD3's noise options.
+        privileged: a :class:`~torchrl_unilab.PrivilegedInfoTransform` (or a dict of its arguments) appended to every
+            worker's env.
+        obs_norm: ``True`` or an :class:`~torchrl_unilab.modules.normalization.ObservationNormalizer` in front of the
+            policy; the learner is the single writer of its statistics.
+        nonfinite: a NaN or infinite value from an env: ``"raise"`` (default; names the env, step and key),
+            ``"drop"`` the transition, or ``"reset"`` its env too (counted in :meth:`metrics`).
+        max_worker_restarts: how many times each worker process is replaced after it dies. ``0`` (default): the
+            first failure raises :class:`~torchrl_unilab.WorkerError`. A replacement continues the seed stream,
+            loads the current weights and is owed the random frames not yet written; the batch in flight is lost,
+            and not counted. Thread-stepped env instances are not restarted.
+        start_method: ``"forkserver"`` (default; workers fork from a server that imported torch and TorchRL once)
+            or ``"spawn"``.
+        policy_factory: TorchRL's argument: builds the policy in each worker, never here; ``policy``, if also
+            given, is the source of the weights each publish sends.
+        postproc: applied to each batch, laid out as TorchRL's: in the worker before a buffer write, or here.
+        create_env_kwargs, max_frames_per_traj, update_at_each_batch, track_policy_version, split_trajs: TorchRL's
+            options, honoured as TorchRL's collectors honour them.
+        trajs_per_batch, trajs_per_write, traj_format: whole trajectories per batch or per buffer write, as TorchRL.
+        extend_buffer, num_sub_threads, init_fn, pre_collect_hook, post_collect_hook: TorchRL's options, honoured.
+        weight_sync_schemes: ``{"policy": SeqlockWeightSyncScheme()}`` (the default); TorchRL's own schemes are
+            kept to their contract on the same transport (:mod:`~torchrl_unilab.weight_update.torchrl_schemes`).
+        device, storing_device, env_device, policy_device: TorchRL's devices, or a list (one per worker). Workers
+            act and store on CPU; a yielded batch goes to the storing device, and a CUDA policy's weights are
+            published to the shared CPU block.
+        **torchrl_kwargs: the other parameters of ``MultiAsyncCollector`` and TorchRL's ``Collector``: accepted
+            where they make sense here (``compile_policy``, ``cudagraph_policy``, ``weight_updater``,
+            ``weight_recv_schemes``, ``set_truncated``, ...), otherwise only at their defaults; any other
             value raises a ``ValueError`` that says why and what to use instead.
 
     Examples:
