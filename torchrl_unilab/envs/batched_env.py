@@ -324,13 +324,9 @@ class BatchedGymEnv(BatchedTaskEnv):
 
     Examples:
         >>> env = BatchedGymEnv("Pendulum-v1", num_envs=4, seed=0)
-        >>> td = env.reset()
-        >>> td["observation"].shape
-        torch.Size([4, 3])
-        >>> td["action"] = env.action_spec.rand()
-        >>> transition, td = env.step_and_maybe_reset(td)
-        >>> transition["next", "reward"].shape
-        torch.Size([4, 1])
+        >>> rollout = env.rollout(3, break_when_any_done=False)  # [envs, steps], as TorchRL's batched envs
+        >>> rollout["observation"].shape, rollout["next", "reward"].shape
+        (torch.Size([4, 3, 3]), torch.Size([4, 3, 1]))
     """
 
     def __init__(
