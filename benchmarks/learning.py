@@ -1,15 +1,13 @@
 """Learning benchmark: seeded trainings of the recipes, their evaluation returns, tables and learning curves.
 
-Each run is ``recipes/<algo>.py`` called in-process with Hydra overrides (or
-Stable-Baselines3's SAC/TD3 for the ``sb3_*`` sides), evaluated every few thousand
-frames by the recipe's ``EvalRunner`` (deterministic episodes from fixed seeds).
-Suites (:data:`SUITES`): ``pendulum`` (SAC, 15k frames, target -200), ``halfcheetah``
-(SAC and TD3, 100k frames, target 3000), ``robot`` (SAC on CheetahRun-v1 and
-WalkerWalk-v1, TD3 on Go1 with the privileged and the symmetric critic), ``td3`` and
-``sb3`` (the TD3 and SAC recipes against SB3's on HalfCheetah-v5, 100k frames;
-targets in :data:`SB3_TARGETS`), ``wallclock`` (SAC and TD3: return against minutes, SB3 the reference) and
-``go1_gpu`` (Go1 on one GPU and 16 cores for ``--minutes``: when it walks, per critic).
-The SB3 suites need the ``bench`` extra; the 100k-frame suites take hours on 2 CPU cores.
+Each run is ``recipes/<algo>.py`` called in-process with Hydra overrides (or Stable-Baselines3's SAC/TD3 for the
+``sb3_*`` sides), evaluated every few thousand frames by the recipe's ``EvalRunner`` (deterministic episodes from
+fixed seeds). Suites (:data:`SUITES`): ``pendulum`` (SAC, 15k frames, target -200), ``halfcheetah`` (SAC and TD3,
+100k frames, target 3000), ``robot`` (SAC on CheetahRun-v1 and WalkerWalk-v1, TD3 on Go1 with the privileged and the
+symmetric critic), ``td3`` and ``sb3`` (the TD3 and SAC recipes against SB3's on HalfCheetah-v5, 100k frames; targets
+in :data:`SB3_TARGETS`), ``wallclock`` (SAC and TD3: return against minutes, SB3 the reference) and ``go1_gpu`` (Go1
+on one GPU and 16 cores for ``--minutes``: when it walks, per critic). The SB3 suites need the ``bench`` extra; the
+100k-frame suites take hours on 2 CPU cores.
 
 Run::
 
@@ -22,17 +20,15 @@ Run::
         --reuse --sb3-reference benchmarks/results/learning/sac_vs_sb3.json
     python benchmarks/learning.py --suite go1_gpu --minutes 5               # on the GPU machine
 
-``--set`` adds Hydra overrides to every recipe run; ``--reuse`` takes a run from
-``--out/runs`` (its ``result.json``) instead of training it again, so the sides
-and seeds of a suite can run as separate commands.
+``--set`` adds Hydra overrides to every recipe run; ``--reuse`` takes a run from ``--out/runs`` (its ``result.json``)
+instead of training it again, so the sides and seeds of a suite can run as separate commands.
 
-It prints one JSON line per task (final and best return, their means over seeds,
-frames, minutes) and writes to ``--out``: ``results.md``/``results.csv``, the
-learning curves (``*.png``), each task's per-seed table (``*_table.rst``) and,
-for the SB3 suites, ``<algo>_vs_sb3.md`` (each mark's difference and its 90 %
-interval over seeds, SB3's band, the targets), for ``robot`` ``robot.json``. The
-figures the docs show are kept in ``benchmarks/results/learning/`` and ``robot/``
-(``benchmarks/report.py``; ``robot.json`` is ``robot/learning.json``).
+It prints one JSON line per task (final and best return, their means over seeds, frames, minutes) and writes to
+``--out``: ``results.md``/``results.csv``, the learning curves (``*.png``), each task's per-seed table
+(``*_table.rst``) and, for the SB3 suites, ``<algo>_vs_sb3.md`` (each mark's difference and its 90 % interval over
+seeds, SB3's band, the targets), for ``robot`` ``robot.json``, for ``wallclock`` ``wallclock*.md/.png/.json``, for
+``go1_gpu`` ``go1_gpu.md/.json``. The figures the docs show are kept in ``benchmarks/results/learning/`` and
+``robot/`` (``benchmarks/report.py``; ``robot.json`` is ``robot/learning.json``).
 """
 
 from __future__ import annotations
@@ -68,18 +64,14 @@ class Task:
     frames: int
     target: float | None
     overrides: list[str] = field(default_factory=list)
-    seeds: tuple[int, ...] | None = None
-    """the suite's seeds, used unless ``--seeds`` is given"""
-    label: str = ""
-    """tells apart two runs of one algorithm on one env (file names, the table)"""
+    seeds: tuple[int, ...] | None = None  # the suite's seeds, used unless --seeds is given
+    label: str = ""  # tells apart two runs of one algorithm on one env (file names, the table)
+    # a wall-clock budget (the recipe's max_minutes): the run saves snapshots every minute and stops then
+    # (the wallclock suite; frames is only an upper bound)
     minutes: float | None = None
-    """a wall-clock budget (the recipe's ``max_minutes``): the run saves snapshots every minute and stops then
-    (the ``wallclock`` suite; ``frames`` is only an upper bound)"""
-    info_keys: tuple[str, ...] = ()
-    """EnvPool info entries each snapshot's evaluation reports, their mean per step (Go1's reward terms)"""
+    info_keys: tuple[str, ...] = ()  # EnvPool info entries each snapshot's evaluation reports (Go1's reward terms)
+    # the recipe's config (recipes/config/<config>.yaml) the overrides apply to; None: the algo's own (sac, td3)
     config: str | None = None
-    """the recipe's config (``recipes/config/<config>.yaml``) the overrides apply to; ``None``: the algo's own
-    (``sac``, ``td3``). The suites measured at one update per frame name ``sac_utd1`` and ``td3_utd1``."""
 
     @property
     def name(self) -> str:
@@ -89,10 +81,14 @@ class Task:
 #: The robot suite's Go1 runs collect with 4 envs per worker, in place of ``td3_utd1``'s one env (a choice measured
 #: on HalfCheetah-v5 only).
 GO1_COLLECTION = ["collector.env_per_collector=4", "collector.frames_per_batch=64"]
+#: Go1's two critics, each a suite's pair of runs: ``network.critic_input`` and the run's label.
+GO1_CRITICS = (("privileged", "privileged"), ("observation", "symmetric"))
 
 #: SAC and TD3 at one update per frame (recipes/config/sac_utd1.yaml, td3_utd1.yaml): SB3's schedule, the configs
 #: of the suites measured at it, so that their saved results stay reproducible.
 UTD1, TD3_UTD1 = "sac_utd1", "td3_utd1"
+#: The 100k-frame suites' evaluation interval and buffer size.
+EVERY_10K = ["logger.eval_iter=10000", "replay_buffer.size=100000"]
 
 #: The ``wallclock`` suite's budget per run (``--minutes`` changes it) and its frame bound (never reached).
 WALLCLOCK_MINUTES = 12.0
@@ -135,6 +131,22 @@ GO1_WALK_TRACKING = 0.6
 #: ... with episodes at least this share of the 1000-step limit (no falls).
 GO1_WALK_LENGTH = 0.9
 
+
+def against_sb3(algo: str, config: str) -> list[Task]:
+    """The recipe at one update per frame (``config``) against SB3's ``algo`` on HalfCheetah-v5, 100k frames."""
+    return [Task(algo, "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"], config=config),
+            Task(f"sb3_{algo}", "HalfCheetah-v5", 100_000, None, config=config)]
+
+
+def wallclock_tasks(algo: str, utd1: str, levers: dict[str, list[str]]) -> list[Task]:
+    """The ``wallclock`` suite's runs of ``algo``: its defaults, one update per frame (the ``utd1`` config), each of
+    ``levers``, and SB3's run, the reference."""
+    runs = {"defaults": ([], None), "utd1": ([], utd1), **{label: (o, None) for label, o in levers.items()}}
+    return [*(Task(algo, "HalfCheetah-v5", WALLCLOCK_FRAMES, None, overrides, minutes=WALLCLOCK_MINUTES, label=label,
+                   config=config) for label, (overrides, config) in runs.items()),
+            Task(f"sb3_{algo}", "HalfCheetah-v5", 100_000, None)]
+
+
 SUITES: dict[str, list[Task]] = {
     "pendulum": [
         Task("sac", "Pendulum-v1", 15_000, -200.0, [
@@ -142,53 +154,27 @@ SUITES: dict[str, list[Task]] = {
             "optim.utd_ratio=1.0", "optim.lr=3e-4", "logger.eval_iter=2500", "logger.num_eval_envs=10",
         ], config=UTD1),
     ],
-    "halfcheetah": [
-        Task("sac", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"],
-             config=UTD1),
-        Task("td3", "HalfCheetah-v5", 100_000, 3000.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"],
-             config=TD3_UTD1),
-    ],
+    "halfcheetah": [Task(algo, "HalfCheetah-v5", 100_000, 3000.0, EVERY_10K, config=config)
+                    for algo, config in (("sac", UTD1), ("td3", TD3_UTD1))],
     "robot": [
-        Task("sac", "CheetahRun-v1", 100_000, 300.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"],
-             seeds=(0, 1), config=UTD1),
-        Task("sac", "WalkerWalk-v1", 100_000, 400.0, ["logger.eval_iter=10000", "replay_buffer.size=100000"],
-             seeds=(0, 1), config=UTD1),
-        Task("td3", "Go1JoystickFlatTerrain-v1", 100_000, None,
-             ["logger.eval_iter=10000", "replay_buffer.size=100000", "network.critic_input=privileged",
-              "network.obs_norm=true", *GO1_COLLECTION], seeds=(0, 1), label="privileged", config=TD3_UTD1),
-        Task("td3", "Go1JoystickFlatTerrain-v1", 100_000, None,
-             ["logger.eval_iter=10000", "replay_buffer.size=100000", "network.critic_input=observation",
-              "network.obs_norm=true", *GO1_COLLECTION], seeds=(0, 1), label="symmetric", config=TD3_UTD1),
+        *(Task("sac", env, 100_000, target, EVERY_10K, seeds=(0, 1), config=UTD1)
+          for env, target in (("CheetahRun-v1", 300.0), ("WalkerWalk-v1", 400.0))),
+        *(Task("td3", "Go1JoystickFlatTerrain-v1", 100_000, None,
+               [*EVERY_10K, f"network.critic_input={critic}", "network.obs_norm=true", *GO1_COLLECTION],
+               seeds=(0, 1), label=label, config=TD3_UTD1) for critic, label in GO1_CRITICS),
     ],
-    "td3": [  # the recipe at SB3's schedule against SB3's TD3; the targets are relative (see compare_with_sb3)
-        Task("td3", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"], config=TD3_UTD1),
-        Task("sb3_td3", "HalfCheetah-v5", 100_000, None, config=TD3_UTD1),
-    ],
-    # return against wall-clock minutes (benchmarks/wallclock.py). The defaults, one update per frame (utd1), then
-    # the screened levers; SB3's SAC is the reference (--algo sb3_sac, or --sb3-reference with its saved results).
-    # TD3's side: the same, SB3's TD3 the reference.
-    "wallclock": [
-        Task("sac", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="defaults"),
-        Task("sac", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="utd1", config=UTD1),
-        *(Task("sac", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, overrides, minutes=WALLCLOCK_MINUTES, label=label)
-          for label, overrides in WALLCLOCK_CANDIDATES.items()),
-        Task("sb3_sac", "HalfCheetah-v5", 100_000, None),
-        Task("td3", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="defaults"),
-        Task("td3", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, minutes=WALLCLOCK_MINUTES, label="utd1",
-             config=TD3_UTD1),
-        Task("sb3_td3", "HalfCheetah-v5", 100_000, None),
-    ],
+    "td3": against_sb3("td3", TD3_UTD1),  # the targets are relative (see compare_with_sb3)
+    # return against wall-clock minutes (benchmarks/wallclock.py): the defaults, one update per frame, SAC's screened
+    # levers; SB3 the reference (--algo sb3_<algo>, or --sb3-reference with its saved results)
+    "wallclock": [*wallclock_tasks("sac", UTD1, WALLCLOCK_CANDIDATES), *wallclock_tasks("td3", TD3_UTD1, {})],
     # Go1 on one GPU and 16 cores, the privileged (asymmetric) critic and the symmetric one side by side
     "go1_gpu": [
         Task("td3", "Go1JoystickFlatTerrain-v1", WALLCLOCK_FRAMES * 20, None,
-             [*GO1_GPU, f"network.critic_input={critic}"], seeds=(0,), label=critic_label,
+             [*GO1_GPU, f"network.critic_input={critic}"], seeds=(0,), label=label,
              minutes=GO1_GPU_MINUTES, info_keys=GO1_WALK_TERMS)
-        for critic, critic_label in (("privileged", "privileged"), ("observation", "symmetric"))
+        for critic, label in GO1_CRITICS
     ],
-    "sb3": [  # the SAC recipe at one update per frame against SB3's SAC, same sizes and batch
-        Task("sac", "HalfCheetah-v5", 100_000, None, ["logger.eval_iter=10000"], config=UTD1),
-        Task("sb3_sac", "HalfCheetah-v5", 100_000, None, config=UTD1),
-    ],
+    "sb3": against_sb3("sac", UTD1),  # the SAC recipe against SB3's SAC, same sizes and batch
 }
 
 #: Each algorithm's targets against SB3 (the keyword arguments of :func:`compare_with_sb3`): the ``td3`` suite's
@@ -237,13 +223,13 @@ def load_result(run_dir: Path, frames: int) -> dict | None:
 def run_or_reuse(task: Task, seed: int, run_dir: Path, reuse: bool) -> dict:
     """:func:`run`, or with ``reuse`` the run's ``result.json`` when it holds a run of ``task.frames`` frames.
 
-    A finished run is saved there; an interrupted one is not.
+    A finished run is saved there; an interrupted one (Ctrl-C, SIGTERM) is not.
     """
     saved = load_result(run_dir, task.frames) if reuse else None
     if saved is not None:
         return saved
     result = run(task, seed, run_dir)
-    if not result.get("interrupted"):  # a stopped run (Ctrl-C, SIGTERM) is not one to reuse
+    if not result.get("interrupted"):
         run_dir.mkdir(parents=True, exist_ok=True)
         # the task's frames (what --reuse matches); the recipe may collect up to a batch past them
         (run_dir / "result.json").write_text(json.dumps({**result, "frames_collected": result["frames"],
@@ -252,6 +238,8 @@ def run_or_reuse(task: Task, seed: int, run_dir: Path, reuse: bool) -> dict:
 
 
 def run(task: Task, seed: int, run_dir: Path) -> dict:
+    """One seed of ``task`` in ``run_dir``: the recipe's summary with its eval ``curve``, ``elapsed_at`` and
+    ``snapshots`` (a budgeted run's), or :func:`run_sb3`'s."""
     if task.algo.startswith("sb3_"):
         return run_sb3(task, seed)
     sys.path.insert(0, str(ROOT / "recipes"))
@@ -268,17 +256,15 @@ def run(task: Task, seed: int, run_dir: Path) -> dict:
     exp = run_dir / cfg.logger.exp_name / "scalars"
     curve = scalar_rows(exp / "eval" / "return.csv")
     # a budgeted run shorter than one log interval logs no times (its snapshots have them)
-    times = exp / "time" / "elapsed_s.csv"
-    elapsed = dict(scalar_rows(times))
+    elapsed = dict(scalar_rows(exp / "time" / "elapsed_s.csv"))
     snapshots = ([] if task.minutes is None else
                  wallclock.evaluate_snapshots(Path(summary["run_dir"]), cfg, task.algo, task.info_keys))
     return {**summary, "curve": curve, "elapsed_at": elapsed, "snapshots": snapshots}
 
 
 def sb3_config(task: Task, seed: int):
-    """The recipe's config an SB3 run takes its settings from: the recipe's defaults with the task's overrides.
-
-    ``--set`` reaches SB3 through it too (e.g. ``optim.num_threads=1``: SB3's torch threads).
+    """The recipe's config an SB3 run takes its settings from (``--set`` too): the recipe's defaults with the task's
+    overrides.
 
     Examples:
         >>> sb3_config(Task("sb3_td3", "Hopper-v5", 1000, None, ["optim.num_threads=1"]), 0).optim.num_threads
@@ -291,14 +277,9 @@ def sb3_config(task: Task, seed: int):
 def run_sb3(task: Task, seed: int) -> dict:
     """Stable-Baselines3's TD3 or SAC (``task.algo``: ``"sb3_td3"``, ``"sb3_sac"``); returns what :func:`run` returns.
 
-    * ``sb3_td3``: ``TD3("MlpPolicy", env, learning_starts=<the recipe's init_random_frames>, seed=seed)``,
-      else its defaults;
-    * ``sb3_sac``: ``SAC("MlpPolicy", env, learning_starts=..., train_freq=1, gradient_steps=1)`` with the
-      SAC recipe's network sizes (``net_arch``) and batch size, else its defaults.
-
-    Evaluated every :data:`SB3_EVAL_EVERY` frames by the recipe's ``EvalRunner`` (its episodes, seeds and
-    deterministic actions), on the torch threads the recipe's learner may take (``optim.num_threads``; with
-    ``auto`` every core).
+    SB3's defaults but ``learning_starts`` (the recipe's ``init_random_frames``) and, for SAC, one update per step with
+    the SAC recipe's network sizes and batch size. Evaluated every :data:`SB3_EVAL_EVERY` frames by the recipe's
+    ``EvalRunner``, on the torch threads the recipe's learner may take (``optim.num_threads``; ``auto``: every core).
     """
     import gymnasium as gym
     import torch
@@ -372,8 +353,8 @@ def difference_interval(ours: list[float], sb3: list[float], *, level: float = 0
                         draws: int = 10_000) -> tuple[float, float] | None:
     """A percentile bootstrap interval of ``mean(ours) - mean(sb3)`` over seeds; ``None`` below 3 seeds a side.
 
-    Each draw resamples both sides' seeds with replacement (a fixed RNG: the same runs give the same
-    interval). An interval that holds 0 says the seeds do not tell the two means apart at that mark.
+    Each draw resamples both sides' seeds with replacement. An interval that holds 0 says the seeds do not tell
+    the two means apart at that mark.
 
     Examples:
         >>> difference_interval([10.0, 12.0, 11.0], [1.0, 2.0, 3.0])
@@ -388,15 +369,19 @@ def difference_interval(ours: list[float], sb3: list[float], *, level: float = 0
         level=level, draws=draws)
 
 
+def elapsed_by(result: dict, frame: float) -> float:
+    """Wall-clock seconds of a run at ``frame``: the last time logged at or before it."""
+    return max((t for f, t in result["elapsed_at"].items() if f <= frame), default=0.0)
+
+
 def time_at_mark(result: dict, mark: float) -> float:
-    """Wall-clock seconds of a run at its evaluation on ``mark`` (see :func:`on_grid`): the last time logged by then.
+    """Wall-clock seconds of a run at its evaluation on ``mark`` (see :func:`on_grid`).
 
     Examples:
         >>> time_at_mark({"curve": [(10112.0, 1.0)], "elapsed_at": {9000.0: 50.0, 10112.0: 61.0}}, 10_000)
         61.0
     """
-    frame = next(f for f, _ in result["curve"] if round(f / SB3_EVAL_EVERY) * SB3_EVAL_EVERY == mark)
-    return max((t for f, t in result["elapsed_at"].items() if f <= frame), default=0.0)
+    return elapsed_by(result, next(f for f, _ in result["curve"] if round(f / SB3_EVAL_EVERY) * SB3_EVAL_EVERY == mark))
 
 
 def mean_curve(runs: dict[int, dict]) -> dict[float, float]:
@@ -412,9 +397,9 @@ def mean_curve(runs: dict[int, dict]) -> dict[float, float]:
 
 def return_targets(ours: dict[float, float], reference: dict[float, float], *, from_mark: float,
                    last_within: float | None) -> tuple[list[float], bool]:
-    """The return targets of a comparison of two mean curves (TD3's and SAC's against SB3): the marks from ``from_mark``
-    on where ``ours`` is below ``reference``, and whether ``ours`` is at the last common mark within
-    ``last_within`` of it or above (``True`` with no ``last_within``).
+    """The return targets of one mean curve against another: the marks from ``from_mark`` on where ``ours`` is
+    below ``reference``, and whether ``ours`` is at the last common mark within ``last_within`` of it or above
+    (``True`` with no ``last_within``).
 
     Examples:
         >>> return_targets({30000.0: 9.0, 40000.0: 95.0}, {30000.0: 10.0, 40000.0: 100.0},
@@ -432,10 +417,9 @@ def compare_reruns(runs: dict[str, dict[int, dict]], sb3: dict[int, dict] | None
                    last_within: float | None = 0.1) -> list[str]:
     """How the return targets come out for each run of a recipe's seeds against SB3 and against each other run.
 
-    ``runs`` maps a name (its output directory) to one run of the same seeds, same code and settings. A
-    target that an identical algorithm misses against itself measures the run-to-run spread, not a gap:
-    the recipe's own reruns are the baseline a 3-seed comparison with SB3 is read against. Only the return
-    targets are applied (a wall-clock target compares with SB3's speed, not with another run).
+    ``runs`` maps a name (its output directory) to one run of the same seeds, code and settings: a target an
+    identical algorithm misses against itself measures the run-to-run spread, the baseline a 3-seed comparison
+    with SB3 is read against. Only the return targets apply (a wall-clock target compares with SB3's speed).
 
     Examples:
         >>> a = {0: {"curve": [(30000.0, 10.0), (40000.0, 30.0)]}}
@@ -450,9 +434,7 @@ def compare_reruns(runs: dict[str, dict[int, dict]], sb3: dict[int, dict] | None
         int(from_mark // 1000), "-" if last_within is None else f"{last_within:.0%}"),
         "| --- | --- | --- | --- | --- |"]
     for name in runs:
-        for other in sides:
-            if other == name:
-                continue
+        for other in (other for other in sides if other != name):
             below, within = return_targets(curves[name], curves[other], from_mark=from_mark, last_within=last_within)
             marks = ", ".join(f"{int(f // 1000)}k" for f in below) or "none"
             lines.append(f"| {name} | {other} | {marks} | {'yes' if within else 'no'} | "
@@ -463,22 +445,23 @@ def compare_reruns(runs: dict[str, dict[int, dict]], sb3: dict[int, dict] | None
 def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: float = 30_000,
                      last_within: float | None = 0.1, band_mark: float | None = 40_000.0,
                      speedup: float | None = None) -> list[str]:
-    """The table of a recipe against SB3: mean eval return per 10k mark of both sides, and the targets.
+    """The table of a recipe against SB3: both sides' mean eval return per 10k mark, their difference (with 3 seeds a
+    side or more, its :func:`difference_interval`), and the targets.
 
-    Passed: ours >= SB3 at every mark from ``from_mark`` on; with ``last_within``, at the last mark within
-    that fraction of SB3 or above (TD3's target); with ``speedup``, SB3's mean return at its last mark reached
-    by our mean curve within ``1 / speedup`` of SB3's mean wall-clock to it (SAC's). At ``band_mark``
-    frames, each of the recipe's seeds is placed against SB3's band, the lowest to the highest of SB3's
-    seeds there. Each mark's row also gives the difference of the means and, with 3 seeds a side or more,
-    its interval over seeds (:func:`difference_interval`): the targets compare means, the interval says
-    whether the seeds tell them apart.
+    Passed: ours >= SB3 at every mark from ``from_mark`` on; with ``last_within``, at the last mark within that
+    fraction of SB3 or above (TD3's); with ``speedup``, SB3's mean return at its last mark reached by our mean curve
+    within ``1 / speedup`` of SB3's mean wall-clock to it (SAC's). At ``band_mark`` frames, each of the recipe's seeds
+    is placed against SB3's band (its lowest to highest seed there).
     """
-    # each side's returns by seed and mark, put on the 10k grid once
     grids = {name: {seed: on_grid(r["curve"]) for seed, r in side.items()}
              for name, side in (("ours", ours), ("sb3", sb3))}
 
     def at_mark(name: str, mark: float) -> dict[int, float]:
         return {seed: grid[mark] for seed, grid in grids[name].items() if mark in grid}
+
+    def interval(mark: float) -> str:
+        bounds = difference_interval(list(at_mark("ours", mark).values()), list(at_mark("sb3", mark).values()))
+        return "" if bounds is None else f"{bounds[0]:+.0f} to {bounds[1]:+.0f}"
 
     ours_mean, sb3_mean = mean_curve(ours), mean_curve(sb3)
     marks = sorted(set(ours_mean) & set(sb3_mean))
@@ -488,11 +471,6 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: 
     targets = [f">= SB3 from {int(from_mark // 1000)}k on"]
     if last_within is not None:
         targets.append(f"within {last_within:.0%} at {int(last)}")
-
-    def interval(mark: float) -> str:
-        bounds = difference_interval(list(at_mark("ours", mark).values()), list(at_mark("sb3", mark).values()))
-        return "" if bounds is None else f"{bounds[0]:+.0f} to {bounds[1]:+.0f}"
-
     lines = [f"| frames | recipe mean ({seed_count(ours)}) | SB3 mean ({seed_count(sb3)}) | recipe - SB3 | "
              "90% interval over seeds |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {int(f)} | {ours_mean[f]:.0f} | {sb3_mean[f]:.0f} | {ours_mean[f] - sb3_mean[f]:+.0f} | "
@@ -504,22 +482,21 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: 
                           for seed, value in at["ours"].items())
         lines += ["", f"SB3's band at {int(band_mark)} frames: {low:.0f} to {high:.0f} ({seed_count(at['sb3'])}); "
                   f"recipe: {seeds}"]
-    minutes = [statistics.mean(r["elapsed_s"] for r in side.values()) / 60 for side in (ours, sb3)]
     # the wall-clock each side needs to SB3's mean return at the last mark
     goal = sb3_mean[last]
     sb3_minutes = statistics.mean(time_at_mark(r, last) for r in sb3.values()) / 60
     reached = next((f for f in marks if ours_mean[f] >= goal), None)
+    said = f"SB3's mean return at {int(last)} frames, {goal:.0f}, is reached by SB3 in {sb3_minutes:.1f} min"
     if reached is None:
-        lines += ["", f"SB3's mean return at {int(last)} frames, {goal:.0f}, is reached by SB3 in {sb3_minutes:.1f} "
-                  "min; the recipe's mean curve does not reach it"]
+        lines += ["", f"{said}; the recipe's mean curve does not reach it"]
     else:
         ours_minutes = statistics.mean(time_at_mark(r, reached) for r in ours.values()) / 60
-        lines += ["", f"SB3's mean return at {int(last)} frames, {goal:.0f}, is reached by SB3 in {sb3_minutes:.1f} "
-                  f"min, by the recipe's mean curve at {int(reached)} frames in {ours_minutes:.1f} min "
+        lines += ["", f"{said}, by the recipe's mean curve at {int(reached)} frames in {ours_minutes:.1f} min "
                   f"({ours_minutes / sb3_minutes:.2f} of SB3's wall-clock)"]
     if speedup is not None:
         ok = ok and reached is not None and ours_minutes <= sb3_minutes / speedup
         targets.append(f"SB3's return in <= 1/{speedup:g} of its wall-clock")
+    minutes = [statistics.mean(r["elapsed_s"] for r in side.values()) / 60 for side in (ours, sb3)]
     lines += ["", f"wall-clock per run: recipe {minutes[0]:.1f} min, SB3 {minutes[1]:.1f} min; "
               f"targets ({', '.join(targets)}): {'passed' if ok else 'not passed'}"]
     return lines
@@ -548,15 +525,14 @@ def rst_table(sides: dict[str, dict[int, dict]]) -> list[str]:
         for seed, r in sorted(runs.items()):
             lines += row(f"{side}, seed {seed}", [on_grid(r["curve"]).get(m) for m in marks], r["elapsed_s"])
         if len(runs) > 1:
-            curves = [on_grid(r["curve"]) for r in runs.values()]
-            means = [statistics.mean(c[m] for c in curves if m in c) if any(m in c for c in curves) else None
-                     for m in marks]
-            lines += row(f"**{side}, mean of {len(runs)} seeds**", means,
+            means = mean_curve(runs)
+            lines += row(f"**{side}, mean of {len(runs)} seeds**", [means.get(m) for m in marks],
                          statistics.mean(r["elapsed_s"] for r in runs.values()))
     return lines
 
 
 def plot(path: Path, title: str, runs: dict[int, dict]) -> None:
+    """Each seed's eval return against frames (left) and against wall-clock minutes (right)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -564,12 +540,9 @@ def plot(path: Path, title: str, runs: dict[int, dict]) -> None:
     FigureCanvasAgg(fig)
     left, right = fig.subplots(1, 2)
     for seed, result in runs.items():
-        frames = [f for f, _ in result["curve"]]
-        values = [v for _, v in result["curve"]]
-        # wall-clock of each evaluation: the nearest logged elapsed time at or before its frame count
-        times = [max((t for f2, t in result["elapsed_at"].items() if f2 <= f), default=0.0) / 60 for f in frames]
+        frames, values = [f for f, _ in result["curve"]], [v for _, v in result["curve"]]
         left.plot(frames, values, marker="o", markersize=3, label=f"seed {seed}")
-        right.plot(times, values, marker="o", markersize=3, label=f"seed {seed}")
+        right.plot([elapsed_by(result, f) / 60 for f in frames], values, marker="o", markersize=3, label=f"seed {seed}")
     for ax, label in ((left, "frames"), (right, "wall-clock time (min)")):
         ax.set_xlabel(label)
         ax.set_ylabel("deterministic eval return")
@@ -583,8 +556,7 @@ def plot(path: Path, title: str, runs: dict[int, dict]) -> None:
 def plot_sides(path: Path, title: str, sides: dict[str, dict[int, dict]]) -> None:
     """Each side's mean eval return over seeds against frames, with the band from its lowest to its highest seed.
 
-    A side is a recipe or SB3 (``--suite td3``, ``sb3``), or one variant of a task (the ``robot`` suite's
-    privileged and symmetric critics).
+    A side is a recipe or SB3 (``--suite td3``, ``sb3``), or one variant of a task (the ``robot`` suite's critics).
     """
     with figure(path, title, "frames", "deterministic eval return", legend={}) as ax:
         for label, runs in sides.items():
@@ -611,6 +583,13 @@ def saved_runs(directory: Path, task: Task, seeds: list[int]) -> dict[int, dict]
     return runs
 
 
+def write(path: Path, lines: list[str], show: bool = False) -> None:
+    """``lines`` into ``path``, one a line; printed too with ``show``."""
+    path.write_text("\n".join(lines) + "\n")
+    if show:
+        print("\n".join(lines), flush=True)
+
+
 def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dict[int, dict] | None,
                      sb3_saved: dict | None, minutes: float, algo: str = "sac") -> dict:
     """The ``wallclock`` suite's table, plot and targets for one algorithm (SAC: ``wallclock.md``, ``.png``,
@@ -632,9 +611,8 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
         curve = curves[label] = wallclock.mean_with_interval(per_seed)
         table[label] = {
             "overrides": overrides.get(label),
-            "by_seed": {
-                seed: [None if v is None else round(v, 1) for v in curve_] for seed, curve_ in per_seed.items()
-            },
+            "by_seed": {seed: [None if v is None else round(v, 1) for v in values]
+                        for seed, values in per_seed.items()},
             "seeds": len(runs),
             "minutes": round(statistics.fmean(r["elapsed_s"] for r in runs.values()) / 60, 1),
             "frames": round(statistics.fmean(r.get("frames_collected", r["frames"]) for r in runs.values())),
@@ -643,18 +621,16 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
             "targets": reference and wallclock.wallclock_targets(curve, reference),
         }
     if sb3_runs:
-        sb3_curve = wallclock.mean_with_interval({seed: wallclock.value_at_minutes(
+        curves[f"SB3 {name}, 100k frames"] = wallclock.mean_with_interval({seed: wallclock.value_at_minutes(
             wallclock.sb3_points(run), math.ceil(max(r["elapsed_s"] for r in sb3_runs.values()) / 60))
             for seed, run in sb3_runs.items()})
-        curves[f"SB3 {name}, 100k frames"] = sb3_curve
     lines = wallclock.markdown_table(table)
     if reference is not None:
         lines += ["", f"SB3's {name}: mean return {reference['return']:.0f} at 100k frames after "
                       f"{reference['minutes']:.1f} min ({reference['seeds']} seeds; {reference['source']})."]
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    write(out / f"{stem}.md", lines, show=True)
     wallclock.plot_against_minutes(out / f"{stem}.png", f"{name} HalfCheetah-v5: return against wall-clock", curves,
                                    reference)
-    print("\n".join(lines), flush=True)
     points = {seed: wallclock.sb3_points(run) for seed, run in (sb3_runs or {}).items()}
     summary = {**provenance("learning", note="one run after the other"), "suite": "wallclock", "algo": algo,
                "task": "HalfCheetah-v5", "snapshot_every_s": wallclock.SNAPSHOT_EVERY_S, "reference": reference,
@@ -674,10 +650,9 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
 
 
 def sb3_references(paths: list[Path]) -> dict[str, dict]:
-    """``--sb3-reference``'s files as SB3 references by algorithm: a saved SB3 comparison's runs
-    (:func:`wallclock.sb3_reference_from_results`; ``sb3_sac``: ``"sac"``, ``sb3_td3``: ``"td3"``), or the
-    reference of a saved ``wallclock`` report (``wallclock.json``: SB3's runs of that suite), for screening
-    runs against the finals' SB3 runs."""
+    """``--sb3-reference``'s files as SB3 references by algorithm (``"sac"``, ``"td3"``): a saved SB3 comparison's
+    runs (:func:`wallclock.sb3_reference_from_results`), or a saved ``wallclock`` report's reference (its suite's
+    SB3 runs), for screening runs against the finals' SB3 runs."""
     references = {}
     for path in paths:
         saved = json.loads(Path(path).read_text())
@@ -721,12 +696,11 @@ def report_go1(out: Path, sides: dict[str, dict[int, dict]], minutes: float) -> 
               for label, side in table.items()]
     lines += ["", f"Walks: {GO1_WALK_TERMS[0]} >= {GO1_WALK_TRACKING} per step (mean over the evaluation's steps) "
                   f"with episodes >= {GO1_WALK_LENGTH:.0%} of the {limit}-step limit."]
-    (out / "go1_gpu.md").write_text("\n".join(lines) + "\n")
+    write(out / "go1_gpu.md", lines, show=True)
     summary = {**provenance("learning"), "suite": "go1_gpu",
                "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                "walk_tracking": GO1_WALK_TRACKING, "walk_length": GO1_WALK_LENGTH, "critics": table}
     (out / "go1_gpu.json").write_text(json.dumps(summary) + "\n")
-    print("\n".join(lines), flush=True)
     return summary
 
 
@@ -736,10 +710,10 @@ def episode_lengths(run: dict) -> dict[float, float]:
 
 
 def report_robot(out: Path, by_env: dict[tuple[str, str], dict[str, dict[int, dict]]], note: str | None) -> dict:
-    """The ``robot`` suite's results file (``robot.json``, read by ``benchmarks/report.py`` as
-    ``robot/learning.json``): per task, its reference return (the suite's target), each run's return at every
-    10k mark and its minutes, each variant's mean and, for a task with variants, the mean evaluation episode
-    length from 30k frames on (how long the robot stays up). ``note``: how the runs shared the machine."""
+    """The ``robot`` suite's results file (``robot.json``, ``benchmarks/report.py``'s ``robot/learning.json``): per
+    task, its reference return (the suite's target), each run's return at every 10k mark and its minutes, each
+    variant's mean and, for a task with variants, the mean evaluation episode length from 30k frames on (how long
+    the robot stays up). ``note``: how the runs shared the machine."""
     frames = max(r["frames"] for sides in by_env.values() for runs in sides.values() for r in runs.values())
     marks = [float(m) for m in range(SB3_EVAL_EVERY, frames + 1, SB3_EVAL_EVERY)]
     references = {t.env: t.target for t in SUITES["robot"]}
@@ -763,6 +737,20 @@ def report_robot(out: Path, by_env: dict[tuple[str, str], dict[str, dict[int, di
         summary["tasks"][env] = entry
     (out / "robot.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def results_row(suite: str, task: Task, runs: dict[int, dict]) -> dict:
+    """A task's line of ``results.csv``: its final and best returns over seeds, their means, the target, time."""
+    finals = [r["final_return"] for r in runs.values()]
+    bests = [max(v for _, v in r["curve"]) for r in runs.values()]
+    mean = statistics.mean(finals)
+    return {"suite": suite, "algo": task.algo + (f" ({task.label})" if task.label else ""), "env": task.env,
+            "frames": task.frames, "seeds": len(finals), "final_returns": [round(v, 1) for v in finals],
+            "mean_return": round(mean, 1), "best_returns": [round(v, 1) for v in bests],
+            "mean_best_return": round(statistics.mean(bests), 1), "target": task.target,
+            "passed": None if task.target is None else mean >= task.target,
+            "mean_wall_clock_min": round(statistics.mean(r["elapsed_s"] for r in runs.values()) / 60, 1),
+            "mean_updates": round(statistics.mean(r["updates"] for r in runs.values()))}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -796,48 +784,29 @@ def main(argv: list[str] | None = None) -> None:
                              "<algo>_reruns.md, the return targets for each run against SB3 and against each other "
                              "run (the recipe against itself: the run-to-run spread)")
     args = parser.parse_args(argv)
-    suites = list(SUITES) if args.suite == "all" else [args.suite]
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for suite in suites:
+    for suite in list(SUITES) if args.suite == "all" else [args.suite]:
         results, tasks = {}, {}
         by_env: dict[tuple[str, str], dict[str, dict[int, dict]]] = {}  # (algo, env) -> variant -> seed -> run
         for task in SUITES[suite]:
-            if args.algo and task.algo not in args.algo:
+            if args.algo and task.algo not in args.algo or args.task and not selected(task, args.task, SUITES[suite]):
                 continue
-            if args.task and not selected(task, args.task, SUITES[suite]):
-                continue
-            if args.frames:
-                task = dataclasses.replace(task, frames=args.frames)
-            if args.minutes and task.minutes is not None:
-                task = dataclasses.replace(task, minutes=args.minutes)
-            if args.extra:
-                task = dataclasses.replace(task, overrides=[*task.overrides, *args.extra])
-            seeds = args.seeds or task.seeds or (0, 1, 2)
+            task = dataclasses.replace(task, frames=args.frames or task.frames,
+                                       minutes=None if task.minutes is None else args.minutes or task.minutes,
+                                       overrides=[*task.overrides, *args.extra])
             runs = {seed: run_or_reuse(task, seed, args.out / "runs" / f"{task.name}_seed{seed}", args.reuse)
-                    for seed in seeds}
+                    for seed in args.seeds or task.seeds or (0, 1, 2)}
             results[task.algo], tasks[task.algo] = runs, task
             by_env.setdefault((task.algo, task.env), {})[task.label or f"recipes/{task.algo}.py"] = runs
-            seeds = seed_count(runs)
             label = f" {task.label}" if task.label else ""
             png = f"{suite}_{task.algo}.png" if suite in ("pendulum", "halfcheetah") else f"{suite}_{task.name}.png"
-            plot(args.out / png, f"{task.algo.upper()} {task.env}{label} ({seeds})", runs)
-            finals = [r["final_return"] for r in runs.values()]
-            bests = [max(v for _, v in r["curve"]) for r in runs.values()]
-            mean = statistics.mean(finals)
-            row = {"suite": suite, "algo": task.algo + (f" ({task.label})" if task.label else ""), "env": task.env,
-                   "frames": task.frames,
-                   "seeds": len(finals), "final_returns": [round(v, 1) for v in finals],
-                   "mean_return": round(mean, 1), "best_returns": [round(v, 1) for v in bests],
-                   "mean_best_return": round(statistics.mean(bests), 1), "target": task.target,
-                   "passed": None if task.target is None else mean >= task.target,
-                   "mean_wall_clock_min": round(statistics.mean(r["elapsed_s"] for r in runs.values()) / 60, 1),
-                   "mean_updates": round(statistics.mean(r["updates"] for r in runs.values()))}
-            rows.append(row)
-            print(json.dumps({"benchmark": "learning", **row}), flush=True)
+            plot(args.out / png, f"{task.algo.upper()} {task.env}{label} ({seed_count(runs)})", runs)
+            rows.append(results_row(suite, task, runs))
+            print(json.dumps({"benchmark": "learning", **rows[-1]}), flush=True)
         for (algo, env), sides in by_env.items():  # each task's seeds, and its variants side by side
             stem = f"{suite}_{algo}_{env}"
-            (args.out / f"{stem}_table.rst").write_text("\n".join(rst_table(sides)) + "\n")
+            write(args.out / f"{stem}_table.rst", rst_table(sides))
             if len(sides) > 1:
                 plot_sides(args.out / f"{stem}_sides.png", f"{algo.upper()} {env}: {' against '.join(sides)}", sides)
         if suite == "robot" and by_env:
@@ -856,21 +825,18 @@ def main(argv: list[str] | None = None) -> None:
             continue
         for algo, targets in SB3_TARGETS.items():
             if {algo, f"sb3_{algo}"} <= set(results):
-                table = compare_with_sb3(results[algo], results[f"sb3_{algo}"], **targets)
-                (args.out / f"{algo}_vs_sb3.md").write_text("\n".join(table) + "\n")
-                sides = {f"``recipes/{algo}.py``": results[algo], f"SB3 {algo.upper()}": results[f"sb3_{algo}"]}
-                (args.out / f"{algo}_vs_sb3_table.rst").write_text("\n".join(rst_table(sides)) + "\n")
+                ours, sb3, name = results[algo], results[f"sb3_{algo}"], f"SB3 {algo.upper()}"
+                write(args.out / f"{algo}_vs_sb3.md", compare_with_sb3(ours, sb3, **targets), show=True)
+                write(args.out / f"{algo}_vs_sb3_table.rst", rst_table({f"``recipes/{algo}.py``": ours, name: sb3}))
                 plot_sides(args.out / f"{algo}_vs_sb3.png", f"{algo.upper()} HalfCheetah-v5: recipe against SB3",
-                           {f"recipes/{algo}.py": results[algo], f"SB3 {algo.upper()}": results[f"sb3_{algo}"]})
-                print("\n".join(table), flush=True)
+                           {f"recipes/{algo}.py": ours, name: sb3})
             if args.reruns and algo in results and f"sb3_{algo}" in {t.algo for t in SUITES[suite]}:
                 runs = {str(args.out): results[algo]}
                 for directory in args.reruns:
                     runs[str(directory)] = saved_runs(directory, tasks[algo], list(results[algo]))
                 table = compare_reruns(runs, results.get(f"sb3_{algo}"), from_mark=targets["from_mark"],
                                        last_within=targets["last_within"])
-                (args.out / f"{algo}_reruns.md").write_text("\n".join(table) + "\n")
-                print("\n".join(table), flush=True)
+                write(args.out / f"{algo}_reruns.md", table, show=True)
     with open(args.out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -881,7 +847,7 @@ def main(argv: list[str] | None = None) -> None:
     lines += [f"| {r['algo']} | {r['env']} | {r['frames']} | {r['seeds']} | {r['final_returns']} | {r['mean_return']} "
               f"| {r['best_returns']} | {r['mean_best_return']} | {r['target']} | {r['passed']} "
               f"| {r['mean_wall_clock_min']} |" for r in rows]
-    (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    write(args.out / "results.md", lines)
 
 
 if __name__ == "__main__":

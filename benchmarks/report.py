@@ -7,7 +7,7 @@ version of the run that measured it. This script is the only writer of:
   ``<!-- /report:headline -->``, and its main-job sentence (``report:main-job``);
 * ``docs/results/generated/*.rst``: the tables that the results pages include,
   and ``figures.rst``, the substitutions (``|main_job_minutes|``) that any page may use;
-* ``docs/_static/results/*.png``: the learning curves, where per-seed data exists.
+* ``docs/_static/results/*.png``: the learning curves and bar charts.
 
 Run::
 
@@ -28,6 +28,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -95,38 +96,36 @@ def marks_header(marks: list[int]) -> list[str]:
     return [f"{m // 1000}k" for m in marks]
 
 
-def mean_curve(runs: dict[str, dict]) -> list[float]:
-    """The mean over seeds at each mark (of the rounded per-seed figures: prefer a file's printed ``means``)."""
-    return [statistics.mean(r["returns"][i] for r in runs.values())
-            for i in range(len(next(iter(runs.values()))["returns"]))]
-
-
 def side_mean(data: dict, key: str) -> list[float]:
-    """A side's mean curve as the benchmark printed it (from unrounded returns), else the mean of the seeds."""
-    return data.get("means", {}).get(key) or mean_curve(data[key])
+    """A side's mean curve as the benchmark printed it (from unrounded returns), else the mean over its seeds of
+    their rounded returns at each mark."""
+    return data.get("means", {}).get(key) or [statistics.mean(at_mark)
+                                              for at_mark in zip(*(r["returns"] for r in data[key].values()))]
 
 
 def groups(task: dict) -> dict[str, dict[str, dict]]:
     """A robot task's runs by variant (``"privileged"``, ``"symmetric"``; one group when it has none)."""
-    out = {}
-    for name in task["means"]:
-        out[name] = {k: v for k, v in task["runs"].items() if k.startswith(name + ",") or "," not in k}
-    return out
+    return {name: {k: v for k, v in task["runs"].items() if k.startswith(name + ",") or "," not in k}
+            for name in task["means"]}
 
 
 # ------------------------------------------------------------------ collector speed
+#: collector_throughput's configurations: (JSON key, the table's label, the plot's label)
 COLLECTOR_ROWS = [
-    ("raw", "raw single-process gymnasium loop, random actions"),
-    ("bare_mujoco", "bare MuJoCo: 16 ``MjData``, ``mj_step(nstep=5)`` in a Python loop"),
-    ("envpool", "EnvPool alone, 16 envs, 1 thread, random actions"),
-    ("envpool_env", "``EnvPoolEnv`` alone, 16 envs, random actions"),
-    ("torchrl_collector", "TorchRL ``Collector`` over ``GymEnv(num_envs=16)``"),
-    ("offpolicy_gymnasium", "``OffPolicyCollector``, 1 worker x 16 envs, ``engine=\"gymnasium\"``"),
-    ("offpolicy_envpool_16", "``OffPolicyCollector``, 1 worker x 16 envs, EnvPool (default)"),
-    ("offpolicy_envpool_64", "``OffPolicyCollector``, 1 worker x 64 envs, EnvPool"),
-    ("offpolicy_lanes_16", "``OffPolicyCollector``, 1 worker x 16 envs, EnvPool, ``lanes=2``"),
-    ("offpolicy_lanes_64", "``OffPolicyCollector``, 1 worker x 64 envs, EnvPool, ``lanes=2``"),
-    ("offpolicy_envpool_2w", "``OffPolicyCollector``, 2 workers x 16 envs, EnvPool"),
+    ("raw", "raw single-process gymnasium loop, random actions", "raw gymnasium loop"),
+    ("bare_mujoco", "bare MuJoCo: 16 ``MjData``, ``mj_step(nstep=5)`` in a Python loop", "bare MuJoCo"),
+    ("envpool", "EnvPool alone, 16 envs, 1 thread, random actions", "EnvPool alone"),
+    ("envpool_env", "``EnvPoolEnv`` alone, 16 envs, random actions", "EnvPoolEnv alone"),
+    ("torchrl_collector", "TorchRL ``Collector`` over ``GymEnv(num_envs=16)``", "TorchRL Collector"),
+    ("offpolicy_gymnasium", "``OffPolicyCollector``, 1 worker x 16 envs, ``engine=\"gymnasium\"``",
+     "ours, 16 envs, gymnasium"),
+    ("offpolicy_envpool_16", "``OffPolicyCollector``, 1 worker x 16 envs, EnvPool (default)", "ours, 16 envs"),
+    ("offpolicy_envpool_64", "``OffPolicyCollector``, 1 worker x 64 envs, EnvPool", "ours, 64 envs"),
+    ("offpolicy_lanes_16", "``OffPolicyCollector``, 1 worker x 16 envs, EnvPool, ``lanes=2``",
+     "ours, 16 envs, lanes=2"),
+    ("offpolicy_lanes_64", "``OffPolicyCollector``, 1 worker x 64 envs, EnvPool, ``lanes=2``",
+     "ours, 64 envs, lanes=2"),
+    ("offpolicy_envpool_2w", "``OffPolicyCollector``, 2 workers x 16 envs, EnvPool", "ours, 2 workers x 16 envs"),
 ]
 
 
@@ -134,19 +133,18 @@ def collector_tables(res: Results) -> str:
     """collector_throughput on HalfCheetah-v5: rates and ratios to the raw loop, then each worker's phases."""
     data = res["collector/halfcheetah.json"]
     rows = []
-    for key, label in COLLECTOR_ROWS:
+    for key, label, _ in COLLECTOR_ROWS:
         ratio = fmt(data["ratio_over_raw"][key], 2)
         if key == "offpolicy_envpool_16":
             low, high = data["ratio_envpool_16_over_raw_range"]
             ratio += f" (rounds {low:.2f} to {high:.2f})"
         if key == "offpolicy_envpool_2w":
             ratio += f" ({data['ratio_2w_over_1w']:.2f} x 1 worker)"
-        target = data["targets"].get(key, "")
-        rows.append([label, f"``{key}``", fmt(data["steps_per_s"][key]), ratio, target])
+        rows.append([label, f"``{key}``", fmt(data["steps_per_s"][key]), ratio, data["targets"].get(key, "")])
     out = list_table(["configuration", "JSON key", "steps/s", "ratio to raw", "target"], rows, [40, 18, 10, 20, 12])
     out += "\n" + provenance_line(data) + "\n"
     phases = ("env_step", "policy", "buffer_write", "weight_sync", "pack", "other")
-    labels = dict(COLLECTOR_ROWS)
+    labels = {key: label for key, label, _ in COLLECTOR_ROWS}
     rows = [[labels[k]] + [fmt(v.get(phase, 0.0), 1) for phase in phases]
             for k, v in data["breakdown_us_per_step"].items()]
     out += "A worker's time per batched step, in microseconds (``breakdown_us_per_step``):\n\n"
@@ -155,14 +153,17 @@ def collector_tables(res: Results) -> str:
 
 
 # ------------------------------------------------------------------ drop-in
+#: dropin_speedup's configurations: JSON key -> (the table's label, the plot's label)
+DROPIN_ROWS = {"pattern1": ("1: iterate over batches (``sac.py``)", "1: iterate over batches"),
+               "pattern2": ("2: workers fill a shared ``ReplayBuffer`` (``sac-async.py``)", "2: shared buffer"),
+               "fast_path": ("2, a gymnasium id instead of the stack (our fast path)", "2, gymnasium id")}
+
+
 def dropin_tables(res: Results) -> str:
     """dropin_speedup: frames/s of TorchRL's collector and ours in TorchRL's two SAC patterns."""
     speed = next(d for d in topic(res, "dropin") if d["benchmark"] == "dropin_speedup")
-    labels = {"pattern1": "1: iterate over batches (``sac.py``)",
-              "pattern2": "2: workers fill a shared ``ReplayBuffer`` (``sac-async.py``)",
-              "fast_path": "2, a gymnasium id instead of the stack (our fast path)"}
     rows = []
-    for key, label in labels.items():
+    for key, (label, _) in DROPIN_ROWS.items():
         fps = speed["fps"][key]
         ratio = f"**{speed[f'ratio_{key}']:.2f}**"
         if key in speed["targets"]:
@@ -178,7 +179,7 @@ def sota_table(res: Results) -> str:
     """sota_dropin: each TorchRL script's latest result (a later run of a script replaces its row)."""
     runs = [d for d in topic(res, "dropin") if d["benchmark"] == "sota_dropin"]
     latest: dict[str, tuple[dict, dict]] = {}
-    for run in runs:  # oldest first: a later run of a script replaces its row
+    for run in runs:  # oldest first
         for script, result in run["results"].items():
             latest[script] = (run, result)
     rows = []
@@ -193,9 +194,7 @@ def sota_table(res: Results) -> str:
         rows.append([f"``{script}``", status, fmt(result["seconds"]), run["date"]])
     out = list_table(["script", "result", "seconds", "date"], rows, [26, 54, 8, 12])
     ok = sum(1 for _, r in latest.values() if r["status"] == "ok")
-    out += f"\n{ok} of {len(latest)} rows ok. "
-    for run in runs:
-        out += provenance_line(run).rstrip("\n") + " "
+    out += f"\n{ok} of {len(latest)} rows ok. " + "".join(provenance_line(run).rstrip("\n") + " " for run in runs)
     return out.rstrip() + "\n"
 
 
@@ -226,8 +225,8 @@ def conformance_table(res: Results) -> str:
             # a stock side reused from a saved stock run ("from") is that run's row already
             if isinstance(run.get(side), dict) and "from" not in run[side]:
                 s = run[side]
-                rows.append([run.get("date", "-"), side, str(s.get("passed", "-")), str(s.get("failed", "-")),
-                             str(s.get("skipped", "-")), str(len(s.get("crashed") or []))])
+                rows.append([run.get("date", "-"), side, *(str(s.get(k, "-")) for k in ("passed", "failed", "skipped")),
+                             str(len(s.get("crashed") or []))])
         if run.get("pass_stock_not_ours") is not None and rows:
             rows[-1].append(str(len(run["pass_stock_not_ours"])))
     if not rows:
@@ -236,13 +235,13 @@ def conformance_table(res: Results) -> str:
     width = max(len(r) for r in rows)
     rows = [r + ["-"] * (width - len(r)) for r in rows]
     header = ["date", "collector", "passed", "failed", "skipped", "crashed", "pass with stock, not ours"][:width]
-    commit = runs[-1].get("commit", "?")
-    out = (list_table(header, rows) + f"\nAgainst pytorch/rl ``{commit[:9]}``, torchrl {runs[-1].get('torchrl', '?')}, "
-           f"torchrl_unilab ``{str(runs[-1].get('unilab_commit', '?'))[:7]}``. "
+    last = runs[-1]
+    out = (list_table(header, rows) + f"\nAgainst pytorch/rl ``{last.get('commit', '?')[:9]}``, torchrl "
+           f"{last.get('torchrl', '?')}, torchrl_unilab ``{str(last.get('unilab_commit', '?'))[:7]}``. "
            "Data: ``benchmarks/results/conformance/``.\n")
-    failing = runs[-1].get("pass_stock_not_ours") or []
+    failing = last.get("pass_stock_not_ours") or []
     if failing:
-        errors = runs[-1].get("first_errors") or {}
+        errors = last.get("first_errors") or {}
         out += "\nCases TorchRL's class passes and ours does not, with the first error:\n\n"
         for node in failing:
             error = " ".join(str(errors.get(node, "")).split())[:160].replace("`", "'")
@@ -253,7 +252,6 @@ def conformance_table(res: Results) -> str:
 # ------------------------------------------------------------------ learning against SB3
 def learning_table(data: dict, sides: list[tuple[str, str]]) -> str:
     """Each seed's return at every mark, then each side's mean, and the minutes per run."""
-    marks = data["marks"]
     rows = []
     for key, label in sides:
         runs = data[key]
@@ -261,7 +259,7 @@ def learning_table(data: dict, sides: list[tuple[str, str]]) -> str:
             rows.append([f"{label}, seed {seed}", *map(fmt, run["returns"]), fmt(run["minutes"], 1)])
         rows.append([f"**{label}, mean of {len(runs)}**", *map(fmt, side_mean(data, key)),
                      fmt(statistics.mean(r["minutes"] for r in runs.values()), 1)])
-    return list_table(["run", *marks_header(marks), "min"], rows)
+    return list_table(["run", *marks_header(data["marks"]), "min"], rows)
 
 
 def sac_tables(res: Results) -> str:
@@ -284,9 +282,8 @@ def td3_tables(res: Results) -> str:
         low, high = data["interval_90"][str(mark)]
         rows.append([f"{mark // 1000}k", fmt(recipe[i]), fmt(sb3[i]), signed(data["difference"][i]),
                      f"{signed(low)} to {signed(high)}"])
-    n = len(data["recipe"])
-    out = list_table(["frames", f"recipe mean ({n} seeds)", f"SB3 mean ({len(data['sb3_td3'])} seeds)",
-                      "recipe - SB3", "90 % interval over seeds"], rows)
+    out = list_table(["frames", f"recipe mean ({len(data['recipe'])} seeds)",
+                      f"SB3 mean ({len(data['sb3_td3'])} seeds)", "recipe - SB3", "90 % interval over seeds"], rows)
     p = data["pooled_seeds_0_2"]
     a = p["at_100k"]
     out += (f"\nSeeds 0-2, three runs pooled ({p['runs']} runs): "
@@ -297,54 +294,30 @@ def td3_tables(res: Results) -> str:
 
 def td3_seeds_table(res: Results) -> str:
     """TD3 against SB3: each seed's return at every mark."""
-    data = res["learning/td3_vs_sb3.json"]
-    return learning_table(data, [("recipe", "``recipes/td3.py``"), ("sb3_td3", "SB3 TD3")])
+    return learning_table(res["learning/td3_vs_sb3.json"], [("recipe", "``recipes/td3.py``"), ("sb3_td3", "SB3 TD3")])
 
 
 def learner_table(res: Results) -> str:
     """learner_throughput: updates/s against TorchRL's loop and the machine's limit, and end to end."""
     d = res["learning/learner_throughput.json"]
+    td3 = d["td3"]
     rows = [
-        [
-            "TorchRL's sota SAC loop (``SACLoss``, three ``Adam``), one thread",
-            "``plain_ups_1t``",
-            fmt(d["plain_ups_1t"], 1),
-        ],
-        [
-            "the recipe's update (tensor-level loss), one / two threads",
-            "``recipe_ups_1t`` / ``_2t``",
-            f"{d['recipe_ups_1t']} / {d['recipe_ups_2t']}",
-        ],
-        [
-            "the limit: every matrix product at the best sgemm rate, one / two threads",
-            "``limit_ups_1t`` / ``_2t``",
-            f"{d['limit_ups_1t']} / {d['limit_ups_2t']}",
-        ],
-        [
-            "fraction of the limit, one thread",
-            "``recipe_fraction_of_limit_1t``",
-            f"**{d['recipe_fraction_of_limit_1t']}** (target {d['targets']['recipe_fraction_of_limit_1t']})",
-        ],
-        [
-            "TD3's update ([400, 300]): recipe, limit, fraction",
-            "``td3_*``",
-            f"{d['td3']['recipe_ups_1t']}, {d['td3']['limit_ups_1t']}, {d['td3']['fraction']}",
-        ],
-        [
-            "the same SAC update under ``torch.compile`` (CPU)",
-            "``recipe_compiled_ups``",
-            fmt(d["recipe_compiled_ups"], 1),
-        ],
-        [
-            "``recipes/sac.py`` end to end, ``optim.num_threads=auto`` / ``1``: env frames/s",
-            "``e2e_fps_auto`` / ``_1t``",
-            f"{d['e2e_fps_auto']} / {d['e2e_fps_1t']} (**{d['e2e_auto_over_1t']:.2f}x**)",
-        ],
-        [
-            "Stable-Baselines3's SAC on both cores: env frames/s",
-            "``sb3_fps``",
-            f"{d['sb3_fps']} (the recipe: {d['e2e_auto_over_sb3']:.2f}x)",
-        ],
+        ["TorchRL's sota SAC loop (``SACLoss``, three ``Adam``), one thread", "``plain_ups_1t``",
+         fmt(d["plain_ups_1t"], 1)],
+        ["the recipe's update (tensor-level loss), one / two threads", "``recipe_ups_1t`` / ``_2t``",
+         f"{d['recipe_ups_1t']} / {d['recipe_ups_2t']}"],
+        ["the limit: every matrix product at the best sgemm rate, one / two threads", "``limit_ups_1t`` / ``_2t``",
+         f"{d['limit_ups_1t']} / {d['limit_ups_2t']}"],
+        ["fraction of the limit, one thread", "``recipe_fraction_of_limit_1t``",
+         f"**{d['recipe_fraction_of_limit_1t']}** (target {d['targets']['recipe_fraction_of_limit_1t']})"],
+        ["TD3's update ([400, 300]): recipe, limit, fraction", "``td3_*``",
+         f"{td3['recipe_ups_1t']}, {td3['limit_ups_1t']}, {td3['fraction']}"],
+        ["the same SAC update under ``torch.compile`` (CPU)", "``recipe_compiled_ups``",
+         fmt(d["recipe_compiled_ups"], 1)],
+        ["``recipes/sac.py`` end to end, ``optim.num_threads=auto`` / ``1``: env frames/s",
+         "``e2e_fps_auto`` / ``_1t``", f"{d['e2e_fps_auto']} / {d['e2e_fps_1t']} (**{d['e2e_auto_over_1t']:.2f}x**)"],
+        ["Stable-Baselines3's SAC on both cores: env frames/s", "``sb3_fps``",
+         f"{d['sb3_fps']} (the recipe: {d['e2e_auto_over_sb3']:.2f}x)"],
     ]
     out = list_table(["figure (updates/s unless said)", "JSON key", "value"], rows, [56, 24, 20])
     p = d["profile_ms"]
@@ -355,8 +328,8 @@ def learner_table(res: Results) -> str:
 
 
 def learner_batch_table(res: Results) -> str:
-    """learner_throughput --batch-sizes and sampling.py on a large buffer: what a larger batch costs the
-    update on one and two threads, and what sampling it costs."""
+    """learner_throughput --batch-sizes and sampling.py: what a larger batch costs the update on one and two
+    threads, and what sampling it costs."""
     sweep = next((d for d in topic(res, "learning") if d.get("mode") == "batch_sizes"), None)
     if sweep is None:
         return f"The update at other batch sizes: **{NOT_MEASURED}**.\n"
@@ -384,6 +357,7 @@ def ab_table(res: Results, key: str, what: str) -> str:
         return f"{what}: **{NOT_MEASURED}** (``python benchmarks/ab_rounds.py``, see ``benchmarks/README.md``).\n"
     names = [k[len("ratio_"):] for k in d if k.startswith("ratio_") and f"{k[len('ratio_'):]}_a" in d]
     side = {s: f"torch {d[s]['torch']}, ``{d[s]['commit']}``" for s in ("a", "b")}
+
     def ratio(n: str) -> str:
         interval = d.get(f"ratio_{n}_interval")
         return f"**{d[f'ratio_{n}']:.3f}**" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
@@ -405,20 +379,19 @@ def wallclock_table(data: dict) -> str:
     marks = {2, 4, 6, 8, 10, 12, 15, 20, 23, 25, 30} | (
         {math.floor(ref["minutes"] / 2), math.ceil(ref["minutes"])} if ref else set())
     minutes = [m for m in sorted(marks) if any(m in c["minute"] for c in data["configs"].values())]
+
+    def at(c: dict, minute: int) -> str:
+        if minute not in c["minute"]:
+            return "-"
+        i = c["minute"].index(minute)
+        interval = c["interval_by_minute"][i]
+        return fmt(c["mean_by_minute"][i]) + ("" if interval is None else f" [{fmt(interval[0])}, {fmt(interval[1])}]")
+
     rows = []
     for label, c in data["configs"].items():
         t = c.get("targets") or {}
-        returns = []
-        for m in minutes:
-            if m not in c["minute"]:
-                returns.append("-")
-                continue
-            i = c["minute"].index(m)
-            interval = c["interval_by_minute"][i]
-            returns.append(fmt(c["mean_by_minute"][i])
-                           + ("" if interval is None else f" [{fmt(interval[0])}, {fmt(interval[1])}]"))
         rows.append([f"``{label}``", " ".join(f"``{o}``" for o in c.get("overrides") or []) or "(the defaults)",
-                     str(c["seeds"]), *returns, fmt(c["frames"]), fmt(c["updates"]),
+                     str(c["seeds"]), *(at(c, m) for m in minutes), fmt(c["frames"]), fmt(c["updates"]),
                      fmt(t.get("time_share"), 2), fmt(t.get("return_ratio_at_half"), 2),
                      {True: "yes", False: "no", None: "-"}[t.get("low_above_sb3_at_half")]])
     out = list_table(["config", "overrides", "seeds", *[f"{m} min" for m in minutes], "frames", "updates",
@@ -439,8 +412,7 @@ def wallclock_table(data: dict) -> str:
 
 
 def wallclock_tables(res: Results, algo: str = "sac") -> str:
-    """The wall-clock suite for one algorithm (``"sac"`` or ``"td3"``, the keys of :data:`WALLCLOCK`): the finalists
-    on 5 seeds, then the screening runs."""
+    """The wall-clock suite for one algorithm (a key of :data:`WALLCLOCK`): the finalists, then the screens."""
     parts = [f"**{title}**\n\n" + wallclock_table(res[key]) for key, title in WALLCLOCK[algo].items() if key in res]
     return "\n".join(parts) or (f"Return against wall-clock: **{NOT_MEASURED}** "
                                  f"(``python benchmarks/learning.py --suite wallclock --algo {algo} sb3_{algo}``).\n")
@@ -448,9 +420,8 @@ def wallclock_tables(res: Results, algo: str = "sac") -> str:
 
 def wallclock_curves(res: Results, algo: str = "sac", screened: tuple[str, ...] | None = ("utd1",)
                      ) -> dict[str, list[dict]]:
-    """The curves of one algorithm's wall-clock plot (``"sac"`` or ``"td3"``): every finalist's, with its band,
-    and of the screens' one-seed runs those in ``screened`` (SAC: ``utd1``, one update per frame; ``None``:
-    all) that no finalist run, nor an earlier screen, measured."""
+    """The curves of one algorithm's wall-clock plot: every finalist's, with its band, and of the screens' one-seed
+    runs those in ``screened`` (``None``: all) that no finalist run, nor an earlier screen, measured."""
     final, *screens = WALLCLOCK[algo]
     curves = {}
     for key in (final, *screens):
@@ -472,9 +443,8 @@ def robot_tables(res: Results) -> str:
     out = ""
     for task, t in data["tasks"].items():
         rows = [[name, *map(fmt, run["returns"]), fmt(run["minutes"])] for name, run in t["runs"].items()]
-        for group, runs in groups(t).items():
-            rows.append([f"**{group}, mean of {len(runs)}**", *map(fmt, t["means"][group]),
-                         fmt(statistics.mean(r["minutes"] for r in runs.values()))])
+        rows += [[f"**{group}, mean of {len(runs)}**", *map(fmt, t["means"][group]),
+                  fmt(statistics.mean(r["minutes"] for r in runs.values()))] for group, runs in groups(t).items()]
         ref = f"; reference return at 100k: {t['reference']}" if "reference" in t else ""
         out += f"``{task}``, ``recipes/{t['algo']}.py``{ref}:\n\n"
         out += list_table(["run", *marks_header(data["marks"]), "min"], rows) + "\n"
@@ -504,71 +474,44 @@ def robot_speed_table(res: Results) -> str:
 RESIDUE = {"dev_shm": "``/dev/shm`` blocks", "fds": "file descriptors", "threads": "threads",
            "children": "child processes", "temp_dirs": "temp dirs"}
 
+
 def fault_tables(res: Results) -> str:
     """faults: the injected faults and what the learner saw, then the recipe soaks."""
     f = res["faults/faults.json"]
     b, w, c = f["buffer_kills"], f["worker_kills"], f["cycles"]
     lk, st = f["learner_kill"], f["recipe_sigterm"]
+    # a key the hand-typed faults.json lacks counts as the outcome it states (passed)
     rows = [
-        [
-            f"{b['kills']} SIGKILLs of a process writing {fmt(b['batch_rows'])}-row batches into a full buffer "
-            f"({b['inside_write']} inside a write), the learner sampling",
-            f"longest ``sample()`` {b['max_sample_s']} s (limit {b['limit_s']} s); torn rows {b['torn_rows']} in "
-            f"{fmt(b['samples'])} samples",
-        ],
-        [
-            f"{w['kills']} SIGKILLs of an ``OffPolicyCollector`` worker, the learner sampling",
-            f"hangs {w['hangs']}; ``WorkerError`` within {w['max_error_s']} s; longest ``sample()`` "
-            f"{w['max_sample_s']} s; torn rows {w['torn_rows']}",
-        ],
-        [
-            f"{c['cycles']} create / collect / shutdown cycles",
-            "residue: " + ", ".join(f"{v} {RESIDUE.get(k, k)}" for k, v in c["residue"].items()),
-        ],
-        [
-            "SIGKILL of the learner during collection",
-            f"workers gone {lk['workers_gone_s']} s later; its leftovers "
-            + ("removed" if lk.get("residue_removed_by_next_collector", True) else "**not removed**")
-            + " when the next collector starts",
-        ],
-        # the hand-typed file before faults.py --out stated these as passed; a file it writes says what happened
-        [
-            "SIGTERM of ``recipes/sac.py``",
-            f"exit {st['exit_code']} after {st['exit_s']} s "
-            + ("with a checkpoint" if st.get("checkpoint", True) else "**without a checkpoint**")
-            + ", "
-            + ("no residue" if not st.get("residue") else f"**residue {st['residue']}**")
-            + "; ``resume=`` "
-            + (
-                "restores the buffer exactly"
-                if st.get("resume_buffer_exact", True)
-                else "**does not restore the buffer**"
-            ),
-        ],
+        [f"{b['kills']} SIGKILLs of a process writing {fmt(b['batch_rows'])}-row batches into a full buffer "
+         f"({b['inside_write']} inside a write), the learner sampling",
+         f"longest ``sample()`` {b['max_sample_s']} s (limit {b['limit_s']} s); torn rows {b['torn_rows']} in "
+         f"{fmt(b['samples'])} samples"],
+        [f"{w['kills']} SIGKILLs of an ``OffPolicyCollector`` worker, the learner sampling",
+         f"hangs {w['hangs']}; ``WorkerError`` within {w['max_error_s']} s; longest ``sample()`` "
+         f"{w['max_sample_s']} s; torn rows {w['torn_rows']}"],
+        [f"{c['cycles']} create / collect / shutdown cycles",
+         "residue: " + ", ".join(f"{v} {RESIDUE.get(k, k)}" for k, v in c["residue"].items())],
+        ["SIGKILL of the learner during collection",
+         f"workers gone {lk['workers_gone_s']} s later; its leftovers "
+         + ("removed" if lk.get("residue_removed_by_next_collector", True) else "**not removed**")
+         + " when the next collector starts"],
+        ["SIGTERM of ``recipes/sac.py``",
+         f"exit {st['exit_code']} after {st['exit_s']} s "
+         + ("with a checkpoint" if st.get("checkpoint", True) else "**without a checkpoint**") + ", "
+         + ("no residue" if not st.get("residue") else f"**residue {st['residue']}**") + "; ``resume=`` "
+         + ("restores the buffer exactly" if st.get("resume_buffer_exact", True)
+            else "**does not restore the buffer**")],
     ]
     out = list_table(["fault", "result"], rows, [50, 50]) + "\n" + provenance_line(f) + "\n"
     s = res["faults/soak.json"]
     r, y = s["recipe_soak"], s["ray_soak"]
     rows = [
-        [
-            f"local, {r['workers']} workers, {fmt(r['frames'])} frames, {r['minutes']} min "
-            f"(undisturbed {r['undisturbed_minutes']})",
-            f"{r['kills']} / {r['restarts']}",
-            str(r["frames_lost"]),
-            str(r["torn_rows"]),
-            f"{r['max_stall_s']} s (undisturbed {r['undisturbed_max_stall_s']})",
-            f"{fmt(r['final_return'])} (undisturbed {fmt(r['undisturbed_final_return'])})",
-            r["residue"],
-        ],
-        [
-            f"Ray, {y['nodes']} nodes, {fmt(y['frames'])} frames, {y['minutes']} min",
-            f"{y['kills']} / {y['restarts']}",
-            str(y["frames_lost"]),
-            str(y["torn_rows"]),
-            f"{y['max_stall_s']} s",
-            fmt(y["final_return"]),
-            y["residue"],
-        ],
+        [f"local, {r['workers']} workers, {fmt(r['frames'])} frames, {r['minutes']} min "
+         f"(undisturbed {r['undisturbed_minutes']})", f"{r['kills']} / {r['restarts']}", str(r["frames_lost"]),
+         str(r["torn_rows"]), f"{r['max_stall_s']} s (undisturbed {r['undisturbed_max_stall_s']})",
+         f"{fmt(r['final_return'])} (undisturbed {fmt(r['undisturbed_final_return'])})", r["residue"]],
+        [f"Ray, {y['nodes']} nodes, {fmt(y['frames'])} frames, {y['minutes']} min", f"{y['kills']} / {y['restarts']}",
+         str(y["frames_lost"]), str(y["torn_rows"]), f"{y['max_stall_s']} s", fmt(y["final_return"]), y["residue"]],
     ]
     out += "The SAC recipe with a worker (or a Ray node actor) SIGKILLed again and again, restarts on:\n\n"
     out += list_table(["soak", "kills / restarts", "frames lost", "torn rows", "longest learner stall", "final return",
@@ -580,32 +523,14 @@ def fault_tables(res: Results) -> str:
 def ray_table(res: Results) -> str:
     """ray_scaling: the Ray path against the local collector at each batch size."""
     d = res["ray/ray_scaling.json"]
-    rows = []
-    for fpb, r in d["by_frames_per_batch"].items():
-        low, high = r["ray_rounds"]
-        rows.append(
-            [
-                fpb,
-                fmt(r["local_fps"]),
-                fmt(r["ray_fps"]),
-                f"**{r['ray_over_local']:.2f}** (rounds {low:.2f}-{high:.2f})",
-                f"{r['ray_buffer_over_local']:.2f}",
-                str(r["receive_us_per_frame"]),
-                str(r["wire_bytes_per_frame"]),
-            ]
-        )
-    out = list_table(
-        [
-            "``--frames-per-batch``",
-            "local frames/s",
-            "Ray frames/s (learner receives)",
-            f"Ray / local (target {d['target_ray_over_local']})",
-            "Ray, nodes write a ``RayReplayBuffer``, / local",
-            "learner receive, us/frame",
-            "bytes/frame on the wire",
-        ],
-        rows,
-    )
+    rows = [[fpb, fmt(r["local_fps"]), fmt(r["ray_fps"]),
+             f"**{r['ray_over_local']:.2f}** (rounds {r['ray_rounds'][0]:.2f}-{r['ray_rounds'][1]:.2f})",
+             f"{r['ray_buffer_over_local']:.2f}", str(r["receive_us_per_frame"]), str(r["wire_bytes_per_frame"])]
+            for fpb, r in d["by_frames_per_batch"].items()]
+    out = list_table(["``--frames-per-batch``", "local frames/s", "Ray frames/s (learner receives)",
+                      f"Ray / local (target {d['target_ray_over_local']})",
+                      "Ray, nodes write a ``RayReplayBuffer``, / local", "learner receive, us/frame",
+                      "bytes/frame on the wire"], rows)
     return out + "\n" + provenance_line(d)
 
 
@@ -627,16 +552,11 @@ def gpu_table(res: Results) -> str:
     """gpu_check's results (its ``--quick`` dry runs left out), or 'not yet measured' without a results file."""
     runs = [run for run in topic(res, "gpu") if not run.get("quick")]
     if not runs:
-        return (
-            f"**No GPU figures: {NOT_MEASURED}.** No GPU has been lent to this project yet. On a machine with one, "
-            "``python benchmarks/gpu_check.py`` measures them and saves its results to ``benchmarks/results/gpu/``; "
-            "``python benchmarks/report.py`` then fills this table.\n"
-        )
-    out = ""
-    for run in runs:
-        rows = [[f"``{k}``", str(v)] for k, v in flatten(run)]
-        out += list_table(["key", "value"], rows) + f"\nData: ``benchmarks/results/{run['_file']}``.\n\n"
-    return out
+        return (f"**No GPU figures: {NOT_MEASURED}.** No GPU has been lent to this project yet. On a machine with "
+                "one, ``python benchmarks/gpu_check.py`` measures them and saves its results to "
+                "``benchmarks/results/gpu/``; ``python benchmarks/report.py`` then fills this table.\n")
+    return "".join(list_table(["key", "value"], [[f"``{k}``", str(v)] for k, v in flatten(run)])
+                   + f"\nData: ``benchmarks/results/{run['_file']}``.\n\n" for run in runs)
 
 
 # ------------------------------------------------------------------ README
@@ -651,65 +571,39 @@ def headline_rows(res: Results) -> list[tuple[str, str, str, str]]:
     rec, sb3 = side_mean(td3, "recipe"), side_mean(td3, "sb3_td3")
     f, soak = res["faults/faults.json"], res["faults/soak.json"]["recipe_soak"]
     ray = res["ray/ray_scaling.json"]
-    ray512 = ray["by_frames_per_batch"]["512"]
     robot, rspeed = res["robot/learning.json"], res["robot/collector_speed.json"]
     cheetah = robot["tasks"]["CheetahRun-v1"]["means"]["recipes/sac.py"][-1]
     walker = robot["tasks"]["WalkerWalk-v1"]["means"]["recipes/sac.py"][-1]
     go1 = rspeed["tasks"]["Go1JoystickFlatTerrain-v1"]["ratio_offpolicy_over_envpool"]
     return [
-        (
-            "Collector vs a raw gymnasium loop (HalfCheetah-v5)",
-            f"**{r['offpolicy_envpool_64']:.2f}x** (1 worker x 64 envs), {r['offpolicy_envpool_2w']:.2f}x (2 workers)",
-            c["command"],
-            c["date"],
-        ),
-        (
-            "Collector vs TorchRL's `Collector` (16 envs, same run)",
-            f"**{s['offpolicy_envpool_16'] / s['torchrl_collector']:.1f}x** ({fmt(s['offpolicy_envpool_16'])} against "
-            f"{fmt(s['torchrl_collector'])} steps/s)",
-            c["command"],
-            c["date"],
-        ),
-        (
-            "Drop-in: TorchRL's SAC scripts, only the class changed",
-            f"**{d['ratio_pattern1']:.2f}x** (batches), **{d['ratio_pattern2']:.2f}x** (shared buffer)",
-            d["command"],
-            d["date"],
-        ),
+        ("Collector vs a raw gymnasium loop (HalfCheetah-v5)",
+         f"**{r['offpolicy_envpool_64']:.2f}x** (1 worker x 64 envs), {r['offpolicy_envpool_2w']:.2f}x (2 workers)",
+         c["command"], c["date"]),
+        ("Collector vs TorchRL's `Collector` (16 envs, same run)",
+         f"**{s['offpolicy_envpool_16'] / s['torchrl_collector']:.1f}x** ({fmt(s['offpolicy_envpool_16'])} against "
+         f"{fmt(s['torchrl_collector'])} steps/s)", c["command"], c["date"]),
+        ("Drop-in: TorchRL's SAC scripts, only the class changed",
+         f"**{d['ratio_pattern1']:.2f}x** (batches), **{d['ratio_pattern2']:.2f}x** (shared buffer)",
+         d["command"], d["date"]),
         wallclock_headline(res)
-        or (
-            "SAC: wall-clock to SB3's 100k return",
+        or ("SAC: wall-clock to SB3's 100k return",
             f"**{t['ratio']:.2f}** of SB3's ({t['recipe_min']} against {t['sb3_min']} min, 3 seeds)",
-            sac["command"],
-            sac["date"],
-        ),
+            sac["command"], sac["date"]),
         wallclock_headline(res, "td3")
-        or (
-            f"TD3 vs SB3's TD3, {len(td3['recipe'])} seeds, 100k frames",
+        or (f"TD3 vs SB3's TD3, {len(td3['recipe'])} seeds, 100k frames",
             f"{fmt(rec[-1])} against {fmt(sb3[-1])} ({(rec[-1] / sb3[-1] - 1) * 100:+.1f} %)",
-            "python benchmarks/learning.py --suite td3 --seeds 0 1 2 3 4 5 6 7 8 9",
-            td3["date"],
-        ),
-        (
-            "Faults survived",
-            f"{f['worker_kills']['kills']} worker and {f['buffer_kills']['kills']} writer SIGKILLs: "
-            "0 hangs, 0 torn rows; SAC soak: "
-            f"{soak['kills']} kills, {soak['restarts']} restarts, {soak['frames_lost']} frames lost",
-            f["command"] + " (and --soak-minutes)",
-            f"{f['date']}, soak {res['faults/soak.json']['date']}",
-        ),
-        (
-            "Ray vs local collector (2 nodes, same cores)",
-            f"**{ray512['ray_over_local']:.2f}** at 512 frames per batch",
-            ray["command"],
-            ray["date"],
-        ),
-        (
-            "Robot tasks (Control Suite, Playground)",
-            f"SAC 100k: CheetahRun {fmt(cheetah)}, WalkerWalk {fmt(walker)}; Go1 collector {go1:.2f} of EnvPool",
-            "python benchmarks/learning.py --suite robot (and collector_throughput.py --task)",
-            f"{robot['date']}, collector {rspeed['date']}",
-        ),
+            "python benchmarks/learning.py --suite td3 --seeds 0 1 2 3 4 5 6 7 8 9", td3["date"]),
+        ("Faults survived",
+         f"{f['worker_kills']['kills']} worker and {f['buffer_kills']['kills']} writer SIGKILLs: 0 hangs, 0 torn rows; "
+         f"SAC soak: {soak['kills']} kills, {soak['restarts']} restarts, {soak['frames_lost']} frames lost",
+         f["command"] + " (and --soak-minutes)", f"{f['date']}, soak {res['faults/soak.json']['date']}"),
+        ("Ray vs local collector (2 nodes, same cores)",
+         f"**{ray['by_frames_per_batch']['512']['ray_over_local']:.2f}** at 512 frames per batch",
+         ray["command"], ray["date"]),
+        ("Robot tasks (Control Suite, Playground)",
+         f"SAC 100k: CheetahRun {fmt(cheetah)}, WalkerWalk {fmt(walker)}; Go1 collector {go1:.2f} of EnvPool",
+         "python benchmarks/learning.py --suite robot (and collector_throughput.py --task)",
+         f"{robot['date']}, collector {rspeed['date']}"),
     ]
 
 
@@ -756,8 +650,7 @@ def render_readme(text: str, res: Results) -> str:
         head, rest = text.split(start, 1)
         _, tail = rest.split(end, 1)
         body = make(res)
-        sep = "\n" if body.endswith("\n") else ""
-        text = head + start + ("\n" if sep else "") + body + end + tail
+        text = head + start + ("\n" if body.endswith("\n") else "") + body + end + tail
     return text
 
 
@@ -765,10 +658,21 @@ def render_readme(text: str, res: Results) -> str:
 def figures_rst(res: Results) -> str:
     """Substitutions for figures quoted in prose; ``docs/conf.py`` puts them in every page's prolog."""
     m = res["main_job/sac.json"]
-    return (f".. |main_job_minutes| replace:: {m['stated_minutes']}\n"
-            f".. |main_job_date| replace:: {m['date']}\n")
+    return f".. |main_job_minutes| replace:: {m['stated_minutes']}\n.. |main_job_date| replace:: {m['date']}\n"
 
 
+#: ab_rounds.py's comparisons: generated file -> (results file, what it compares)
+AB_TABLES = {
+    "torch_versions.rst": ("learning/torch_2.13_vs_2.14.1.json",
+                           "The learner's update rates on torch 2.13.0 (CPU build) and 2.14.1"),
+    "collector_before_after.rst": ("collector/before_after_issue43_final.json", "Each collector's env steps per "
+                                   "second at two commits of the package, one benchmark script measuring both"),
+    "dropin_before_after.rst": ("dropin/before_after_issue43_final.json", "Our collector's frames/s in the three "
+                                "configurations of ``dropin_speedup.py`` at two commits of the package, one "
+                                "benchmark script measuring both"),
+    "dropin_torch_versions.rst": ("dropin/torch_2.13_vs_2.14.1.json",
+                                  "Pattern 1's frames/s on torch 2.13.0 (CPU build) and 2.14.1"),
+}
 DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "collector.rst": collector_tables,
     "dropin.rst": dropin_tables,
@@ -780,19 +684,9 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "td3_seeds.rst": td3_seeds_table,
     "learner.rst": learner_table,
     "learner_batch_sizes.rst": learner_batch_table,
-    "torch_versions.rst": lambda res: ab_table(res, "learning/torch_2.13_vs_2.14.1.json",
-                                               "The learner's update rates on torch 2.13.0 (CPU build) and 2.14.1"),
-    "collector_before_after.rst": lambda res: ab_table(res, "collector/before_after_issue43_final.json",
-                                                       "Each collector's env steps per second at two commits "
-                                                       "of the package, one benchmark script measuring both"),
-    "dropin_before_after.rst": lambda res: ab_table(res, "dropin/before_after_issue43_final.json",
-                                                    "Our collector's frames/s in the three configurations of "
-                                                    "``dropin_speedup.py`` at two commits of the package, one "
-                                                    "benchmark script measuring both"),
-    "dropin_torch_versions.rst": lambda res: ab_table(res, "dropin/torch_2.13_vs_2.14.1.json",
-                                                      "Pattern 1's frames/s on torch 2.13.0 (CPU build) and 2.14.1"),
+    **{name: functools.partial(ab_table, key=key, what=what) for name, (key, what) in AB_TABLES.items()},
     "wallclock.rst": wallclock_tables,
-    "wallclock_td3.rst": lambda res: wallclock_tables(res, "td3"),
+    "wallclock_td3.rst": functools.partial(wallclock_tables, algo="td3"),
     "robot_learning.rst": robot_tables,
     "robot_speed.rst": robot_speed_table,
     "faults.rst": fault_tables,
@@ -825,8 +719,7 @@ def stale(results: Path = RESULTS, readme: Path = README) -> list[Path]:
 
 # ------------------------------------------------------------------ plots
 def plot_learning(path: Path, title: str, sides: list[tuple[str, dict, list[float]]], marks: list[int]) -> None:
-    """Mean deterministic eval return against frames, one line per side, its band from the lowest to the highest
-    seed."""
+    """Mean deterministic eval return against frames, one line per side, its band from its lowest to highest seed."""
     from common import figure  # benchmarks/ is on sys.path once plots() runs
 
     with figure(path, title, "frames", "deterministic eval return", legend={}) as ax:
@@ -851,47 +744,36 @@ def plot_bars(path: Path, title: str, labels: list[str], groups: dict[str, list[
 
 
 def plots(results: Path = RESULTS) -> list[Path]:
-    """Writes the learning curves under ``docs/_static/results/``; returns their paths."""
+    """Writes the learning curves and bar charts under ``docs/_static/results/``; returns their paths."""
     res = load(results)
-    sac, td3, robot = res["learning/sac_vs_sb3.json"], res["learning/td3_vs_sb3.json"], res["robot/learning.json"]
-    made = []
     sys.path.insert(0, str(ROOT / "benchmarks"))
+    import wallclock
 
-    def plot(name, title, sides, marks):
-        plot_learning(PLOTS / name, title, sides, marks)
-        made.append(PLOTS / name)
-
-    plot("sac_vs_sb3.png", "SAC HalfCheetah-v5: recipe against SB3",
-         [("recipes/sac.py", sac["recipe"], side_mean(sac, "recipe")),
-          ("SB3 SAC", sac["sb3_sac"], side_mean(sac, "sb3_sac"))], sac["marks"])
-    plot("td3_vs_sb3.png", "TD3 HalfCheetah-v5: recipe against SB3",
-         [("recipes/td3.py", td3["recipe"], side_mean(td3, "recipe")),
-          ("SB3 TD3", td3["sb3_td3"], side_mean(td3, "sb3_td3"))], td3["marks"])
+    for algo in ("sac", "td3"):
+        data = res[f"learning/{algo}_vs_sb3.json"]
+        plot_learning(PLOTS / f"{algo}_vs_sb3.png", f"{algo.upper()} HalfCheetah-v5: recipe against SB3",
+                      [(f"recipes/{algo}.py", data["recipe"], side_mean(data, "recipe")),
+                       (f"SB3 {algo.upper()}", data[f"sb3_{algo}"], side_mean(data, f"sb3_{algo}"))], data["marks"])
+    robot = res["robot/learning.json"]
     for task, t in robot["tasks"].items():
         sides = [(name, runs, t["means"][name]) for name, runs in groups(t).items()]
-        plot(f"robot_{task}.png", f"{t['algo'].upper()} {task}", sides, robot["marks"])
+        plot_learning(PLOTS / f"robot_{task}.png", f"{t['algo'].upper()} {task}", sides, robot["marks"])
+    made = [PLOTS / f"{name}.png" for name in ("sac_vs_sb3", "td3_vs_sb3", *(f"robot_{t}" for t in robot["tasks"]))]
 
     c = res["collector/halfcheetah.json"]
-    short = {"raw": "raw gymnasium loop", "bare_mujoco": "bare MuJoCo", "envpool": "EnvPool alone",
-             "envpool_env": "EnvPoolEnv alone", "torchrl_collector": "TorchRL Collector",
-             "offpolicy_gymnasium": "ours, 16 envs, gymnasium", "offpolicy_envpool_16": "ours, 16 envs",
-             "offpolicy_envpool_64": "ours, 64 envs", "offpolicy_lanes_16": "ours, 16 envs, lanes=2",
-             "offpolicy_lanes_64": "ours, 64 envs, lanes=2", "offpolicy_envpool_2w": "ours, 2 workers x 16 envs"}
-    plot_bars(PLOTS / "collector.png", f"HalfCheetah-v5 env steps/s ({c['date']})", list(short.values()),
-              {"steps/s": [c["steps_per_s"][k] for k in short]}, "env steps per second")
+    plot_bars(PLOTS / "collector.png", f"HalfCheetah-v5 env steps/s ({c['date']})", [s for *_, s in COLLECTOR_ROWS],
+              {"steps/s": [c["steps_per_s"][k] for k, *_ in COLLECTOR_ROWS]}, "env steps per second")
     d = res["dropin/dropin_speedup.json"]
-    keys = {"pattern1": "1: iterate over batches", "pattern2": "2: shared buffer", "fast_path": "2, gymnasium id"}
-    plot_bars(PLOTS / "dropin.png", f"TorchRL's SAC patterns, frames/s ({d['date']})", list(keys.values()),
-              {"TorchRL MultiAsyncCollector": [d["fps"][k]["torchrl"] for k in keys],
-               "OffPolicyCollector": [d["fps"][k]["ours"] for k in keys]}, "collected frames per second")
+    plot_bars(PLOTS / "dropin.png", f"TorchRL's SAC patterns, frames/s ({d['date']})",
+              [s for _, s in DROPIN_ROWS.values()],
+              {"TorchRL MultiAsyncCollector": [d["fps"][k]["torchrl"] for k in DROPIN_ROWS],
+               "OffPolicyCollector": [d["fps"][k]["ours"] for k in DROPIN_ROWS]}, "collected frames per second")
     r = res["ray/ray_scaling.json"]["by_frames_per_batch"]
     plot_bars(PLOTS / "ray.png", f"Ray against the local collector ({res['ray/ray_scaling.json']['date']})",
               [f"{k} frames per batch" for k in r],
               {"local": [v["local_fps"] for v in r.values()], "Ray": [v["ray_fps"] for v in r.values()]},
               "frames per second")
     made += [PLOTS / "collector.png", PLOTS / "dropin.png", PLOTS / "ray.png"]
-    import wallclock
-
     for algo, name in (("sac", "wallclock"), ("td3", "wallclock_td3")):
         curves = wallclock_curves(res, algo)
         if curves:
