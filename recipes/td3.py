@@ -34,7 +34,7 @@ from torchrl.objectives import TD3Loss
 from torchrl.objectives.utils import TargetNetUpdater
 
 from torchrl_unilab.trainers.compile import compile_update
-from torchrl_unilab.trainers.recipes_utils import make_learner, start_run
+from torchrl_unilab.trainers.recipes_utils import gradient_step, make_learner, start_run
 
 
 def make_update(loss_module: TD3Loss, optimizer: torch.optim.Optimizer, target_net_updater: TargetNetUpdater,
@@ -67,10 +67,7 @@ def make_update(loss_module: TD3Loss, optimizer: torch.optim.Optimizer, target_n
     """
     priority = loss_module.tensor_keys.priority
 
-    def step(loss: torch.Tensor) -> None:
-        loss.backward()
-        optimizer.step()  # one Adam for all networks: those without a gradient (set_to_none) are left alone
-        optimizer.zero_grad(set_to_none=True)
+    step = gradient_step(optimizer)  # one Adam for all networks: those a loss does not reach are left alone
 
     def update(batch: TensorDictBase, update_actor: bool) -> dict[str, torch.Tensor]:
         # One backward of both losses would have the actor climb the critic of one step before

@@ -111,6 +111,28 @@ def test_td3_runs_end_to_end_and_resumes(tmp_path, no_leaks):
     assert resumed[: len(evals)] == evals and min(resumed[len(evals):]) > 512
 
 
+def test_crossq_trains_its_temperature_with_a_batch_renormalised_critic_and_no_targets(tmp_path, no_leaks):
+    """recipes/crossq.py on TorchRL's CrossQLoss: the critics step on every update, the actor and alpha on every
+    policy_update_delay-th one, and alpha moves from alpha_init (TorchRL's sota script never steps it)."""
+    run_dir = tmp_path / "run"
+    summary = run_recipe("crossq", run_dir, "network.critic_hidden_sizes=[32,32]", "collector.total_frames=512",
+                         "logger.eval_iter=192")
+    check_run(run_dir, summary, frames=512, updates=512 - 256)
+    state = torch.load(run_dir / "checkpoint" / "state.pt", weights_only=True)["modules"]
+    # Updates 0, 3, ..., 255 of 256 step the actor and alpha: 86 of them
+    assert sorted({int(s["step"]) for s in state["optimizer"]["state"].values()}) == [86, 256]
+    assert float(state["loss"]["log_alpha"]) < 0  # alpha_init=1: log_alpha starts at 0
+    assert not [key for key in state["loss"] if "target_" in key and "entropy" not in key]
+    assert "target_updater" not in state
+    assert [key for key in state["loss"] if key.endswith("running_mean")]  # the critic's BatchRenorm1d
+    assert all(alpha < 1.0 for _, alpha in scalars(run_dir, "train/alpha"))  # logged after each actor step
+
+
+def test_crossq_refuses_prioritized_replay_by_name(tmp_path):
+    with pytest.raises(ValueError, match=r"replay_buffer.prb=true .* CrossQLoss \(crossq\) reads none"):
+        run_recipe("crossq", tmp_path / "run", "replay_buffer.prb=true")
+
+
 @contextlib.contextmanager
 def running_sac(tmp_path: Path, run_dir: Path) -> Iterator[subprocess.Popen]:
     """``recipes/sac.py`` in a session of its own, yielded once it has logged; killed on the way out if still

@@ -7,7 +7,8 @@ from one side to the other without any key mapping.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from tensordict import NestedKey
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 from torchrl.data import Bounded
 from torchrl.envs.utils import ExplorationType
 from torchrl.modules import MLP, Actor, ProbabilisticActor, TanhNormal, ValueOperator
+from torchrl.modules.models.batchrenorm import BatchRenorm1d
 
 __all__ = ["ALGOS", "PRIVILEGED_ALGOS", "MultiInputSequential", "PassThroughActor", "actor_algo", "make_actor",
            "make_critic"]
@@ -69,16 +71,22 @@ def _mlp(
     hidden_sizes: list[int],
     use_layer_norm: bool,
     activation: type[nn.Module],
+    batch_renorm: Mapping[str, Any] | None = None,
 ) -> MLP:
-    # TorchRL's MLP: Linear -> LayerNorm -> activation per hidden layer, and it
+    # TorchRL's MLP: Linear -> norm -> activation per hidden layer, and it
     # concatenates several inputs (the critic's observation and action).
+    norm_class, norm_kwargs = None, None
+    if batch_renorm is not None:  # as TorchRL's sota crossq critic
+        norm_class, norm_kwargs = BatchRenorm1d, [{"num_features": width, **batch_renorm} for width in hidden_sizes]
+    elif use_layer_norm:
+        norm_class, norm_kwargs = nn.LayerNorm, [{"normalized_shape": width} for width in hidden_sizes]
     return MLP(
         in_features=in_features,
         out_features=out_features,
         num_cells=hidden_sizes,
         activation_class=activation,
-        norm_class=nn.LayerNorm if use_layer_norm else None,
-        norm_kwargs=[{"normalized_shape": width} for width in hidden_sizes] if use_layer_norm else None,
+        norm_class=norm_class,
+        norm_kwargs=norm_kwargs,
     )
 
 
@@ -291,6 +299,7 @@ def make_critic(
     use_layer_norm: bool = False,
     in_keys: Sequence[NestedKey] = ("observation", "action"),
     activation: type[nn.Module] = nn.ReLU,
+    batch_renorm: Mapping[str, Any] | None = None,
 ) -> ValueOperator:
     """Builds a Q-network ``Q(s, a)`` writing ``"state_action_value"``.
 
@@ -307,6 +316,9 @@ def make_critic(
         hidden_dim, num_layers, hidden_sizes, use_layer_norm, activation: the
             hidden layers, as for :func:`make_actor`.
         in_keys: the keys read and concatenated, in that order.
+        batch_renorm: TorchRL's ``BatchRenorm1d`` after each hidden ``Linear``, with these keyword arguments
+            (``momentum``, ``warmup_steps``, ...), as CrossQ's critic (:class:`~torchrl.objectives.CrossQLoss`);
+            it replaces ``use_layer_norm``.
 
     Examples:
         >>> import torch
@@ -321,6 +333,9 @@ def make_critic(
         >>> critic = make_critic(5, 2, hidden_sizes=[32, 16])
         >>> [m.out_features for m in critic.modules() if isinstance(m, torch.nn.Linear)]
         [32, 16, 1]
+        >>> critic = make_critic(5, 2, hidden_sizes=[32], batch_renorm={"momentum": 0.01, "warmup_steps": 100})
+        >>> type(critic.module[1]).__name__
+        'BatchRenorm1d'
     """
     _check_positive(obs_dim, "obs_dim")
     _check_positive(action_dim, "action_dim")
@@ -328,5 +343,5 @@ def make_critic(
     in_keys = list(in_keys)
     if not in_keys:
         raise ValueError(f"in_keys must name at least one key, got {in_keys!r}")
-    net = _mlp(obs_dim + action_dim, 1, sizes, use_layer_norm, activation)
+    net = _mlp(obs_dim + action_dim, 1, sizes, use_layer_norm, activation, batch_renorm)
     return ValueOperator(module=net, in_keys=in_keys, out_keys=["state_action_value"])

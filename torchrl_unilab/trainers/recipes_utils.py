@@ -27,7 +27,7 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType, set_exploration_type
-from torchrl.objectives import LossModule, SACLoss, TD3Loss
+from torchrl.objectives import CrossQLoss, LossModule, SACLoss, TD3Loss
 from torchrl.objectives.utils import TargetNetUpdater
 
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
@@ -53,13 +53,16 @@ __all__ = [
     "EnvInfo",
     "EvalRunner",
     "Learner",
+    "RECIPE_ALGOS",
     "LearnerSampler",
     "Networks",
+    "acting_algo",
     "config_to_dict",
     "critic_input",
     "cpu_copy_of_policy",
     "env_info",
     "env_kwargs",
+    "gradient_step",
     "make_collector",
     "make_learner",
     "make_loss_module",
@@ -71,6 +74,10 @@ __all__ = [
 ]
 
 _log = logging.getLogger("torchrl.unilab")
+
+#: The recipes' algorithms: the collector's (:data:`~torchrl_unilab.modules.models.ALGOS`), and CrossQ
+#: (Bhatt et al., ICLR 2024) on TorchRL's ``CrossQLoss``, which acts as SAC does.
+RECIPE_ALGOS: tuple[str, ...] = (*ALGOS, "crossq")
 
 
 def env_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -247,21 +254,21 @@ def make_networks(cfg: DictConfig, algo: str, info: EnvInfo, *, device: torch.de
         >>> type(nets.policy[0]).__name__, nets.actor.module[0].module[0][0].weight.device.type
         ('ObservationNormalizer', 'cpu')
     """
-    if algo not in ALGOS:
-        raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
+    acting = acting_algo(algo)
     critic_key = critic_input(cfg, info)
     critic_dim = info.obs_dim if critic_key == "observation" else info.privileged_dim
     device = torch.device("cpu") if device is None else torch.device(device)
     # The default-device context reaches every tensor the builders make, bounds and specs included, which
     # ``module.to(device)`` would leave behind (the actor's distribution keyword arguments are no buffers).
     with contextlib.nullcontext() if device.type == "cpu" else device:
-        actor = _make_actor(cfg, algo, info)
-        critic = make_critic(critic_dim, info.action_dim, hidden_sizes=_hidden_sizes(cfg.network.hidden_sizes),
-                             use_layer_norm=bool(cfg.network.use_layer_norm), in_keys=(critic_key, "action"))
-        policy, normalizer = _make_policy(cfg, algo, info, actor)
+        actor = _make_actor(cfg, acting, info)
+        critic = make_critic(critic_dim, info.action_dim, hidden_sizes=_critic_sizes(cfg, algo),
+                             use_layer_norm=bool(cfg.network.use_layer_norm), in_keys=(critic_key, "action"),
+                             batch_renorm=_batch_renorm(cfg) if algo == "crossq" else None)
+        policy, normalizer = _make_policy(cfg, acting, info, actor)
         critic_normalizer = (ObservationNormalizer(critic_dim, in_keys=(critic_key,))
                              if normalizer is not None and critic_key != "observation" else None)
-    worker_policy = policy if device.type == "cpu" else cpu_copy_of_policy(cfg, algo, info, policy)
+    worker_policy = policy if device.type == "cpu" else cpu_copy_of_policy(cfg, acting, info, policy)
     return Networks(actor=actor, critic=critic, policy=policy, normalizer=normalizer, worker_policy=worker_policy,
                     critic_key=critic_key, critic_normalizer=critic_normalizer,
                     multi_step=_multi_steps(cfg) > 1)
@@ -310,6 +317,33 @@ def _make_policy(cfg: DictConfig, algo: str, info: EnvInfo,
     )
 
 
+def acting_algo(algo: str) -> str:
+    """The collector's ``algo`` (:data:`~torchrl_unilab.modules.models.ALGOS`) a recipe's ``algo`` acts as.
+
+    CrossQ acts as SAC does: a ``TanhNormal`` actor, sampled in the workers.
+
+    Examples:
+        >>> acting_algo("crossq"), acting_algo("td3")
+        ('sac', 'td3')
+    """
+    if algo not in RECIPE_ALGOS:
+        raise ValueError(f"algo must be one of {RECIPE_ALGOS}, got {algo!r}")
+    return "sac" if algo == "crossq" else algo
+
+
+def _critic_sizes(cfg: DictConfig, algo: str) -> list[int]:
+    """``network.critic_hidden_sizes`` for CrossQ (TorchRL's crossq key), else ``network.hidden_sizes``."""
+    sizes = cfg.network.get("critic_hidden_sizes") if algo == "crossq" else None
+    return _hidden_sizes(sizes or cfg.network.hidden_sizes)
+
+
+def _batch_renorm(cfg: DictConfig) -> dict[str, Any]:
+    """CrossQ's batch renormalisation in the critic, from TorchRL's crossq keys and defaults."""
+    net = cfg.network
+    return {"momentum": float(net.get("batch_norm_momentum", 0.01)),
+            "warmup_steps": int(net.get("warmup_steps", 100_000))}
+
+
 def _hidden_sizes(sizes: Any) -> list[int]:
     """``network.hidden_sizes`` as a list, the width of each hidden layer."""
     sizes = list(sizes) if isinstance(sizes, (list, tuple, ListConfig)) else None
@@ -318,14 +352,15 @@ def _hidden_sizes(sizes: Any) -> list[int]:
     return sizes
 
 
-def make_loss_module(cfg: DictConfig, algo: str, nets: Networks) -> tuple[LossModule, TargetNetUpdater]:
-    """TorchRL's ``SACLoss`` or ``TD3Loss`` from the ``optim`` section, with its ``SoftUpdate`` (fused).
+def make_loss_module(cfg: DictConfig, algo: str, nets: Networks) -> tuple[LossModule, TargetNetUpdater | None]:
+    """TorchRL's ``SACLoss``, ``TD3Loss`` or ``CrossQLoss`` from the ``optim`` section, with its ``SoftUpdate``.
 
     As in TorchRL's SOTA recipes: two Q-networks, target critics (and a target
-    actor for TD3), ``gamma``, ``loss_function``; SAC learns ``alpha`` from
-    ``alpha_init``; TD3 smooths its target with ``policy_noise`` clipped at
+    actor for TD3), ``gamma``, ``loss_function``; SAC and CrossQ learn ``alpha``
+    from ``alpha_init``; TD3 smooths its target with ``policy_noise`` clipped at
     ``noise_clip``. The target networks follow with Polyak averaging,
-    ``target = polyak * target + (1 - polyak) * online``.
+    ``target = polyak * target + (1 - polyak) * online`` (fused). CrossQ has no
+    target networks, so no updater (``None``).
 
     Examples:
         >>> from omegaconf import OmegaConf
@@ -344,6 +379,12 @@ def make_loss_module(cfg: DictConfig, algo: str, nets: Networks) -> tuple[LossMo
             loss_function=optim.loss_function, delay_actor=False, delay_qvalue=True,
             alpha_init=float(optim.alpha_init),
         )
+    elif algo == "crossq":
+        # No targets: the batch-renormalised critic sees (s, a) and (s', a') in one pass
+        loss = CrossQLoss(
+            actor_network=nets.actor, qvalue_network=nets.critic, num_qvalue_nets=2,
+            loss_function=optim.loss_function, alpha_init=float(optim.alpha_init),
+        )
     elif algo == "td3":
         # TD3Loss runs the critic on the actor's inputs: an asymmetric critic's keys pass by the actor, unread
         actor = nets.actor if nets.critic_key == "observation" else PassThroughActor(nets.actor, [nets.critic_key])
@@ -353,13 +394,13 @@ def make_loss_module(cfg: DictConfig, algo: str, nets: Networks) -> tuple[LossMo
             policy_noise=float(optim.policy_noise), noise_clip=float(optim.noise_clip),
         )
     else:
-        raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
+        raise ValueError(f"algo must be one of {RECIPE_ALGOS}, got {algo!r}")
     loss.make_value_estimator(gamma=float(optim.gamma))
     device = module_device(nets.actor)
     if device.type != "cpu":
         # The networks are there already; the estimator's gamma (and any buffer made on the CPU) join them.
         loss.to(device)
-    return loss, ForeachSoftUpdate(loss, eps=float(optim.target_update_polyak))
+    return loss, None if algo == "crossq" else ForeachSoftUpdate(loss, eps=float(optim.target_update_polyak))
 
 
 def make_optimizer(cfg: DictConfig, loss_module: LossModule) -> torch.optim.Adam:
@@ -367,7 +408,8 @@ def make_optimizer(cfg: DictConfig, loss_module: LossModule) -> torch.optim.Adam
 
     Fused (one kernel for all parameters; on CPU measurably faster than three
     ``foreach`` optimizers, see ``benchmarks/learner_throughput.py``).
-    ``optim.weight_decay`` applies to the networks, never to ``log_alpha``.
+    ``optim.weight_decay`` applies to the networks, never to ``log_alpha``;
+    ``optim.beta1`` / ``optim.beta2`` (TorchRL's crossq keys) are Adam's betas, default ``(0.9, 0.999)``.
     With ``compile.cudagraphs=true`` on CUDA and ``compile.compile=false`` it
     is ``capturable``, which a CUDA-graph capture of ``step()`` requires
     (under ``torch.compile`` the compiler takes care of it), as in LeanRL.
@@ -389,7 +431,31 @@ def make_optimizer(cfg: DictConfig, loss_module: LossModule) -> torch.optim.Adam
     compile_cfg = cfg.get("compile") or {}
     capturable = (module_device(loss_module).type == "cuda" and bool(compile_cfg.get("cudagraphs", False))
                   and not bool(compile_cfg.get("compile", False)))
-    return torch.optim.Adam(groups, lr=float(optim.lr), eps=float(optim.adam_eps), fused=True, capturable=capturable)
+    betas = (float(optim.get("beta1", 0.9)), float(optim.get("beta2", 0.999)))
+    return torch.optim.Adam(groups, lr=float(optim.lr), betas=betas, eps=float(optim.adam_eps), fused=True,
+                            capturable=capturable)
+
+
+def gradient_step(optimizer: torch.optim.Optimizer) -> Callable[[torch.Tensor], None]:
+    """``step(loss)``: backward, one optimizer step, and the gradients set to ``None``.
+
+    With one optimizer over every parameter (:func:`make_optimizer`), a loss that reaches some parameters steps
+    those alone: Adam skips a parameter whose gradient is ``None``. The recipes step critics and actor apart so.
+
+    Examples:
+        >>> layer = torch.nn.Linear(2, 1)
+        >>> step = gradient_step(torch.optim.Adam(layer.parameters()))
+        >>> before = layer.weight.detach().clone()
+        >>> step(layer(torch.ones(1, 2)).sum())
+        >>> bool((layer.weight != before).all()), layer.weight.grad is None
+        (True, True)
+    """
+    def step(loss: torch.Tensor) -> None:
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
 
 
 def make_replay_buffer(cfg: DictConfig) -> ReplayBuffer:
@@ -439,9 +505,9 @@ class Learner:
     nets: Networks
     """Actor, critic and exploration policy (:func:`make_networks`)."""
     loss_module: LossModule
-    """TorchRL's ``SACLoss`` or ``TD3Loss`` (:func:`make_loss_module`)."""
-    target_net_updater: TargetNetUpdater
-    """The Polyak averaging of the target networks."""
+    """TorchRL's ``SACLoss``, ``TD3Loss`` or ``CrossQLoss`` (:func:`make_loss_module`)."""
+    target_net_updater: TargetNetUpdater | None
+    """The Polyak averaging of the target networks; ``None`` for CrossQ, which has none."""
     optimizer: torch.optim.Optimizer
     """One Adam over every trainable parameter of the loss (:func:`make_optimizer`)."""
     fast_loss: Callable[..., dict[str, torch.Tensor]] | None
@@ -482,6 +548,9 @@ def make_learner(cfg: DictConfig, algo: str) -> Learner:
     loss_module, target_net_updater = make_loss_module(cfg, algo, nets)
     optimizer = make_optimizer(cfg, loss_module)
     prb = bool(cfg.replay_buffer.prb)
+    if prb and not hasattr(loss_module.tensor_keys, "priority_weight"):
+        raise ValueError(f"replay_buffer.prb=true needs a loss that reads importance weights; TorchRL's "
+                         f"{type(loss_module).__name__} ({algo}) reads none: use replay_buffer.prb=false")
     matmul_dtype = learner_matmul_dtype(cfg.optim.get("matmul_dtype", "fp32"), device)
     fast_loss = tensor_loss(loss_module, matmul_dtype) if cfg.compile.fast_loss and not prb else None
     if fast_loss is not None:
@@ -534,7 +603,8 @@ class LearnerSampler:
         self.prb = learner.prb
         self._sample = BufferSampler(replay_buffer, batch_size, keys=learner.nets.sample_keys, device=learner.device)
         keys = learner.loss_module.tensor_keys
-        self._weight_key, self._priority_key = keys.priority_weight, keys.priority
+        self._weight_key = keys.priority_weight if self.prb else None  # make_learner checks that the loss has it
+        self._priority_key = keys.priority
 
     def __call__(self) -> tuple[TensorDictBase, dict[str, Any]]:
         """Draws one batch (the same TensorDict each call): ``(batch, info)``, ``info["index"]`` the rows."""
@@ -591,8 +661,8 @@ def start_run(cfg: DictConfig, name: str, learner: Learner) -> tuple[RecipeRun, 
     nets = learner.nets
     run = RecipeRun(cfg, name, nets.policy, replay_buffer, normalizer=nets.normalizer,
                     critic_normalizer=nets.critic_normalizer, worker_policy=nets.worker_policy,
-                    modules={"loss": learner.loss_module, "optimizer": learner.optimizer,
-                             "target_updater": learner.target_net_updater})
+                    modules={"loss": learner.loss_module, "optimizer": learner.optimizer}
+                    | ({} if learner.target_net_updater is None else {"target_updater": learner.target_net_updater}))
     return run, LearnerSampler(replay_buffer, cfg.optim.batch_size, learner)
 
 
