@@ -1,14 +1,10 @@
 """TorchRL's own off-policy scripts and trainers, run with ``OffPolicyCollector`` swapped in.
 
-Given a pytorch/rl checkout, this runs each off-policy script of its
-``sota-implementations`` (``sac``, ``sac-async``, ``td3``, ``ddpg``, ``tqc``,
-``crossq``, ``redq``, ``iql_online``, ``cql_online``, ``discrete_sac``, ``sac_prb``)
-and the ``sac``/``td3``/``ddpg`` trainers for a few thousand frames, with the
-collector class replaced by :class:`torchrl_unilab.OffPolicyCollector` in a
-temporary copy (never in the checkout, never copied into this project), each in a
-subprocess of its own with a timeout. It measures whether each script runs: ``ok``,
-or the first error. ``--stock`` runs the same commands without the swap, a control
-that tells TorchRL's own failures from ours.
+Given a pytorch/rl checkout, this runs the off-policy scripts of its ``sota-implementations`` and its
+``sac``/``td3``/``ddpg`` trainers (:data:`SCRIPTS`, named in ``--help``) for a few thousand frames, with the collector
+class replaced by :class:`torchrl_unilab.OffPolicyCollector` in a temporary copy (never in the checkout, never copied
+into this project), each in a subprocess of its own with a timeout: ``ok``, or the first error. ``--stock`` runs
+the same commands without the swap, a control that tells TorchRL's own failures from ours.
 
 Run::
 
@@ -17,17 +13,16 @@ Run::
     python benchmarks/sota_dropin.py --rl-root ~/src/rl --only sac,td3,sac_trainer --frames 3000 -v
     python benchmarks/sota_dropin.py --rl-root ~/src/rl --only td3 --frames 40000 --set logger.eval_iter=10000 --keep
 
-``--set`` takes hydra overrides applied after the budget's; ``--keep`` keeps the logs.
-It prints the torchrl version, the checkout's commit and the ``torchrl_unilab``
-under test, one line per script, then one JSON line (results go to
-``benchmarks/results/dropin/``)::
+``--set`` takes hydra overrides applied after the budget's; ``--keep`` keeps the logs. It prints the torchrl
+version, the checkout's commit and the ``torchrl_unilab`` under test, one line per script, then one JSON line
+(results go to ``benchmarks/results/dropin/``)::
 
     sac/sac.py: ok (95 s)
     ddpg/ddpg.py: FAILED: ValueError: ... (the exception line of the last traceback)
     {"benchmark": "sota_dropin", "torchrl": "0.14.1", "commit": "...", "results": {...}}
 
-The exit code is 0 only if every script passed. What is substituted in each
-script is in :func:`prepare`'s docstring, how the subprocesses run in :func:`run_one`'s.
+The exit code is 0 only if every script passed. What is substituted in each script is in :func:`prepare`'s
+docstring, how the subprocesses run in :func:`run_one`'s.
 """
 
 from __future__ import annotations
@@ -61,21 +56,13 @@ SWAP_MARK = "  # sota_dropin: collector swapped"
 
 # ------------------------------------------------------------------ the swap
 def swap_collector_imports(source: str, target: str = SWAP_TARGET) -> tuple[str, list[str]]:
-    """Makes ``source`` build ``target`` wherever it builds one of TorchRL's collectors.
+    """``source`` (a Python file's text) made to build ``target`` (``"module.Class"``) wherever it builds one of
+    TorchRL's collectors, and one description per swapped name (none: nothing to swap).
 
-    Each ``from torchrl.collectors import ...`` that imports a name of
-    :data:`COLLECTOR_CLASSES` is followed, on its own last line, by an import of
-    ``target`` under those names; each ``from torchrl.trainers.helpers import``
-    of ``sync_sync_collector`` / ``sync_async_collector`` by a rebinding of them to
-    ``torchrl.trainers.helpers.collectors._make_collector`` with ``target`` as the
-    class. Line numbers are kept, so tracebacks point at the checkout's lines.
-
-    Args:
-        source: the text of a Python file.
-        target: ``"module.Class"`` to build instead.
-
-    Returns:
-        The new text and one description per swapped name (empty: nothing to swap).
+    Each ``from torchrl.collectors import`` of names of :data:`COLLECTOR_CLASSES` is followed, on its own last
+    line, by an import of ``target`` under those names; each ``from torchrl.trainers.helpers import`` of
+    :data:`HELPERS` by a rebinding of them to ``torchrl.trainers.helpers.collectors._make_collector`` with
+    ``target`` as the class. Line numbers are kept, so tracebacks point at the checkout's lines.
 
     Examples:
         >>> new, swapped = swap_collector_imports(
@@ -206,16 +193,14 @@ class Script:
         return f"{self.path} ({self.variant})" if self.variant else self.path
 
 
-def _collector(b: Budget, *, envs: bool = False) -> list[str]:
-    out = [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
-           f"collector.frames_per_batch={b.frames_per_batch}", f"optim.utd_ratio={b.utd}", "logger.backend=",
-           *b.compile_overrides]
-    # Only where the stock config batches several envs: a single env stays single.
-    return out + ([f"collector.env_per_collector={b.envs}"] if envs else [])
-
-
-def _sac(b: Budget) -> list[str]:
-    return _collector(b, envs=True) + [f"replay_buffer.size={b.buffer}", f"logger.eval_iter={b.eval_every}"]
+def _off_policy(b: Budget, *, envs: bool = False, eval_key: str = "eval_iter",
+                extra: Sequence[str] = ()) -> list[str]:
+    """The overrides of a plain off-policy script; ``envs``: its stock config batches several envs (a single env
+    stays single); ``eval_key``: its ``logger.`` key of the evaluation interval."""
+    return [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
+            f"collector.frames_per_batch={b.frames_per_batch}", f"optim.utd_ratio={b.utd}", "logger.backend=",
+            *b.compile_overrides, *([f"collector.env_per_collector={b.envs}"] if envs else []),
+            f"replay_buffer.size={b.buffer}", f"logger.{eval_key}={b.eval_every}", *extra]
 
 
 def _sac_async(b: Budget) -> list[str]:
@@ -227,29 +212,20 @@ def _sac_async(b: Budget) -> list[str]:
             f"replay_buffer.size={b.buffer}", "logger.backend=", "logger.log_freq=500", *b.compile_overrides]
 
 
-def _td3_like(b: Budget, envs: bool) -> list[str]:
-    return _collector(b, envs=envs) + [f"replay_buffer.size={b.buffer}", f"logger.eval_iter={b.eval_every}"]
-
-
-def _online(b: Budget, eval_key: str) -> list[str]:
-    return _collector(b) + [f"replay_buffer.size={b.buffer}", f"logger.{eval_key}={b.eval_every}"]
-
-
 def _redq(b: Budget) -> list[str]:
-    # steps_per_batch is REDQ's updates per batch; record_frames the length of its eval rollouts (10,000
-    # steps each, run once at start-up too, rendering pixels: 1,000 took REDQ 887 s in all with TorchRL's
-    # collector at load 6-12); init_env_steps the observation-statistics rollout.
-    # Its stock buffer is prioritized (buffer.prb=1), on TorchRL's C++ segment trees: kept.
+    # steps_per_batch is REDQ's updates per batch; record_frames the length of its eval rollouts (10,000 steps
+    # each in its config, run once at start-up too, rendering pixels); init_env_steps the observation-statistics
+    # rollout. Its stock buffer is prioritized (buffer.prb=1), on TorchRL's C++ segment trees: kept.
     return [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
             f"collector.frames_per_batch={b.frames_per_batch}",
             f"optim.steps_per_batch={max(int(b.frames_per_batch * b.utd), 1)}", f"buffer.size={b.buffer}",
             "env.init_env_steps=1000", "logger.backend=", "logger.record_frames=250", "logger.record_interval=2"]
 
 
-def _trainer(b: Budget, extra: Sequence[str], init_random: bool = True) -> list[str]:
-    out = [f"collector.total_frames={b.frames}", f"collector.frames_per_batch={b.frames_per_batch}",
-           f"replay_buffer.storage.max_size={b.buffer}", "trainer.logger=null"]
-    return out + ([f"collector.init_random_frames={b.random_frames}"] if init_random else []) + list(extra)
+def _trainer(b: Budget, *extra: str) -> list[str]:
+    return [f"collector.total_frames={b.frames}", f"collector.frames_per_batch={b.frames_per_batch}",
+            f"replay_buffer.storage.max_size={b.buffer}", "trainer.logger=null",
+            f"collector.init_random_frames={b.random_frames}", *extra]
 
 
 SAC_ASYNC_EDITS = (
@@ -273,46 +249,36 @@ SAC_PRB_EDITS = (
              "sac.py's prb path fails with TorchRL's own collector too (--stock)"),
 )
 
+# crossq's and discrete_sac's stock env.library is "gym", the pre-gymnasium package: gymnasium runs the same tasks.
 GYMNASIUM = ["env.library=gymnasium"]
 
 SCRIPTS: tuple[Script, ...] = (
-    Script("sac", "sac/sac.py", _sac),
+    Script("sac", "sac/sac.py", lambda b: _off_policy(b, envs=True)),
     # The same script on TorchRL's prioritized replay (its C++ segment trees), which our workers' rows must reach.
-    Script("sac_prb", "sac/sac.py", lambda b: _sac(b) + ["replay_buffer.prb=1"], variant="replay_buffer.prb=1",
-           edits=SAC_PRB_EDITS),
+    Script("sac_prb", "sac/sac.py", lambda b: _off_policy(b, envs=True, extra=["replay_buffer.prb=1"]),
+           variant="replay_buffer.prb=1", edits=SAC_PRB_EDITS),
     Script("sac-async", "sac/sac-async.py", _sac_async, edits=SAC_ASYNC_EDITS),
-    Script("td3", "td3/td3.py", lambda b: _td3_like(b, envs=True)),
-    Script("ddpg", "ddpg/ddpg.py", lambda b: _td3_like(b, envs=False)),
-    Script("tqc", "tqc/tqc.py", lambda b: _td3_like(b, envs=True)),
-    # Their stock env.library is "gym", the pre-gymnasium package: gymnasium runs the same tasks.
-    Script("crossq", "crossq/crossq.py", lambda b: _td3_like(b, envs=False) + GYMNASIUM),
+    Script("td3", "td3/td3.py", lambda b: _off_policy(b, envs=True)),
+    Script("ddpg", "ddpg/ddpg.py", _off_policy),
+    Script("tqc", "tqc/tqc.py", lambda b: _off_policy(b, envs=True)),
+    Script("crossq", "crossq/crossq.py", lambda b: _off_policy(b, extra=GYMNASIUM)),
     Script("redq", "redq/redq.py", _redq, renders=True),
-    Script("iql", "iql/iql_online.py", lambda b: _online(b, "eval_iter")),
-    Script("cql", "cql/cql_online.py", lambda b: _online(b, "log_interval")),
-    Script("discrete_sac", "discrete_sac/discrete_sac.py",
-           lambda b: _td3_like(b, envs=False) + GYMNASIUM),
+    Script("iql", "iql/iql_online.py", _off_policy),
+    Script("cql", "cql/cql_online.py", lambda b: _off_policy(b, eval_key="log_interval")),
+    Script("discrete_sac", "discrete_sac/discrete_sac.py", lambda b: _off_policy(b, extra=GYMNASIUM)),
     # The trainers: 2 collector workers (stock 4) keep the multi-worker path on 2 cores.
-    Script("sac_trainer", "sac_trainer/train.py", lambda b: _trainer(
-        b, ["collector.num_workers=2", f"training_env.num_workers={b.envs}"]), trainer=True),
-    Script("td3_trainer", "td3_trainer/train.py", lambda b: _trainer(
-        b, ["networks.policy_network.device=cpu", "networks.qvalue_network.device=cpu",  # stock: mps
-            f"training_env.base_env.num_workers={b.envs}"]), trainer=True),
-    Script("ddpg_trainer", "ddpg_trainer/train.py", lambda b: _trainer(b, []), trainer=True),
+    Script("sac_trainer", "sac_trainer/train.py",
+           lambda b: _trainer(b, "collector.num_workers=2", f"training_env.num_workers={b.envs}"), trainer=True),
+    Script("td3_trainer", "td3_trainer/train.py",
+           lambda b: _trainer(b, "networks.policy_network.device=cpu", "networks.qvalue_network.device=cpu",  # mps
+                              f"training_env.base_env.num_workers={b.envs}"), trainer=True),
+    Script("ddpg_trainer", "ddpg_trainer/train.py", _trainer, trainer=True),
 )
 
 
 def select_scripts(only: str | None) -> list[Script]:
     """The scripts named by ``--only`` (names or paths, comma-separated), in table order; all for ``None``.
-
-    Examples:
-        >>> [s.path for s in select_scripts("td3,sac/sac.py")]
-        ['sac/sac.py', 'td3/td3.py']
-        >>> select_scripts("sac3")  # doctest: +NORMALIZE_WHITESPACE
-        Traceback (most recent call last):
-        ...
-        ValueError: --only: unknown script 'sac3'; accepted: sac, sac_prb, sac-async, td3, ddpg, tqc, crossq, redq,
-        iql, cql, discrete_sac, sac_trainer, td3_trainer, ddpg_trainer (or their paths, e.g. sac/sac.py)
-    """
+    :class:`ValueError` names the accepted ones if one is unknown."""
     if only is None:
         return list(SCRIPTS)
     wanted = [item.strip() for item in only.split(",") if item.strip()]
@@ -328,10 +294,8 @@ def select_scripts(only: str | None) -> list[Script]:
 
 # ------------------------------------------------------------- the checkout
 def open_checkout(rl_root: Path, workdir: Path) -> tuple[Path, str]:
-    """``(sota-implementations directory, commit)`` of a work tree, or of a bare repository's HEAD.
-
-    A bare repository's ``HEAD:sota-implementations`` is extracted under ``workdir``.
-    """
+    """``(sota-implementations directory, commit)`` of a work tree, or of a bare repository's HEAD (extracted under
+    ``workdir``)."""
     checkout = open_rl(rl_root, "sota-implementations/")
     if not checkout.bare:
         return rl_root / "sota-implementations", checkout.commit
@@ -359,74 +323,46 @@ class Result:
 def prepare(script: Script, sota: Path, workdir: Path, stock: bool) -> tuple[Path, list[str], list[str]]:
     """Copies the script's folder under ``workdir`` and substitutes there: ``(folder, swaps, edits)``.
 
-    What is substituted (the only changes to TorchRL's code, made in a temporary copy
-    of each script's folder, never in the checkout, and never copied into this project):
+    These are the only changes to TorchRL's code, made in that temporary copy (never in the checkout, never copied
+    into this project); ``--stock`` makes all but the collector swap.
 
-    * **The collector class.** Every ``from torchrl.collectors import ...`` of the
-      folder's ``.py`` files that imports a collector class used to build a collector
-      (``Collector``, ``AsyncCollector``, ``MultiSyncCollector``,
-      ``MultiAsyncCollector`` and their legacy names ``SyncDataCollector``,
-      ``aSyncDataCollector``, ``MultiSyncDataCollector``, ``MultiaSyncDataCollector``)
-      gets, on the same line (so that tracebacks keep the checkout's line numbers),
-      ``; from torchrl_unilab import OffPolicyCollector as <name>``: the script's own
-      constructor call then builds our collector with its own arguments. Names used
-      only for types (``BaseCollector``) are left alone.
-    * **REDQ** builds its collector through ``torchrl.trainers.helpers``'
-      ``sync_sync_collector`` / ``sync_async_collector``, which pick TorchRL's class
-      inside TorchRL's package; their import line in ``redq/utils.py`` is followed, on
-      the same line, by a rebinding of both names to that module's own
-      ``_make_collector`` with ``OffPolicyCollector`` as the class: the helper's
-      argument handling is kept, only the class changes.
-    * **The trainers** (``*_trainer/train.py``) take no code change: the hydra
-      override ``collector._target_=torchrl_unilab.OffPolicyCollector``, or, with
-      ``--trainer-collector NAME`` (no dot), the config-store option ``collector=NAME``:
-      a name that hydra finds by itself (registered by TorchRL or by a ``hydra_plugins``
-      module). A name that only an import registers takes ``--trainer-import MODULE``:
-      the module is imported first and the script then run with :func:`runpy.run_path`.
-    * **sac/sac-async.py** needs four more, printed when applied, each for a bug of
-      TorchRL's script that no override reaches. It builds its exploration policy on
-      the hard-coded device ``"cuda:1"`` (``collector.device`` and ``network.device``
-      are configurable, this one is not), so ``"cuda:1"`` in ``sac-async.py`` stays
-      where the machine has two GPUs and becomes ``"cpu"`` elsewhere; its config's
-      ``collector.device=cuda:1`` is emptied, so that the script's own choice runs. It
-      reads ``compile_mode_collector``, which it sets only when ``compile.compile`` is
-      true (an ``UnboundLocalError`` otherwise; with compile on, a CPU run would spend
-      minutes compiling), so ``compile_mode = None`` becomes
-      ``compile_mode = compile_mode_collector = None``. Its training loop runs a
-      hard-coded ``total_iter * num_updates = 1000 * 1000`` updates whatever the
-      config says, so ``total_iter = 1000`` becomes ``total_iter = 1`` (1,000
-      updates); the collector itself stops at ``collector.total_frames``. And
-      ``_, eval_env = make_environment(...)`` discards a seeded ``ParallelEnv``
-      without closing it, so the interpreter waits at exit for that env's processes,
-      forever, whichever collector ran (a ten-line script of TorchRL's classes alone
-      hangs the same way): the discarded env is closed on the same line.
-    * **sac_prb** (``sac/sac.py`` with ``replay_buffer.prb=1``) needs one: the script
-      calls ``update_priority(sampled_tensordict)``, which takes ``(index, priority)``
-      (a ``TypeError`` with TorchRL's own collector too, ``--stock``), so it becomes
-      ``update_tensordict_priority(sampled_tensordict)``.
+    * **The collector class** (:func:`swap_collector_imports`): each ``from torchrl.collectors import`` of a class
+      that builds a collector (:data:`COLLECTOR_CLASSES`: ``Collector``, ``AsyncCollector``, ``MultiSyncCollector``,
+      ``MultiAsyncCollector`` and their legacy names) gets ``; from torchrl_unilab import OffPolicyCollector as
+      <name>`` on the same line: the script's own constructor call builds our collector with its own arguments,
+      and tracebacks keep the checkout's line numbers. Names used only as types (``BaseCollector``) are left alone.
+      REDQ's ``torchrl.trainers.helpers`` (:data:`HELPERS`, which pick TorchRL's class inside TorchRL's package)
+      are rebound on their import line in ``redq/utils.py`` to that module's ``_make_collector`` with
+      ``OffPolicyCollector`` as the class: the helpers' argument handling is kept.
+    * **The trainers** (``*_trainer/train.py``) take no code change but a hydra override (:func:`command_for`):
+      ``collector._target_=torchrl_unilab.OffPolicyCollector``, or with ``--trainer-collector NAME`` (no dot) the
+      config-store option ``collector=NAME``, which hydra finds when TorchRL or a ``hydra_plugins`` module
+      registers it; a name that only an import registers takes ``--trainer-import MODULE``, imported before
+      :func:`runpy.run_path` runs the script.
+    * **Fixes of TorchRL's bugs that no override reaches** (:class:`TextEdit`, printed when applied). In
+      ``sac/sac-async.py`` (:data:`SAC_ASYNC_EDITS`): its exploration policy's hard-coded ``"cuda:1"`` stays where
+      the machine has two GPUs, ``"cpu"`` elsewhere; ``compile_mode_collector``, set only when ``compile.compile``
+      is true (an ``UnboundLocalError`` otherwise; compiling would cost a CPU run minutes), is set to ``None``
+      with ``compile_mode``; ``total_iter = 1000`` (``1000 * 1000`` updates whatever the config says) becomes
+      ``total_iter = 1`` (1,000 updates; the collector stops at ``collector.total_frames``); the seeded
+      ``ParallelEnv`` that ``_, eval_env = make_environment(...)`` discards, whose processes the interpreter waits
+      for at exit, forever, whichever collector ran, is closed on the same line.
+      For ``sac_prb`` (:data:`SAC_PRB_EDITS`): ``update_priority(sampled_tensordict)``, which takes ``(index,
+      priority)`` (a ``TypeError`` with TorchRL's own collector too), becomes ``update_tensordict_priority``.
 
-    Everything else is a hydra override (``-v`` prints each command line): a few
-    thousand frames (``--frames``: total frames; a third of them random; batches of a
-    sixth), the logger off (``logger.backend=``; ``trainer.logger=null`` for the
-    trainers), a replay buffer of twice the frames, evaluation at
-    half the frames (so that each script's eval path runs), fewer updates per frame
-    (``--utd``), and batched envs of at most ``--envs`` workers where the stock
-    config asks for more (8 or 16 env processes do not fit a 2-core machine), and
-    ``env.library=gymnasium`` where the stock config says ``gym`` (``crossq``,
-    ``discrete_sac``: the pre-gymnasium ``gym`` package is not a TorchRL dependency,
-    and gymnasium runs the same tasks). REDQ keeps its stock prioritized buffer, and
-    ``sac_prb`` runs ``sac/sac.py`` with ``replay_buffer.prb=1``: both sample with
-    TorchRL's ``PrioritizedSampler`` on its C++ segment trees (which load with the
-    torch 2.14 this package pins). REDQ's recorder env renders
-    pixels whatever ``logger.video`` says (its ``video_tag`` turns ``from_pixels`` on), so
-    REDQ needs a headless OpenGL: the benchmark runs it with ``MUJOCO_GL=egl`` unless
-    ``MUJOCO_GL`` is set (Debian: ``apt-get install libegl1``; or ``libosmesa6`` with
-    ``MUJOCO_GL=osmesa``). Devices and compile are the scripts' own: each picks
-    ``cuda:0`` for its collector and learner where CUDA is available and ``cpu``
-    elsewhere, and ``--compile`` turns each script's ``compile.compile`` on. Only the
-    ``td3_trainer``'s stock ``mps`` network device becomes ``cpu``.
-    ``--stock`` runs the same commands without any collector swap: a control that
-    tells TorchRL's own failures from ours.
+    Everything else is a hydra override (:data:`SCRIPTS`; ``-v`` prints each command line): ``--frames`` frames
+    in all (a third of them random, batches of a sixth), the logger off (``logger.backend=``;
+    ``trainer.logger=null`` for the trainers), a replay buffer of twice the frames, evaluation at half the frames
+    (so that each script's eval path runs), ``--utd`` updates per frame, batched envs of at most ``--envs``
+    workers where the stock config asks for more (8 or 16 env processes do not fit a 2-core machine), and
+    ``env.library=gymnasium`` where it says ``gym`` (``crossq``, ``discrete_sac``: ``gym`` is not a TorchRL
+    dependency; gymnasium runs the same tasks). ``sac-async``'s ``collector.device=cuda:1`` is emptied, so that
+    the script's own choice runs. REDQ keeps its stock prioritized buffer and ``sac_prb`` asks for one: both
+    sample on TorchRL's C++ segment trees (which load with the torch this package pins). REDQ's recorder env
+    renders pixels whatever ``logger.video`` says, so REDQ runs with ``MUJOCO_GL=egl`` unless ``MUJOCO_GL`` is set
+    (Debian: ``apt-get install libegl1``; or ``libosmesa6`` with ``MUJOCO_GL=osmesa``). Devices and compile are
+    the scripts' own (``cuda:0`` where CUDA is available, else ``cpu``; ``--compile`` turns on each script's
+    ``compile.compile``), but for the ``td3_trainer``'s stock ``mps`` network device, made ``cpu``.
     """
     folder = workdir / script.name
     shutil.copytree(sota / script.folder, folder)
@@ -448,9 +384,8 @@ def prepare(script: Script, sota: Path, workdir: Path, stock: bool) -> tuple[Pat
 
 def command_for(script: Script, budget: Budget, trainer_collector: str, trainer_import: str | None,
                 stock: bool, extra: Sequence[str] = ()) -> list[str]:
-    """The command line of one run (its cwd is the script's temporary folder).
-
-    ``extra`` (``--set``) comes after the budget's overrides, so hydra lets it win.
+    """The command line of one run (its cwd is the script's temporary folder); ``extra`` (``--set``) comes after the
+    budget's overrides, so hydra lets it win.
 
     Examples:
         >>> td3 = select_scripts("td3")[0]
@@ -474,32 +409,18 @@ def command_for(script: Script, budget: Budget, trainer_collector: str, trainer_
 def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: float, *,
             trainer_collector: str, trainer_import: str | None, stock: bool, extra: Sequence[str] = (),
             hide_gpus: bool = False, exit_within: float | None = None) -> Result:
-    """Runs one script in its own process group; never raises for the script's failures.
+    """Runs one script in its own process group, its output into ``<workdir>/<name>/sota_dropin.log``; never raises
+    for the script's failures.
 
-    Why subprocesses: each script is a hydra program that expects to own its process
-    (``hydra.main`` changes directory, parses ``sys.argv`` and exits on error), TorchRL's
-    stock pieces can hang at interpreter exit, and a crash or a leaked worker must not
-    take the benchmark with it. Each run gets its own process group (its own session)
-    and a timeout (``--timeout``), after which the whole group is killed:
-    multiprocessing's resource tracker last, so that it unlinks the semaphores and
-    shared memory the killed processes held. Before that, each Python process of the
-    group prints its threads' stacks into the log (``PYTHONFAULTHANDLER=1`` and a
-    SIGABRT), which shows where a hang sits. A process of the group still alive 10 s
-    after the script exits is reported and killed; an entry of ``/dev/shm`` made during
-    the run that no live process holds any more is reported (not removed: on a shared
-    machine another job may have made it). The temporary
-    directories are removed at the end unless ``--keep`` is given (each script's
-    output is then in ``<dir>/<name>/sota_dropin.log``). This script itself writes
-    nothing to ``/dev/shm``.
-
-    Each script picks its devices as its own code does (``cuda:0`` where CUDA is
-    available and its config leaves the device empty). ``hide_gpus=True`` sets
-    ``CUDA_VISIBLE_DEVICES=`` for a CPU run on a GPU machine.
-
-    ``exit_after_output_s`` is the time from the script's last output to its exit: the
-    scripts' progress bars write at every update, so it is the time from the last update
-    (and any closing line) to the end of the process. With ``exit_within``, a run that
-    takes longer fails.
+    A subprocess, because each script is a hydra program that expects to own its process (``hydra.main`` changes
+    directory, parses ``sys.argv`` and exits on error), TorchRL's stock pieces can hang at exit, and a crash or a
+    leaked worker must not take the benchmark with it. :func:`common.run_in_own_group` dumps the group's stacks
+    into the log at ``timeout`` and kills it, and kills what is left of it 10 s after the script exits (reported).
+    An entry of ``/dev/shm`` made during the run that no live process holds is reported, not removed (on a shared
+    machine another job may have made it); this script itself writes nothing there. ``hide_gpus=True`` sets
+    ``CUDA_VISIBLE_DEVICES=`` (a CPU run on a GPU machine). ``exit_after_output_s`` is the time from the script's
+    last output (its progress bar writes at every update) to its exit; a run that takes more than ``exit_within``
+    fails.
     """
     try:
         folder, swaps, edits = prepare(script, sota, workdir, stock)
@@ -515,27 +436,26 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     # This repository's torchrl_unilab first, ahead of any editable install of another checkout.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     # What the scripts leave in the temporary directory (multiprocessing's pymp-* folders, sac-async's memmapped
-    # buffer: 15 folders in /tmp after two runs of the 13) goes with the work directory.
+    # buffer) goes with the work directory.
     env["TMPDIR"] = str(folder / "tmp")
     (folder / "tmp").mkdir(exist_ok=True)
     log_path = folder / "sota_dropin.log"
     shm_before = shm_entries()
     run = run_in_own_group(cmd, folder, env, log_path, timeout)
-    seconds, timed_out, dumped, leftovers = run.seconds, run.timed_out, run.dumped, run.leftovers
     # What the script printed, without the stack dumps of a timeout.
     output = log_path.read_text(errors="replace").split("Fatal Python error: Aborted")[0]
-    result = Result("ok", seconds, swaps=swaps, edits=edits, command=" ".join(cmd),
+    result = Result("ok", run.seconds, swaps=swaps, edits=edits, command=" ".join(cmd),
                     exit_after_output_s=None if run.exit_after_output_s is None else round(run.exit_after_output_s, 1))
     error = first_error(output)
     last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "")
-    if timed_out:
+    if run.timed_out:
         result.status = "failed"
         if error:  # it failed, then hung on the way out: the failure is the error
             result.error = error
             result.notes.append(f"then hung until the --timeout of {timeout:.0f} s (killed)")
         else:
             result.error = f"timeout after {timeout:.0f} s (killed; last output: {last[-300:]!r})"
-        result.notes.append(f"the stacks of its {dumped} process(es) at the timeout are in its log (--keep)")
+        result.notes.append(f"the stacks of its {run.dumped} process(es) at the timeout are in its log (--keep)")
     elif run.returncode != 0:
         result.status = "failed"
         result.error = error or f"exit code {run.returncode} (last output: {last[-300:]!r})"
@@ -545,9 +465,10 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
         result.status = "failed"
         result.error = (f"exited {run.exit_after_output_s:.1f} s after its last output (its last update), "
                         f"more than --exit-within {exit_within:g} s")
-    if leftovers and not timed_out:
-        shown = "; ".join(f"{pid}: {cmd[:120]}" for pid, cmd in sorted(leftovers.items()))
-        result.notes.append(f"{len(leftovers)} process(es) of its group alive 10 s after it exited, killed: {shown}")
+    if run.leftovers and not run.timed_out:
+        shown = "; ".join(f"{pid}: {cmd[:120]}" for pid, cmd in sorted(run.leftovers.items()))
+        result.notes.append(f"{len(run.leftovers)} process(es) of its group alive 10 s after it exited, killed: "
+                            f"{shown}")
     left = shm_entries() - shm_before - mapped_shm()
     if left:  # a resource tracker (ours or another job's) may still be removing them
         time.sleep(5.0)
@@ -556,14 +477,6 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
         result.notes.append(f"left in /dev/shm (made during the run, held by no live process; on a shared "
                             f"machine another job's cannot be told apart): {left}")
     return result
-
-
-def write_results(summary: dict, path: Path, argv: Sequence[str] | None = None) -> None:
-    """Writes ``summary`` with the run's provenance (date, command, machine, torch) where ``report.py`` reads it."""
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**provenance("sota_dropin", argv=None if argv is None else list(argv)), **summary},
-                               indent=1) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -641,8 +554,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         | {"seconds": round(r.seconds, 1)} for path, r in results.items()},
         }
         print(json.dumps(summary), flush=True)
-        if args.out is not None:
-            write_results(summary, args.out)
+        if args.out is not None:  # with the run's provenance (date, command, machine, torch), where report.py reads
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({**provenance("sota_dropin"), **summary}, indent=1) + "\n")
     finally:
         if args.keep:
             print(f"kept {workdir}", file=sys.stderr)

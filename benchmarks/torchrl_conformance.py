@@ -1,13 +1,11 @@
 """TorchRL's own collector tests, run with ``OffPolicyCollector`` in place of ``MultiAsyncCollector``.
 
-Given a pytorch/rl checkout, this runs its ``test/test_collectors.py`` tests that use
-``MultiAsyncCollector`` twice: with TorchRL's class (``stock``) and with
-:class:`torchrl_unilab.OffPolicyCollector` bound to its name (``ours``), and compares them case by
-case. The files are copied into a temporary directory, never into this project
-(:func:`select_tests` picks the tests, :func:`is_left_out` drops the ``MultiSyncCollector``
-cases; this module is also the pytest plugin that rebinds the class, :func:`pytest_configure`).
-Each test function runs in a pytest process of its own, one at a time, killed with its stacks
-dumped after ``--timeout-per-function`` (300 s): a crash or a hang costs one function.
+Runs the tests of a pytorch/rl checkout's ``test/test_collectors.py`` that use ``MultiAsyncCollector`` (copied into
+a temporary directory, never into this project; :func:`select_tests` picks them, :func:`is_left_out` drops their
+``MultiSyncCollector`` cases) with TorchRL's class (``stock``) and with :class:`torchrl_unilab.OffPolicyCollector`
+bound to its name by this module as a pytest plugin (``ours``, :func:`pytest_configure`), and compares them case by
+case. Each test function runs in a pytest process of its own, one at a time, killed with its stacks dumped after
+``--timeout-per-function`` (300 s): a crash or a hang costs one function.
 
 Run::
 
@@ -24,8 +22,8 @@ It prints a progress line per function on stderr, then one JSON line::
      "stock": {"passed": n, "failed": n, "skipped": n, "crashed": [node ids], "seconds": wall time},
      "ours": {...}, "crashed": [...], "pass_stock_not_ours": [...], "pass_ours_not_stock": [...]}
 
-``--out FILE`` saves it with each case's outcome and error per side, which ``--stock-results`` reads
-back. The exit code is 0 when nothing crashed and no case passes with stock but not with ours.
+``--out FILE`` saves it with each case's outcome and error per side, which ``--stock-results`` reads back.
+The exit code is 0 when nothing crashed and no case passes with stock but not with ours.
 ``benchmarks/README.md`` says more.
 """
 
@@ -33,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -58,7 +57,7 @@ from typing import Any
 # that the benchmarks' own module names shadow nothing.
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
-from common import git, mapped_shm, open_rl, run_in_own_group, shm_entries  # noqa: E402
+from common import GroupRun, git, mapped_shm, open_rl, run_in_own_group, shm_entries  # noqa: E402
 
 BENCHMARKS = Path(__file__).resolve().parent
 REPO_ROOT = BENCHMARKS.parent
@@ -79,50 +78,29 @@ ENV_VERIFY = "TORCHRL_CONFORMANCE_VERIFY"  # "name,..." the test module must hol
 
 # ------------------------------------------------------------------ selection
 def _names_target(nodes: Iterable[ast.AST]) -> bool:
-    """Whether any of ``nodes`` (or what they hold) names the class under test."""
+    """Whether any of ``nodes`` (or what they hold) names the class under test, as a name or a whole string."""
     return any(
         (isinstance(node, ast.Name) and node.id in TARGET_NAMES)
         or (isinstance(node, ast.Attribute) and node.attr in TARGET_NAMES)
         or (isinstance(node, ast.alias) and node.name in TARGET_NAMES)
-        # A name as a string: a parameter the test imports by name (in a script it runs, say).
-        or (isinstance(node, ast.Constant) and node.value in TARGET_NAMES)
+        or (isinstance(node, ast.Constant) and node.value in TARGET_NAMES)  # a parameter naming the class
         for top in nodes for node in ast.walk(top))
 
 
 def select_tests(source: str) -> dict[str, str]:
     """The tests of ``source`` that use the class under test: ``{"Class::test" or "test": why}``.
 
-    A test is a module-level ``test*`` function or a ``test*`` method of a ``Test*``
-    class (pytest's defaults). It is selected when its code, decorators included,
-    names ``MultiAsyncCollector`` or ``MultiaSyncDataCollector`` (``"function"``), or
-    when its class's decorators do (``"class decorator"``). Names count, and strings
-    that are exactly one of them (a parameter naming the class), not words in other
-    strings or comments.
-
-    Examples:
-        >>> src = '''
-        ... import pytest
-        ... from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
-        ... @pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
-        ... def test_a(cls): pass
-        ... def test_b(): "MultiAsyncCollector in a string"
-        ... class TestC:
-        ...     def test_d(self): MultiAsyncCollector(create_env_fn=[])
-        ...     def helper(self): MultiAsyncCollector
-        ... @pytest.mark.parametrize("cls", [MultiAsyncCollector])
-        ... class TestE:
-        ...     def test_f(self, cls): pass
-        ... '''
-        >>> select_tests(src)
-        {'test_a': 'function', 'TestC::test_d': 'function', 'TestE::test_f': 'class decorator'}
+    A test is a module-level ``test*`` function or a ``test*`` method of a ``Test*`` class (pytest's defaults),
+    selected when its code, decorators included, names the class (``"function"``) or its class's decorators do
+    (``"class decorator"``). Names count, and strings that are exactly the name (a parameter naming the class);
+    not words in other strings, docstrings or comments.
     """
     selected: dict[str, str] = {}
 
     def is_test(node: ast.AST) -> bool:
         return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")
 
-    # A function's node holds its decorators, arguments and body.
-    for node in ast.parse(source).body:
+    for node in ast.parse(source).body:  # a function's node holds its decorators, arguments and body
         if is_test(node) and _names_target([node]):
             selected[node.name] = "function"
         elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
@@ -136,9 +114,8 @@ def select_tests(source: str) -> dict[str, str]:
 def rebind_targets(source: str) -> tuple[list[str], list[str]]:
     """Where ``source`` takes the class under test from: ``(["module:name", ...], [bound names])``.
 
-    ``torchrl.collectors:MultiAsyncCollector`` is always among the first (code
-    may reach it as an attribute); the second are the names the module binds
-    (an ``as`` name included), which the plugin checks after the rebinding.
+    ``torchrl.collectors:MultiAsyncCollector`` is always among the first (code may reach it as an attribute);
+    the second are the names the module binds (``as`` names included), which the plugin checks.
 
     Examples:
         >>> rebind_targets("from torchrl.collectors import Collector, MultiAsyncCollector as MAC\\n"
@@ -192,30 +169,21 @@ def _left_out(value: Any) -> bool:
 
 
 def is_left_out(params: dict[str, Any]) -> bool:
-    """Whether a case's parameters make it a ``MultiSyncCollector`` variant (left out of the comparison).
-
-    Examples:
-        >>> import functools
-        >>> from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
-        >>> [is_left_out({"cls": value}) for value in (MultiSyncCollector, "MultiSyncCollector",
-        ...  functools.partial(MultiSyncCollector, cat_results="stack"), MultiAsyncCollector, Collector, 3)]
-        [True, True, True, False, False, False]
-    """
+    """Whether a case's parameters make it a ``MultiSyncCollector`` variant (left out of the comparison): a
+    parameter that is the class, a subclass, a ``functools.partial`` of one, its name, or a tuple or list holding
+    one."""
     return any(_left_out(value) for value in params.values())
 
 
 def canonical_nodeid(nodeid: str) -> str:
-    """``nodeid`` with our class name in its parametrization id written as TorchRL's.
-
-    Examples:
-        >>> canonical_nodeid("test/test_collectors.py::TestX::test_y[True-OffPolicyCollector-2]")
-        'test/test_collectors.py::TestX::test_y[True-MultiAsyncCollector-2]'
-    """
+    """``nodeid`` with our class name in its parametrization id (``test_y[True-OffPolicyCollector-2]``) written as
+    TorchRL's (``test_y[True-MultiAsyncCollector-2]``)."""
     head, bracket, params = nodeid.partition("[")
     return head + bracket + params.replace(OURS, TARGET_NAMES[0])
 
 
 # ------------------------------------------------------------------ the plugin
+# Each hook does nothing outside the runner, which sets ENV_SIDE.
 def _event(**fields: Any) -> None:
     path = os.environ.get(ENV_LOG)
     if path:
@@ -231,17 +199,8 @@ def _ours() -> type:
 
 
 def pytest_configure(config: Any) -> None:
-    """Plugin hook: on the ``ours`` side, binds our class to the class under test's names.
-
-    Runs before any test module is imported, so ``from torchrl.collectors import
-    MultiAsyncCollector`` in the test file binds our class.
-
-    Examples:
-        >>> import os
-        >>> os.environ.get("TORCHRL_CONFORMANCE_SIDE") is None  # inert outside the runner
-        True
-        >>> pytest_configure(None)
-    """
+    """Plugin hook: on the ``ours`` side, binds our class to the class under test's names, before any test module
+    is imported (its ``from torchrl.collectors import MultiAsyncCollector`` then binds our class)."""
     if os.environ.get(ENV_SIDE) != "ours":
         return
     ours = _ours()
@@ -263,8 +222,7 @@ def _rebind(ours: type) -> list[str]:
 
 
 class _RebindAfterImport(importlib.abc.MetaPathFinder):
-    """Rebinds the class under test as soon as ``torchrl.collectors`` has been imported (see
-    :func:`install_script_hook`)."""
+    """Rebinds the class under test as soon as ``torchrl.collectors`` has been imported."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name != "torchrl.collectors":
@@ -286,13 +244,10 @@ class _RebindAfterImport(importlib.abc.MetaPathFinder):
 def install_script_hook() -> bool:
     """On the ``ours`` side, in a ``python -c`` script a test runs, makes ``torchrl.collectors`` hold our class.
 
-    Some of TorchRL's tests run a script in a subprocess (``test_env_that_waits``
-    runs ``from torchrl.collectors import MultiAsyncCollector`` under ``python -c``),
-    which the plugin in the pytest process cannot reach. The runner puts a
-    ``sitecustomize`` calling this on the ``ours`` side's ``PYTHONPATH``; it acts in
-    ``python -c`` processes only, and not in multiprocessing's (spawn, forkserver),
-    whose ``-c`` code names ``multiprocessing``: worker processes import nothing extra.
-    Returns whether it installed the hook.
+    Some tests run a script under ``python -c`` (``test_env_that_waits``), which the plugin in the pytest process
+    cannot reach: the runner puts a ``sitecustomize`` calling this on the ``ours`` side's ``PYTHONPATH``. It acts
+    in ``python -c`` processes only, not in multiprocessing's (spawn, forkserver), whose ``-c`` code names
+    ``multiprocessing``: worker processes import nothing extra. Returns whether it installed the hook.
 
     Examples:
         >>> install_script_hook()  # outside the runner's ours side
@@ -320,11 +275,7 @@ if _spec is not None and _spec.loader is not None:
 
 
 def pytest_collection_modifyitems(session: Any, config: Any, items: list) -> None:
-    """Plugin hook: leaves out the ``MultiSyncCollector`` variants and checks the rebinding.
-
-    Examples:
-        >>> pytest_collection_modifyitems(None, None, [])  # inert outside the runner
-    """
+    """Plugin hook: leaves out the ``MultiSyncCollector`` variants and checks the rebinding."""
     side = os.environ.get(ENV_SIDE)
     if side not in ("stock", "ours"):
         return
@@ -353,21 +304,13 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list) -> Non
 
 
 def pytest_collectreport(report: Any) -> None:
-    """Plugin hook: records a collection error (an import error of the test module, say).
-
-    Examples:
-        >>> pytest_collectreport(None)  # inert outside the runner
-    """
+    """Plugin hook: records a collection error (an import error of the test module, say)."""
     if os.environ.get(ENV_SIDE) and report.failed:
         _event(event="collect_error", nodeid=report.nodeid, error=_exception_line(str(report.longrepr)))
 
 
 def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
-    """Plugin hook: records that a case started (a crash or hang is then blamed on it).
-
-    Examples:
-        >>> pytest_runtest_logstart("t.py::test_a", None)  # inert outside the runner
-    """
+    """Plugin hook: records that a case started (a crash or hang is then blamed on it)."""
     if os.environ.get(ENV_SIDE):
         _event(event="start", nodeid=nodeid)
 
@@ -386,18 +329,8 @@ def _exception_line(text: str) -> str:
 
 
 def _first_error(message: str) -> str:
-    """The exception line of a failure, with pytest's explanation when it compares (``assert a == b``).
-
-    The first line of a failed comparison shows both sides cut short; the lines
-    pytest adds (``Extra items in the left set:`` and the item) say what differs.
-
-    Examples:
-        >>> _first_error("KeyError: 'traj_pool'\\nmore")
-        "KeyError: 'traj_pool'"
-        >>> _first_error("AssertionError: assert {1, 2} == {1}\\n  \\n  Extra items in the left set:"
-        ...              "\\n  2\\n  Full diff:")
-        'AssertionError: assert {1, 2} == {1} | Extra items in the left set: | 2'
-    """
+    """The first line of a failure's message; for a failed comparison (``assert a == b``, whose first line shows
+    both sides cut short) with the lines pytest adds to say what differs, joined with `` | ``."""
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     if not lines:
         return ""
@@ -411,11 +344,7 @@ def _first_error(message: str) -> str:
 
 
 def pytest_runtest_logreport(report: Any) -> None:
-    """Plugin hook: records each phase's outcome, with the error or the skip reason.
-
-    Examples:
-        >>> pytest_runtest_logreport(None)  # inert outside the runner
-    """
+    """Plugin hook: records each phase's outcome, with the error or the skip reason."""
     if not os.environ.get(ENV_SIDE):
         return
     error = None
@@ -429,23 +358,16 @@ def pytest_runtest_logreport(report: Any) -> None:
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
-    """Plugin hook: records that pytest finished (a process that never gets here died or hung).
-
-    Examples:
-        >>> pytest_sessionfinish(None, 0)  # inert outside the runner
-    """
+    """Plugin hook: records that pytest finished (a process that never gets here died or hung)."""
     if os.environ.get(ENV_SIDE):
         _event(event="finish", exitstatus=int(exitstatus))
 
 
 # ---------------------------------------------------------------- the checkout
 def open_tests(rl_root: Path, workdir: Path) -> tuple[Path, str]:
-    """Copies the test file, what it needs from ``test/``, and ``pytest.ini`` under ``workdir``.
-
-    ``rl_root`` is a pytorch/rl work tree or a bare git repository (its ``HEAD``).
-    Returns ``(root, commit)``: ``root`` holds ``test/`` and ``pytest.ini`` as the
-    checkout does; ``commit`` is ``unknown`` for a work tree without ``.git``.
-    """
+    """Copies the test file, the ``test/`` modules it needs and ``pytest.ini`` of ``rl_root`` (a pytorch/rl work
+    tree or bare git repository) under ``workdir``: ``(root, commit)``, ``root`` laid out as the checkout,
+    ``commit`` ``unknown`` for a work tree without ``.git``."""
     root = workdir / "rl"
     (root / "test").mkdir(parents=True)
     checkout = open_rl(rl_root, TEST_FILE)
@@ -455,9 +377,8 @@ def open_tests(rl_root: Path, workdir: Path) -> tuple[Path, str]:
     wanted, todo = {"test_collectors", "conftest"}, ["test_collectors", "conftest"]
     while todo:  # the local modules they import, and what those import
         name = todo.pop()
-        path = f"test/{name}.py"
         try:
-            text = checkout.read(path)
+            text = checkout.read(f"test/{name}.py")
         except (OSError, subprocess.CalledProcessError):
             continue  # a package (test/name/): copied whole, not followed
         for found in local_imports(text, available) - wanted:
@@ -486,42 +407,26 @@ class FunctionRun:
 def read_events(path: Path) -> list[dict]:
     """The plugin's events (a line cut short by a kill is dropped)."""
     events = []
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else ():
+        with contextlib.suppress(json.JSONDecodeError):
+            events.append(json.loads(line))
     return events
 
 
 def outcomes_from_events(events: list[dict], cases: Iterable[str], crash: str | None) -> tuple[dict, dict]:
     """``(outcomes, errors)`` per case from the plugin's events.
 
-    A case fails if any phase failed (a strict xpass included); it is skipped if it
-    was skipped or xfailed; it passed if its call passed. A case that started but
-    did not finish takes ``crash`` as its error; one that never started, too, with
-    ``not run: `` before it (or the collection error, if there was one).
-
-    Examples:
-        >>> ev = [{"event": "start", "nodeid": "a"},
-        ...       {"event": "report", "nodeid": "a", "when": "call", "outcome": "passed", "xfail": False,
-        ...        "error": None},
-        ...       {"event": "report", "nodeid": "a", "when": "teardown", "outcome": "passed", "xfail": False,
-        ...        "error": None},
-        ...       {"event": "start", "nodeid": "b"}]
-        >>> outcomes_from_events(ev, ["a", "b", "c"], "hung: no exit within 300 s")  # doctest: +NORMALIZE_WHITESPACE
-        ({'a': 'passed', 'b': 'failed', 'c': 'failed'},
-         {'b': 'hung: no exit within 300 s', 'c': 'not run: hung: no exit within 300 s'})
+    A case fails if any phase failed (a strict xpass included); it is skipped if it was skipped or xfailed; it
+    passed if its call passed. A case that started but did not finish takes ``crash`` as its error; one that never
+    started, too, with ``not run: `` before it (or the collection error, if there was one). Cases are keyed by
+    :func:`canonical_nodeid`.
     """
     reports: dict[str, list[dict]] = {}
-    started: set[str] = set()
+    started = {canonical_nodeid(e["nodeid"]) for e in events if e["event"] == "start"}
     collect_error = next((e["error"] for e in events if e["event"] == "collect_error"), None)
     for event in events:
         if event["event"] == "report":
             reports.setdefault(canonical_nodeid(event["nodeid"]), []).append(event)
-        elif event["event"] == "start":
-            started.add(canonical_nodeid(event["nodeid"]))
     outcomes, errors = {}, {}
     for case in dict.fromkeys([*cases, *reports]):
         phases = reports.get(case, [])
@@ -541,8 +446,37 @@ def outcomes_from_events(events: list[dict], cases: Iterable[str], crash: str | 
     return outcomes, errors
 
 
-def _pytest_env(side: str, log: Path, tmp: Path, rebind: Sequence[str], verify: Sequence[str],
-                plugin_dir: Path) -> dict[str, str]:
+def _crash(run: GroupRun, events: list[dict], timeout: float) -> str | None:
+    """Why a pytest process died or hung, blamed on the case it was in; ``None`` if pytest finished."""
+    finished = any(e["event"] == "finish" for e in events)
+    done = {e["nodeid"] for e in events if e["event"] == "report" and e["when"] == "teardown"}
+    started = [e["nodeid"] for e in events if e["event"] == "start"]
+    current = next((canonical_nodeid(n) for n in reversed(started) if n not in done), None)
+    in_case = f" in {current}" if current else ""
+    if run.timed_out:
+        where = f"in {current}" if current else ("at exit, after its last case" if finished else "outside a case")
+        return f"hung: no exit within {timeout:.0f} s ({where}; killed)"
+    if run.returncode < 0:
+        try:
+            name = signal.Signals(-run.returncode).name
+        except ValueError:
+            name = f"signal {-run.returncode}"
+        return f"died: {name}{in_case}"
+    if not finished or run.returncode == 3:
+        return f"died: exit code {run.returncode}{in_case}" + ("" if finished else " before pytest finished")
+    return None
+
+
+def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout: float, *,
+               rebind: Sequence[str] = (), verify: Sequence[str] = (),
+               plugin_dir: Path = BENCHMARKS) -> tuple[list[dict], str | None, float, list[str]]:
+    """Runs pytest with the plugin (imported from ``plugin_dir``) in its own process group, its output into
+    ``rundir/pytest.log``: ``(events, crash, seconds, notes)``, ``crash`` as :func:`_crash` says."""
+    rundir.mkdir(parents=True)
+    log_path, events_path = rundir / "pytest.log", rundir / "events.jsonl"
+    # What the tests leave in the temporary directory goes with it. Short: multiprocessing's sockets live
+    # there, and an AF_UNIX path has at most 107 bytes (a deeper one broke TorchRL's own workers).
+    tmp = Path(tempfile.mkdtemp(prefix="tcf_"))
     env = dict(os.environ, PYTHONFAULTHANDLER="1", TMPDIR=str(tmp))
     site = ""
     if side == "ours":  # the rebinding in the scripts the tests run (install_script_hook)
@@ -552,56 +486,19 @@ def _pytest_env(side: str, log: Path, tmp: Path, rebind: Sequence[str], verify: 
     # This repository's torchrl_unilab first (ahead of an editable install elsewhere), and the plugin.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), str(plugin_dir), site,
                                                     os.environ.get("PYTHONPATH", "")) if p)
-    env.update({ENV_SIDE: side, ENV_LOG: str(log), ENV_REBIND: ",".join(rebind), ENV_VERIFY: ",".join(verify)})
-    return env
-
-
-def _pytest_cmd(root: Path, args: Sequence[str]) -> list[str]:
+    env.update({ENV_SIDE: side, ENV_LOG: str(events_path), ENV_REBIND: ",".join(rebind),
+                ENV_VERIFY: ",".join(verify)})
     ini = ["-c", str(root / "pytest.ini")] if (root / "pytest.ini").is_file() else []
-    return [sys.executable, "-m", "pytest", *ini, "--rootdir", str(root), "-p", PLUGIN, "-p", "no:cacheprovider",
-            "-q", *args]
-
-
-def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout: float, *,
-               rebind: Sequence[str] = (), verify: Sequence[str] = (),
-               plugin_dir: Path = BENCHMARKS) -> tuple[list[dict], str | None, float, list[str]]:
-    """Runs pytest with the plugin in its own process group: ``(events, crash, seconds, notes)``.
-
-    ``crash`` says why the process died or hung (``None`` if pytest finished).
-    Its output is in ``rundir/pytest.log``. The plugin is imported from ``plugin_dir``.
-    """
-    rundir.mkdir(parents=True)
-    log_path, events_path = rundir / "pytest.log", rundir / "events.jsonl"
-    # What the tests leave in the temporary directory goes with it. Short: multiprocessing's sockets live
-    # there, and an AF_UNIX path has at most 107 bytes (a deeper one broke TorchRL's own workers).
-    tmp = Path(tempfile.mkdtemp(prefix="tcf_"))
-    env = _pytest_env(side, events_path, tmp, rebind, verify, plugin_dir)
+    command = [sys.executable, "-m", "pytest", *ini, "--rootdir", str(root), "-p", PLUGIN, "-p", "no:cacheprovider",
+           "-q", *args]
     notes: list[str] = []
     shm_before = shm_entries()
-    run = run_in_own_group(_pytest_cmd(root, args), root, env, log_path, timeout)
-    seconds, timed_out = run.seconds, run.timed_out
+    run = run_in_own_group(command, root, env, log_path, timeout)
     if run.leftovers:
         notes.append(f"{len(run.leftovers)} process(es) of its group alive 10 s after pytest exited, killed: "
                      + "; ".join(f"{pid}: {cmd[:100]}" for pid, cmd in sorted(run.leftovers.items())))
     shutil.rmtree(tmp, ignore_errors=True)
     events = read_events(events_path)
-    finished = any(e["event"] == "finish" for e in events)
-    started = [e["nodeid"] for e in events if e["event"] == "start"]
-    done = {e["nodeid"] for e in events if e["event"] == "report" and e["when"] == "teardown"}
-    current = next((canonical_nodeid(n) for n in reversed(started) if n not in done), None)
-    crash = None
-    if timed_out:
-        where = f"in {current}" if current else ("at exit, after its last case" if finished else "outside a case")
-        crash = f"hung: no exit within {timeout:.0f} s ({where}; killed)"
-    elif run.returncode < 0:
-        try:
-            name = signal.Signals(-run.returncode).name
-        except ValueError:
-            name = f"signal {-run.returncode}"
-        crash = f"died: {name}" + (f" in {current}" if current else "")
-    elif not finished or run.returncode == 3:
-        crash = f"died: exit code {run.returncode}" + (f" in {current}" if current else "") + (
-            "" if finished else " before pytest finished")
     # multiprocessing's named semaphores (sem.mp-*) come and go with every job on the machine: not counted.
     left = {e for e in shm_entries() - shm_before - mapped_shm() if not e.startswith("sem.mp-")}
     if left:  # a resource tracker (ours or another job's) may still be removing them
@@ -611,7 +508,7 @@ def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout
         # On a shared machine another job's entries cannot be told apart: a count and a few names.
         notes.append(f"{len(left)} entries left in /dev/shm (made during the run, held by no live process; "
                      f"maybe another job's): {', '.join(left[:3])}{', ...' if len(left) > 3 else ''}")
-    return events, crash, seconds, notes
+    return events, _crash(run, events, timeout), run.seconds, notes
 
 
 def collect_cases(root: Path, tests: Sequence[str], workdir: Path, timeout: float,
@@ -633,8 +530,8 @@ def collect_cases(root: Path, tests: Sequence[str], workdir: Path, timeout: floa
 def run_function(root: Path, test: str, side: str, cases: Sequence[str], workdir: Path, timeout: float, *,
                  rebind: Sequence[str] = (), verify: Sequence[str] = (), plugin_dir: Path = BENCHMARKS) -> FunctionRun:
     """Runs one test function's cases on one side in its own pytest process; never raises for its failures."""
-    rundir = workdir / side / test.replace("::", ".")
-    events, crash, seconds, notes = run_pytest(root, [f"{TEST_FILE}::{test}"], side, rundir, timeout,
+    events, crash, seconds, notes = run_pytest(root, [f"{TEST_FILE}::{test}"], side,
+                                               workdir / side / test.replace("::", "."), timeout,
                                                rebind=rebind, verify=verify, plugin_dir=plugin_dir)
     outcomes, errors = outcomes_from_events(events, cases, crash)
     if side == "ours" and outcomes and verify and not any(e["event"] == "bound" and e["ours"] for e in events):
@@ -643,22 +540,12 @@ def run_function(root: Path, test: str, side: str, cases: Sequence[str], workdir
 
 
 def counts(outcomes: dict[str, str]) -> dict[str, int]:
-    """``{"passed": n, "failed": n, "skipped": n}`` of ``{case: outcome}``.
-
-    Examples:
-        >>> counts({"a": "passed", "b": "skipped", "c": "passed"})
-        {'passed': 2, 'failed': 0, 'skipped': 1}
-    """
+    """``{"passed": n, "failed": n, "skipped": n}`` of ``{case: outcome}``."""
     return {name: sum(1 for o in outcomes.values() if o == name) for name in OUTCOMES}
 
 
 def compare(stock: dict[str, str], ours: dict[str, str]) -> tuple[list[str], list[str]]:
-    """``(passes with stock, not with ours; passes with ours, not with stock)``, over cases both ran.
-
-    Examples:
-        >>> compare({"a": "passed", "b": "passed", "c": "skipped"}, {"a": "passed", "b": "failed", "c": "passed"})
-        (['b'], ['c'])
-    """
+    """``(passes with stock, not with ours; passes with ours, not with stock)``, over cases both ran."""
     both = [case for case in stock if case in ours]
     return ([c for c in both if stock[c] == "passed" and ours[c] != "passed"],
             [c for c in both if ours[c] == "passed" and stock[c] != "passed"])
@@ -686,30 +573,16 @@ def _match_only(tests: Sequence[str], only: str | None) -> list[str]:
     return [t for t in tests if any(w in t for w in wanted)]
 
 
-def _side_summary(runs: dict[str, FunctionRun], seconds: float) -> dict[str, Any]:
-    outcomes = {case: o for run in runs.values() for case, o in run.outcomes.items()}
-    return counts(outcomes) | {"crashed": [f"{TEST_FILE}::{t}" for t, r in runs.items() if r.crashed],
-                               "seconds": round(seconds, 1)}
-
-
 def _summary(args: argparse.Namespace, head: dict[str, Any], tests: list[str], cases: dict[str, list[str]],
-             selected: dict[str, str], left_out: int, results: dict[str, dict[str, FunctionRun]],
-             wall: dict[str, float], saved: dict | None) -> tuple[dict[str, Any], dict[str, Any]]:
+             results: dict[str, dict[str, FunctionRun]], wall: dict[str, float],
+             saved: dict | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(the printed JSON, the saved JSON)``: the latter adds every case's outcome and error per side."""
     outcomes = {side: {c: o for r in runs.values() for c, o in r.outcomes.items()} for side, runs in results.items()}
     errors = {side: {c: e for r in runs.values() for c, e in r.errors.items()} for side, runs in results.items()}
-    summary: dict[str, Any] = head | {
-        "selection": {
-            "functions": len(tests),
-            "cases": sum(len(cases[t]) for t in tests),
-            "multisync_cases_left_out": left_out,
-            "by_class_decorator": [f"{TEST_FILE}::{t}" for t in tests if selected[t] == "class decorator"],
-            "only": args.only,
-            "timeout_per_function": args.timeout_per_function,
-        },
-        "stock": _side_summary(results["stock"], wall.get("stock", 0.0)) if "stock" in results else None,
-        "ours": _side_summary(results["ours"], wall.get("ours", 0.0)) if "ours" in results else None,
-    }
+    summary: dict[str, Any] = head | {"stock": None, "ours": None}
+    for side, runs in results.items():
+        crashed = [f"{TEST_FILE}::{t}" for t, r in runs.items() if r.crashed]
+        summary[side] = counts(outcomes[side]) | {"crashed": crashed, "seconds": round(wall.get(side, 0.0), 1)}
     if saved is not None:
         wanted_cases = {c for t in tests for c in cases[t]}
         outcomes["stock"] = {c: o for c, o in saved["outcomes"]["stock"].items() if c in wanted_cases}
@@ -726,10 +599,9 @@ def _summary(args: argparse.Namespace, head: dict[str, Any], tests: list[str], c
         summary["pass_stock_not_ours"] = summary["pass_ours_not_stock"] = None
     if args.first_errors and "ours" in outcomes:
         summary["first_errors"] = {c: errors["ours"][c] for c, o in outcomes["ours"].items() if o == "failed"}
-    notes = {f"{side}:{TEST_FILE}::{t}": r.notes for side, runs in results.items() for t, r in runs.items()
-             if r.notes}
-    crashes = {f"{side}:{TEST_FILE}::{t}": r.crashed for side, runs in results.items() for t, r in runs.items()
-               if r.crashed}
+    functions = [(f"{side}:{TEST_FILE}::{t}", r) for side, runs in results.items() for t, r in runs.items()]
+    crashes = {key: r.crashed for key, r in functions if r.crashed}
+    notes = {key: r.notes for key, r in functions if r.notes}
     summary |= ({"crash_reasons": crashes} if crashes else {}) | ({"notes": notes} if notes else {})
     return summary, summary | {"outcomes": outcomes, "errors": errors}
 
@@ -762,8 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError, KeyError, TypeError) as err:
             parser.error(f"--stock-results must be a file written by --out of a stock run, got "
                          f"{str(args.stock_results)!r} ({type(err).__name__}: {err})")
-    run_stock = args.side in ("stock", "both") and saved is None
-    run_ours = args.side in ("ours", "both")
+    sides = [s for s in ("stock", "ours") if args.side in (s, "both") and not (s == "stock" and saved is not None)]
 
     torchrl_version = importlib.metadata.version("torchrl")
     unilab_commit, unilab_dirty = _unilab_state()
@@ -779,9 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"torchrl {torchrl_version}; checkout {args.rl_root} at commit {commit}; torchrl_unilab "
               f"{REPO_ROOT / 'torchrl_unilab'} at {unilab_commit}{' (modified)' if unilab_dirty else ''}",
               file=sys.stderr, flush=True)
-        head = {"benchmark": "torchrl_conformance", "torchrl": torchrl_version, "commit": commit,
-                "unilab_commit": unilab_commit, "unilab_dirty": unilab_dirty,
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
         source = (root / TEST_FILE).read_text()
@@ -801,10 +670,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         n_cases = sum(len(cases[t]) for t in tests)
         print(f"{len(tests)} test functions, {n_cases} cases ({left_out} MultiSyncCollector cases left out)",
               file=sys.stderr, flush=True)
+        head = {"benchmark": "torchrl_conformance", "torchrl": torchrl_version, "commit": commit,
+                "unilab_commit": unilab_commit, "unilab_dirty": unilab_dirty, "date": date,
+                "selection": {"functions": len(tests), "cases": n_cases, "multisync_cases_left_out": left_out,
+                              "by_class_decorator": [f"{TEST_FILE}::{t}" for t in tests
+                                                     if selected[t] == "class decorator"],
+                              "only": args.only, "timeout_per_function": args.timeout_per_function}}
 
         results: dict[str, dict[str, FunctionRun]] = {}
         wall: dict[str, float] = {}
-        for side in [s for s, wanted in (("stock", run_stock), ("ours", run_ours)) if wanted]:
+        for side in sides:
             results[side], start = {}, time.monotonic()
             for test in tests:
                 run = run_function(root, test, side, cases[test], workdir, args.timeout_per_function,
@@ -816,10 +691,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                       + "".join(f" [{note}]" for note in run.notes), file=sys.stderr, flush=True)
                 wall[side] = time.monotonic() - start
                 if args.out is not None:  # what is done so far survives an interrupted run
-                    _, partial = _summary(args, head, tests, cases, selected, left_out, results, wall, saved)
+                    _, partial = _summary(args, head, tests, cases, results, wall, saved)
                     args.out.write_text(json.dumps(partial | {"complete": False}, indent=1) + "\n")
 
-        summary, full = _summary(args, head, tests, cases, selected, left_out, results, wall, saved)
+        summary, full = _summary(args, head, tests, cases, results, wall, saved)
         print(json.dumps(summary), flush=True)
         if args.out is not None:
             args.out.write_text(json.dumps(full, indent=1) + "\n")
