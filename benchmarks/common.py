@@ -160,6 +160,17 @@ def mapped_shm() -> set[str]:
     return out
 
 
+def shm_left(before: set[str], *, skip: tuple[str, ...] = ()) -> list[str]:
+    """Entries of /dev/shm made since ``before`` (:func:`shm_entries`) that no live process maps, and whose names
+    start with none of ``skip``; looked at again after 5 s, since a resource tracker (ours or another job's) may
+    still be removing them. On a shared machine another job's entries cannot be told apart."""
+    left = {e for e in shm_entries() - before - mapped_shm() if not e.startswith(skip)}
+    if left:
+        time.sleep(5.0)
+        left &= shm_entries() - mapped_shm()
+    return sorted(left)
+
+
 @dataclasses.dataclass
 class GroupRun:
     """How a command run by :func:`run_in_own_group` ended."""
@@ -377,6 +388,29 @@ def scalar_rows(path: Path) -> list[tuple[float, float]]:
 
 
 # --------------------------------------------------------------------- plots
+def list_table(header: list[str], rows: list[list], widths: list[int] | None = None) -> str:
+    """A reStructuredText ``list-table`` of ``rows`` under ``header``.
+
+    Examples:
+        >>> print(list_table(["a", "b"], [[1, 2]]), end="")
+        .. list-table::
+           :header-rows: 1
+        <BLANKLINE>
+           * - a
+             - b
+           * - 1
+             - 2
+    """
+    lines = [".. list-table::", "   :header-rows: 1"]
+    if widths:
+        lines.append("   :widths: " + " ".join(map(str, widths)))
+    lines.append("")
+    for row in [header, *rows]:
+        lines.append(f"   * - {row[0]}")
+        lines += [f"     - {cell}" for cell in row[1:]]
+    return "\n".join(lines) + "\n"
+
+
 @contextlib.contextmanager
 def figure(path: Path, title: str, xlabel: str, ylabel: str | None = None, *, size: tuple[float, float] = (6, 4),
            dpi: int = 100, grid_axis: str = "both", legend: dict | None = None) -> Iterator:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import wallclock
-from common import figure, percentile_interval, provenance, scalar_rows
+from common import figure, list_table, percentile_interval, provenance, scalar_rows
 from hydra import compose, initialize_config_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -514,21 +514,19 @@ def rst_table(sides: dict[str, dict[int, dict]]) -> list[str]:
              - 2
     """
     marks = sorted({f for runs in sides.values() for r in runs.values() for f in on_grid(r["curve"])})
-    lines = [".. list-table::", "   :header-rows: 1", "", "   * - run"]
-    lines += [f"     - {int(m // 1000)}k" for m in marks] + ["     - min"]
 
-    def row(label: str, values: list[float | None], seconds: float) -> list[str]:
-        cells = [f"     - {'' if v is None else round(v)}" for v in values]
-        return [f"   * - {label}", *cells, f"     - {seconds / 60:.0f}"]
+    def row(label: str, values: list[float | None], seconds: float) -> list:
+        return [label, *("" if v is None else round(v) for v in values), f"{seconds / 60:.0f}"]
 
+    rows = []
     for side, runs in sides.items():
         for seed, r in sorted(runs.items()):
-            lines += row(f"{side}, seed {seed}", [on_grid(r["curve"]).get(m) for m in marks], r["elapsed_s"])
+            rows.append(row(f"{side}, seed {seed}", [on_grid(r["curve"]).get(m) for m in marks], r["elapsed_s"]))
         if len(runs) > 1:
             means = mean_curve(runs)
-            lines += row(f"**{side}, mean of {len(runs)} seeds**", [means.get(m) for m in marks],
-                         statistics.mean(r["elapsed_s"] for r in runs.values()))
-    return lines
+            rows.append(row(f"**{side}, mean of {len(runs)} seeds**", [means.get(m) for m in marks],
+                            statistics.mean(r["elapsed_s"] for r in runs.values())))
+    return list_table(["run", *(f"{int(m // 1000)}k" for m in marks), "min"], rows).splitlines()
 
 
 def plot(path: Path, title: str, runs: dict[int, dict]) -> None:

@@ -36,6 +36,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from common import figure, list_table
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
@@ -71,18 +73,6 @@ def fmt(x: float | int | None, digits: int = 0) -> str:
 def signed(x: float) -> str:
     """``+468``, ``-1,141``: a difference, rounded half up."""
     return f"{math.floor(x + 0.5):+,}"
-
-
-def list_table(header: list[str], rows: list[list[str]], widths: list[int] | None = None) -> str:
-    """An rst ``list-table`` of ``rows`` under ``header``."""
-    lines = [".. list-table::", "   :header-rows: 1"]
-    if widths:
-        lines.append("   :widths: " + " ".join(map(str, widths)))
-    lines.append("")
-    for row in [header, *rows]:
-        lines.append(f"   * - {row[0]}")
-        lines += [f"     - {cell}" for cell in row[1:]]
-    return "\n".join(lines) + "\n"
 
 
 def provenance_line(data: dict) -> str:
@@ -720,8 +710,6 @@ def stale(results: Path = RESULTS, readme: Path = README) -> list[Path]:
 # ------------------------------------------------------------------ plots
 def plot_learning(path: Path, title: str, sides: list[tuple[str, dict, list[float]]], marks: list[int]) -> None:
     """Mean deterministic eval return against frames, one line per side, its band from its lowest to highest seed."""
-    from common import figure  # benchmarks/ is on sys.path once plots() runs
-
     with figure(path, title, "frames", "deterministic eval return", legend={}) as ax:
         for label, runs, mean in sides:
             curves = [r["returns"] for r in runs.values()]
@@ -731,8 +719,6 @@ def plot_learning(path: Path, title: str, sides: list[tuple[str, dict, list[floa
 
 def plot_bars(path: Path, title: str, labels: list[str], groups: dict[str, list[float]], xlabel: str) -> None:
     """Horizontal bars: one row per label, one bar per group (``{"TorchRL": [...], "ours": [...]}``)."""
-    from common import figure
-
     with figure(path, title, xlabel, size=(7, 0.45 * len(labels) * max(1, len(groups)) + 1.2), grid_axis="x",
                 legend={} if len(groups) > 1 else None) as ax:
         height = 0.8 / len(groups)

@@ -36,11 +36,10 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from common import first_error, mapped_shm, open_rl, provenance, run_in_own_group, shm_entries
+from common import first_error, open_rl, provenance, run_in_own_group, shm_entries, shm_left
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SWAP_TARGET = "torchrl_unilab.OffPolicyCollector"
@@ -469,10 +468,7 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
         shown = "; ".join(f"{pid}: {cmd[:120]}" for pid, cmd in sorted(run.leftovers.items()))
         result.notes.append(f"{len(run.leftovers)} process(es) of its group alive 10 s after it exited, killed: "
                             f"{shown}")
-    left = shm_entries() - shm_before - mapped_shm()
-    if left:  # a resource tracker (ours or another job's) may still be removing them
-        time.sleep(5.0)
-        left = sorted(left & shm_entries() - mapped_shm())
+    left = shm_left(shm_before)
     if left:
         result.notes.append(f"left in /dev/shm (made during the run, held by no live process; on a shared "
                             f"machine another job's cannot be told apart): {left}")

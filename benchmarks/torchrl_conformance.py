@@ -57,7 +57,7 @@ from typing import Any
 # that the benchmarks' own module names shadow nothing.
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
-from common import GroupRun, git, mapped_shm, open_rl, run_in_own_group, shm_entries  # noqa: E402
+from common import GroupRun, git, open_rl, run_in_own_group, shm_entries, shm_left  # noqa: E402
 
 BENCHMARKS = Path(__file__).resolve().parent
 REPO_ROOT = BENCHMARKS.parent
@@ -500,12 +500,8 @@ def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout
     shutil.rmtree(tmp, ignore_errors=True)
     events = read_events(events_path)
     # multiprocessing's named semaphores (sem.mp-*) come and go with every job on the machine: not counted.
-    left = {e for e in shm_entries() - shm_before - mapped_shm() if not e.startswith("sem.mp-")}
-    if left:  # a resource tracker (ours or another job's) may still be removing them
-        time.sleep(5.0)
-        left = sorted(left & shm_entries() - mapped_shm())
-    if left:
-        # On a shared machine another job's entries cannot be told apart: a count and a few names.
+    left = shm_left(shm_before, skip=("sem.mp-",))
+    if left:  # maybe another job's: a count and a few names
         notes.append(f"{len(left)} entries left in /dev/shm (made during the run, held by no live process; "
                      f"maybe another job's): {', '.join(left[:3])}{', ...' if len(left) > 3 else ''}")
     return events, _crash(run, events, timeout), run.seconds, notes
