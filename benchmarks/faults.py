@@ -1,43 +1,41 @@
 """Faults survived: real SIGKILLs and SIGTERMs against the buffer, the collector and the recipe.
 
-Each case injects its fault for real and measures what the issue asks for:
+Each case injects its fault for real and measures:
 
-* ``buffer_kills``: a writer process extends the shared buffer with large
-  batches whose every column holds the row's id; it is SIGKILLed at a random
-  moment, again and again, while the learner samples all the time. Reported:
-  the kills that landed inside a write, the longest ``sample()`` call, and the
-  torn rows seen (a row whose columns disagree).
-* ``worker_kills``: an ``OffPolicyCollector`` worker is SIGKILLed at a random
-  moment while the learner samples; the longest time until the learner got
-  the ``WorkerError``, the longest ``sample()`` call, torn rows.
-* ``cycles``: create / collect / shutdown cycles; residue afterwards
-  (``/dev/shm`` entries, file descriptors, threads, child processes, temp dirs).
-* ``learner_kill``: the learner is SIGKILLed during collection; time until all
-  its workers are gone, and the residue once the next collector starts.
-* ``recipe_sigterm``: ``recipes/sac.py`` gets SIGTERM; exit time, checkpoint,
-  residue, and whether ``resume=`` restores the buffer exactly.
-* ``recipe_soak`` (``--soak-minutes``, ``--ray-soak-minutes``): the SAC recipe
-  with restarts on, a worker (or a Ray node actor) SIGKILLed again and again,
-  an undisturbed run beside it; kills, restarts, frames lost, torn rows, the
-  learner's longest stall, both final returns.
+* ``buffer_kills``: a writer process extends the shared buffer with large batches whose every column holds the
+  row's id; it is SIGKILLed at a random moment, again and again, while the learner samples all the time.
+  Reported: the kills that landed inside a write, the longest ``sample()`` call, the torn rows seen.
+* ``worker_kills``: an ``OffPolicyCollector`` worker is SIGKILLed at a random moment while the learner samples;
+  the longest time until the learner got the ``WorkerError``, the longest ``sample()`` call, torn rows.
+* ``cycles``: create / collect / shutdown cycles; residue afterwards (``/dev/shm`` entries, file descriptors,
+  threads, child processes, temp dirs).
+* ``learner_kill``: the learner is SIGKILLed during collection; time until all its workers are gone, and the
+  residue once the next collector starts.
+* ``recipe_sigterm``: ``recipes/sac.py`` gets SIGTERM; exit time, checkpoint, residue, and whether ``resume=``
+  restores the buffer exactly.
+* ``recipe_soak`` (``--soak-minutes``, ``--ray-soak-minutes``): the SAC recipe with restarts on, a worker (or a
+  Ray node actor) SIGKILLed again and again, an undisturbed run beside it; kills, restarts, frames lost, torn
+  rows, the learner's longest stall, both final returns.
 
-Run ``python benchmarks/faults.py`` (CI variant, about 2 minutes) or
-``python benchmarks/faults.py --minutes 60`` for a soak (the kill cases repeat
-until the time is spent), or ``--soak-minutes 20 --ray-soak-minutes 10`` for the
-recipe's. The last line printed is one JSON object; ``--out FILE`` also writes its figures as
-``benchmarks/report.py`` reads them: ``faults/faults.json`` (:func:`results_file`), or with both soaks
-``faults/soak.json`` (:func:`soak_results_file`).
+Run ``python benchmarks/faults.py`` (CI variant, about 2 minutes), ``--minutes 60`` for a soak (the kill cases
+repeat until the time is spent), or ``--soak-minutes 20 --ray-soak-minutes 10`` for the recipe's. The last line
+printed is one JSON object; ``--out FILE`` also writes its figures as ``benchmarks/report.py`` reads them:
+``faults/faults.json`` (:func:`results_file`), or with both soaks ``faults/soak.json`` (:func:`soak_results_file`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import gc
 import json
 import multiprocessing as mp
 import os
 import random
+import re
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -46,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import kill_now, provenance, scalar_rows
+from common import kill_now, provenance, scalar_rows, shm_entries
 from tensordict import TensorDict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +52,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from torchrl_unilab import make_replay_buffer  # noqa: E402
-from torchrl_unilab._residue import command_line, live_processes, multiprocessing_helpers, worker_processes  # noqa: E402
+from torchrl_unilab._residue import command_line, live_processes, multiprocessing_helpers, running, worker_processes  # noqa: E402
 
 CTX = mp.get_context("spawn")
 #: buffer_kills: rows of each writer's batch, and the longest ``sample()`` it allows (a longer one ends the case)
@@ -68,13 +66,12 @@ ID_COLUMNS = (
     (("next", "observation"), (256,), torch.float32),
     ("row_id", (), torch.int64),
 )
+ENV = "Pendulum-v1"
 
 
 def id_rows(first: int, count: int) -> TensorDict:
-    """``count`` rows whose every column holds the row's id (``first``, ``first + 1``, ... modulo 2**22).
-
-    Ids stay below 2**24, the largest range float32 columns hold exactly.
-    """
+    """``count`` rows whose every column holds the row's id (``first``, ``first + 1``, ... modulo 2**22, below
+    2**24: the largest range float32 columns hold exactly)."""
     ids = torch.arange(first, first + count, dtype=torch.int64) % 2**22
     out = TensorDict(batch_size=[count])
     for key, shape, dtype in ID_COLUMNS:
@@ -83,25 +80,23 @@ def id_rows(first: int, count: int) -> TensorDict:
 
 
 def torn_rows(batch: TensorDict) -> int:
-    """Rows of ``batch`` whose columns do not all hold the same id (:func:`torn_mask`)."""
+    """How many rows of ``batch`` are torn (:func:`torn_mask`)."""
     return int(torn_mask(batch).sum())
 
 
 def torn_mask(batch: TensorDict) -> torch.Tensor:
     """Which rows of ``batch`` are torn: their columns do not all hold the same id.
 
-    A collector's rows carry no id: there a row is torn when its
-    ``("next", "step_count")`` is not its ``step_count + 1`` (both are written
-    by the same ``extend``; a row half old, half new breaks the relation).
+    A collector's rows carry no id: there a row is torn when its ``("next", "step_count")`` is not its
+    ``step_count + 1`` (both are written by the same ``extend``; a row half old, half new breaks the relation).
     """
     if "row_id" not in batch.keys():
         step = batch.get("step_count")
         return (batch.get(("next", "step_count")) != step + 1).reshape(len(step), -1).any(-1)
     ids = batch.get("row_id").to(torch.float64)
     bad = torch.zeros(len(ids), dtype=torch.bool)
-    for key, shape, _ in ID_COLUMNS:
-        values = batch.get(key).to(torch.float64).reshape(len(ids), -1)
-        bad |= (values != ids[:, None]).any(-1)
+    for key, _, _ in ID_COLUMNS:
+        bad |= (batch.get(key).to(torch.float64).reshape(len(ids), -1) != ids[:, None]).any(-1)
     return bad
 
 
@@ -115,8 +110,8 @@ def id_writer(replay_buffer, first: int, rows: int) -> None:
 def fork_call(target: Callable[..., object], *args: object) -> int:
     """Forks a child that runs ``target(*args)``; returns its pid.
 
-    The child never returns into the caller's code: it leaves with ``os._exit``,
-    0 once ``target`` returns and 1 if it raises (no traceback, no cleanup).
+    The child never returns into the caller's code: it leaves with ``os._exit``, 0 once ``target`` returns and
+    1 if it raises (no traceback, no cleanup).
     """
     pid = os.fork()
     if pid == 0:
@@ -130,67 +125,47 @@ def fork_call(target: Callable[..., object], *args: object) -> int:
 
 
 def _forker_main(replay_buffer, rows: int, commands) -> None:
-    # A spawned process forks the writers: a fork starts in milliseconds where a
-    # spawn re-imports torch (seconds), and this process has no other threads to
-    # break by forking. Killed children are reaped by the kernel (SIGCHLD ignored).
+    # A spawned process forks the writers: a fork starts in milliseconds where a spawn re-imports torch (seconds),
+    # and this process has no other threads to break by forking. Killed children are reaped by the kernel.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    while True:
-        first = commands.recv()
-        if first is None:
-            return
+    while (first := commands.recv()) is not None:
         commands.send(fork_call(id_writer, replay_buffer, first, rows))
 
 
-class WriterForker:
-    """Starts id-writing processes on request (forked from one spawned helper), to be SIGKILLed."""
+@contextlib.contextmanager
+def writer_forker(replay_buffer, rows: int):
+    """Yields ``start_writer(first_id) -> pid``: starts a process writing id-stamped batches of ``rows`` from
+    ``first_id`` on, to be SIGKILLed (forked from one spawned helper, which ends with the block)."""
+    commands, child_end = CTX.Pipe()
+    process = CTX.Process(target=_forker_main, args=(replay_buffer, rows, child_end), daemon=True)
+    process.start()
+    child_end.close()
 
-    def __init__(self, replay_buffer, rows: int) -> None:
-        self._commands, child_end = CTX.Pipe()
-        self.process = CTX.Process(target=_forker_main, args=(replay_buffer, rows, child_end), daemon=True)
-        self.process.start()
-        child_end.close()
-
-    def start_writer(self, first_id: int) -> int:
-        """Starts a writer whose rows have ids from ``first_id``; returns its pid."""
-        self._commands.send(first_id)
-        if not self._commands.poll(120):
+    def start_writer(first_id: int) -> int:
+        commands.send(first_id)
+        if not commands.poll(120):
             raise RuntimeError("the writer forker did not answer within 120 s")
-        return self._commands.recv()
+        return commands.recv()
 
-    def close(self) -> None:
-        self._commands.send(None)
-        self.process.join(10)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
-        self._commands.close()
-
-    def __enter__(self) -> WriterForker:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    try:
+        yield start_writer
+    finally:
+        commands.send(None)
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+        commands.close()
 
 
-def wait_gone(pid: int, timeout: float) -> bool:
-    """Waits until no process ``pid`` exists (the forker reaps its children at once)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.001)
-    return False
-
-
-def wait_gone_all(pids_now, timeout: float) -> bool:
-    """Waits until ``pids_now()`` returns nothing; True if it did within ``timeout`` seconds."""
+def wait_gone_all(pids_now, timeout: float, poll: float = 0.05) -> bool:
+    """Waits until ``pids_now()`` returns nothing, checking every ``poll`` seconds; True if it did within
+    ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while pids_now():
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.05)
+        time.sleep(poll)
     return True
 
 
@@ -199,9 +174,7 @@ class TimedSampler:
 
     def __init__(self, replay_buffer, batch_size: int = 256) -> None:
         self.rb, self.batch_size = replay_buffer, batch_size
-        self.longest_s = 0.0
-        self.samples = 0
-        self.torn = 0
+        self.longest_s, self.samples, self.torn = 0.0, 0, 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._current_start: float | None = None
@@ -216,7 +189,7 @@ class TimedSampler:
                 self._current_start = None
                 self.torn += torn_rows(batch)
                 self.samples += 1
-        except BaseException as err:  # noqa: BLE001 - reported by stop()
+        except BaseException as err:  # noqa: BLE001 - reported by __exit__
             self.error = err
 
     def blocked_s(self) -> float:
@@ -242,22 +215,21 @@ def buffer_kills(kills: int, *, rows: int = WRITER_ROWS, capacity: int = 10_000,
                  seed: int = 0, deadline: float | None = None) -> dict:
     """SIGKILLs id-writing processes at random moments while this process samples all the time.
 
-    The buffer is full from the start, so every write overwrites rows that
-    ``sample()`` can return. Returns the figures (see the module docstring).
+    The buffer is full from the start, so every write overwrites rows that ``sample()`` can return.
     """
     rng = random.Random(seed)
     rb = make_replay_buffer(capacity)
     rb.extend(id_rows(0, capacity))
     counters = getattr(rb._writer, "counters", None)  # noqa: SLF001 - absent from TorchRL's own writer
     mid_write = done = 0
-    with TimedSampler(rb) as sampler, WriterForker(rb, rows) as forker:
+    with TimedSampler(rb) as sampler, writer_forker(rb, rows) as start_writer:
         next_id = capacity
         while done < kills and (deadline is None or time.monotonic() < deadline):
-            pid = forker.start_writer(next_id)
+            pid = start_writer(next_id)
             time.sleep(rng.uniform(0.0, max_delay_s))
             if counters is not None and done % 2:
                 # Every other kill waits for the writer's mark (rows marked, not yet committed), so that some
-                # kills land inside a write for sure: at random moments alone, a quiet CI run had 0 of 12.
+                # kills land inside a write for sure: at random moments alone, few or none do.
                 give_up = time.monotonic() + 2.0
                 while counters[6] == 0 and time.monotonic() < give_up:
                     pass
@@ -266,7 +238,7 @@ def buffer_kills(kills: int, *, rows: int = WRITER_ROWS, capacity: int = 10_000,
             marked = counters is not None and counters[6] > 0
             os.kill(pid, signal.SIGKILL)
             marked = marked or (counters is not None and counters[6] > 0)
-            if not wait_gone(pid, 10):
+            if not wait_gone_all(functools.partial(running, pid), 10, poll=0.001):
                 raise RuntimeError(f"writer {pid} survived SIGKILL for 10 s")
             mid_write += marked
             next_id += 1_000_000
@@ -278,23 +250,19 @@ def buffer_kills(kills: int, *, rows: int = WRITER_ROWS, capacity: int = 10_000,
             "longest_sample_s": round(sampler.longest_s, 4), "torn_rows": sampler.torn}
 
 
-ENV = "Pendulum-v1"
-
-
 def small_policy():
     """A tanh-linear Pendulum actor: what the policy is does not matter to these faults."""
     from tensordict.nn import TensorDictModule
 
-    net = torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Tanh())
-    return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
+    return TensorDictModule(torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Tanh()), in_keys=["observation"],
+                            out_keys=["action"])
 
 
 def make_collector(rb, **overrides):
     from torchrl_unilab import OffPolicyCollector
 
     kwargs = dict(num_workers=2, num_envs=4, frames_per_batch=256, replay_buffer=rb, seed=0)
-    kwargs.update(overrides)
-    return OffPolicyCollector(ENV, small_policy(), **kwargs)
+    return OffPolicyCollector(ENV, small_policy(), **{**kwargs, **overrides})
 
 
 def worker_kills(kills: int, *, seed: int = 0, deadline: float | None = None) -> dict:
@@ -311,8 +279,7 @@ def worker_kills(kills: int, *, seed: int = 0, deadline: float | None = None) ->
             collector.wait_for_frames(512, timeout=120)
             with TimedSampler(rb) as sampler:
                 time.sleep(rng.uniform(0.0, 0.5))
-                victim = rng.choice(collector.procs)
-                os.kill(victim.pid, signal.SIGKILL)
+                os.kill(rng.choice(collector.procs).pid, signal.SIGKILL)
                 killed = time.monotonic()
                 while True:
                     try:
@@ -332,21 +299,25 @@ def worker_kills(kills: int, *, seed: int = 0, deadline: float | None = None) ->
             "longest_sample_s": round(longest_sample, 4), "torn_rows": torn}
 
 
+def _left_by(pid: int) -> tuple[set[str], set[str]]:
+    """The /dev/shm blocks and temp dirs named after process ``pid`` (its weights' and its buffers')."""
+    return ({e for e in shm_entries() if e.startswith(f"tul_w_{pid}_")},
+            {e for e in os.listdir(tempfile.gettempdir()) if e.startswith(f"torchrl_unilab_rb_{pid}_")})
+
+
+def _residue_of_pid(pid: int) -> int:
+    return sum(map(len, _left_by(pid)))
+
+
 def residue_snapshot() -> dict:
     """What this process and its children hold: /dev/shm entries, fds, threads, children, temp dirs."""
-    import gc
-
     gc.collect()
     mp.active_children()
     me = os.getpid()
-    children = live_processes(parent=me) - multiprocessing_helpers()  # not ours
-    return {
-        "shm": {e for e in os.listdir("/dev/shm") if e.startswith(f"tul_w_{me}_")},
-        "fds": len(os.listdir("/proc/self/fd")),
-        "threads": threading.active_count(),
-        "children": children,
-        "tmp": {e for e in os.listdir(tempfile.gettempdir()) if e.startswith(f"torchrl_unilab_rb_{me}_")},
-    }
+    shm, tmp = _left_by(me)
+    return {"shm": shm, "fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
+            "children": live_processes(parent=me) - multiprocessing_helpers(),  # the helpers are not ours
+            "tmp": tmp}
 
 
 def residue_since(before: dict, settle_s: float = 5.0) -> dict:
@@ -354,29 +325,29 @@ def residue_since(before: dict, settle_s: float = 5.0) -> dict:
     deadline = time.monotonic() + settle_s
     while True:
         after = residue_snapshot()
-        diff = {"shm": len(after["shm"] - before["shm"]), "fds": max(after["fds"] - before["fds"], 0),
-                "threads": max(after["threads"] - before["threads"], 0),
-                "children": len(after["children"] - before["children"]), "tmp": len(after["tmp"] - before["tmp"])}
+        diff = {key: len(now - before[key]) if isinstance(now, set) else max(now - before[key], 0)
+                for key, now in after.items()}
         if not any(diff.values()) or time.monotonic() > deadline:
             return diff
         time.sleep(0.1)
 
 
+def _collect_briefly(frames: int) -> None:
+    """Creates a collector on a new buffer, collects ``frames`` and shuts it down."""
+    with make_collector(make_replay_buffer(5000)) as collector:
+        collector.start()
+        collector.wait_for_frames(frames, timeout=120)
+
+
 def cycles(count: int, *, deadline: float | None = None) -> dict:
     """Create / collect / shutdown cycles; the residue they leave."""
-    def cycle() -> None:
-        rb = make_replay_buffer(5000)
-        with make_collector(rb) as collector:
-            collector.start()
-            collector.wait_for_frames(512, timeout=120)
-
-    # one cycle first: Python's process-wide helpers start at their first use and live on (multiprocessing's
-    # forkserver holds a pipe from then on), which would count as the cycles' residue
-    cycle()
+    # One cycle first: Python's process-wide helpers start at their first use and live on (multiprocessing's
+    # forkserver holds a pipe from then on), which would count as the cycles' residue.
+    _collect_briefly(512)
     before = residue_snapshot()
     done = 0
     while done < count and (deadline is None or time.monotonic() < deadline):
-        cycle()
+        _collect_briefly(512)
         done += 1
     return {"cycles": done, "residue": residue_since(before)}
 
@@ -398,8 +369,6 @@ if __name__ == "__main__":
 
 def learner_kill() -> dict:
     """SIGKILLs a learner during collection: its workers must be gone within 5 s, its residue swept next start."""
-    import subprocess
-
     script = _LEARNER_SCRIPT.format(root=str(ROOT), bench=str(ROOT / "benchmarks"))
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
@@ -415,8 +384,7 @@ def learner_kill() -> dict:
         os.kill(proc.pid, signal.SIGKILL)
         killed = time.monotonic()
         proc.wait(10)
-        gone = wait_gone_all(lambda: [pid for pid in workers if os.path.exists(f"/proc/{pid}")
-                                      and _state(pid) != "Z"], 30.0)
+        gone = wait_gone_all(lambda: [pid for pid in workers if running(pid)], 30.0)
         workers_gone_s = time.monotonic() - killed
     finally:
         if proc.poll() is None:
@@ -424,33 +392,27 @@ def learner_kill() -> dict:
             proc.wait()
         proc.stdout.close()
     left_before = _residue_of_pid(proc.pid)
-    rb = make_replay_buffer(5000)
-    with make_collector(rb) as collector:
-        collector.start()
-        collector.wait_for_frames(256, timeout=120)
+    _collect_briefly(256)
     return {"workers": len(workers), "all_workers_gone": gone, "workers_gone_s": round(workers_gone_s, 2),
             "residue_before_next_start": left_before, "residue_after_next_start": _residue_of_pid(proc.pid)}
 
 
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
+def _sac(run_dir: Path, overrides: list[str]) -> list[str]:
+    """The command that runs ``recipes/sac.py`` with ``overrides``, logging into ``run_dir``."""
+    return [sys.executable, str(ROOT / "recipes" / "sac.py"), *overrides, f"logger.log_dir={run_dir}"]
 
 
-def _residue_of_pid(pid: int) -> int:
-    return (sum(e.startswith(f"torchrl_unilab_rb_{pid}_") for e in os.listdir(tempfile.gettempdir()))
-            + sum(e.startswith(f"tul_w_{pid}_") for e in os.listdir("/dev/shm")))
+def _checkpointed_buffer(run_dir: Path, size: int):
+    """A buffer of capacity ``size`` loaded from the recipe run's checkpoint in ``run_dir``."""
+    from torchrl_unilab.trainers.checkpoint import Checkpointer
+
+    rb = make_replay_buffer(size)
+    Checkpointer(run_dir / "checkpoint", modules={}).load(rb)
+    return rb
 
 
 def recipe_sigterm() -> dict:
     """SIGTERM to ``recipes/sac.py``: exit time, checkpoint, residue; resume restores the buffer exactly."""
-    import subprocess
-
-    from torchrl_unilab.trainers.checkpoint import Checkpointer
-
     tiny = ["env.name=Pendulum-v1", "network.hidden_sizes=[32,32]", "optim.batch_size=64",
             "collector.env_per_collector=4", "collector.frames_per_batch=64", "collector.init_random_frames=256",
             "collector.max_lead_frames=256", "replay_buffer.size=20000", "logger.num_eval_envs=2",
@@ -458,9 +420,8 @@ def recipe_sigterm() -> dict:
             "logger.progress_bar=false"]
     with tempfile.TemporaryDirectory(prefix="faults_recipe_") as tmp:
         run_dir = Path(tmp) / "run"
-        recipe = [sys.executable, str(ROOT / "recipes" / "sac.py"), *tiny, f"logger.log_dir={run_dir}"]
-        proc = subprocess.Popen([*recipe, "collector.total_frames=1000000"], cwd=tmp, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc = subprocess.Popen(_sac(run_dir, [*tiny, "collector.total_frames=1000000"]), cwd=tmp,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             logged = run_dir / "Pendulum-v1_SAC" / "scalars" / "utd" / "achieved.csv"
             deadline = time.monotonic() + 180
@@ -473,17 +434,14 @@ def recipe_sigterm() -> dict:
         finally:
             kill_now(proc)
         saved = torch.load(run_dir / "checkpoint" / "state.pt", weights_only=True)["counters"]
-        checkpointed = make_replay_buffer(20_000)
-        Checkpointer(run_dir / "checkpoint", modules={}).load(checkpointed)
-        expected = checkpointed[: len(checkpointed)]
-        # Resume for one more batch: the buffer (not full) keeps the checkpointed rows in place and appends.
-        subprocess.run([*recipe, f"resume={run_dir}", f"collector.total_frames={saved['frames'] + 64}"], cwd=tmp,
-                       capture_output=True, timeout=300, check=True)
-        resumed = make_replay_buffer(20_000)
-        Checkpointer(run_dir / "checkpoint", modules={}).load(resumed)
+        checkpointed = _checkpointed_buffer(run_dir, 20_000)
         rows = len(checkpointed)
-        equal = (resumed.write_count == checkpointed.write_count + 64
-                 and bool((resumed[:rows] == expected).all()))
+        expected = checkpointed[:rows]
+        # Resume for one more batch: the buffer (not full) keeps the checkpointed rows in place and appends.
+        subprocess.run(_sac(run_dir, [*tiny, f"resume={run_dir}", f"collector.total_frames={saved['frames'] + 64}"]),
+                       cwd=tmp, capture_output=True, timeout=300, check=True)
+        resumed = _checkpointed_buffer(run_dir, 20_000)
+        equal = resumed.write_count == checkpointed.write_count + 64 and bool((resumed[:rows] == expected).all())
         return {"exit_code": proc.returncode, "exit_s": round(exit_s, 2), "frames_at_stop": saved["frames"],
                 "checkpoint_saved": "Interrupted: checkpoint saved" in out, "residue": _residue_of_pid(proc.pid),
                 "resumed_buffer_equals_checkpoint": equal}
@@ -492,11 +450,10 @@ def recipe_sigterm() -> dict:
 class WorkerKiller(threading.Thread):
     """SIGKILLs a random one of ``find_workers()``'s processes every ``interval_s`` (a ``(low, high)`` range).
 
-    A kill waits for the
-    killed worker's replacement to appear and gives it the dead one's slot, so that no slot is killed a third
-    time within the collector's crash-loop window (3 failures within 60 s end a run, rightly; 75 s here, as
-    the collector times a failure when it sees it, not when the kill lands): the soak
-    measures survival, not the crash-loop rule, which ``tests/test_restarts.py`` tests.
+    A kill waits for the killed worker's replacement to appear and gives it the dead one's slot, so that no slot
+    is killed a third time within ``window_s``: the collector's crash-loop rule (3 failures within 60 s end a run)
+    times a failure when it sees it, not when the kill lands, hence 75 s. The soak measures survival, not that
+    rule, which ``tests/test_restarts.py`` tests.
     """
 
     def __init__(self, find_workers: Callable[[], set[int]], workers: int, interval_s: tuple[float, float], *,
@@ -540,41 +497,28 @@ class WorkerKiller(threading.Thread):
                 self.stop.wait(0.05)
 
 
-def _processes(text: bytes, *, parent: int | None = None) -> set[int]:
-    """Live processes whose command line holds ``text`` (among ``parent``'s children if given)."""
-    pids = live_processes(parent=parent) if parent is not None else {int(e) for e in os.listdir("/proc") if e.isdigit()}
-    return {pid for pid in pids if text in command_line(pid)}
-
-
 def _last_scalar(run_dir: Path, name: str, column: int = -1) -> float | None:
     """The last logged value of a recipe's scalar (``column=0``: the frames it was logged at)."""
     rows = [row for path in list(run_dir.glob(f"*/scalars/{name}.csv"))[:1] for row in scalar_rows(path)]
     return rows[-1][column] if rows else None
 
 
-def _checked_buffer(run_dir: Path, size: int) -> dict:
-    """The checkpointed buffer of a finished run: its rows, and those torn (``next.step_count != step_count + 1``)."""
-    from torchrl_unilab.trainers.checkpoint import Checkpointer
+def _processes(text: bytes) -> set[int]:
+    """Live processes whose command line holds ``text``."""
+    return {pid for pid in live_processes() if text in command_line(pid)}
 
-    rb = make_replay_buffer(size)
-    Checkpointer(run_dir / "checkpoint", modules={}).load(rb)
+
+def _checked_buffer(run_dir: Path, size: int) -> dict:
+    """The checkpointed buffer of a finished run: its rows, and those torn (:func:`torn_mask`) or not finite."""
+    rb = _checkpointed_buffer(run_dir, size)
     rows = rb[: len(rb)]
     finite = torch.stack([rows[key].reshape(len(rows), -1).isfinite().all(-1)
                           for key in ("observation", ("next", "observation"), ("next", "reward"))]).all(0)
     return {"rows": len(rows), "torn_rows": int((torn_mask(rows) | ~finite).sum())}
 
 
-def _recipe(run_dir: Path, overrides: list[str], log: Path):
-    import subprocess
-
-    command = [sys.executable, str(ROOT / "recipes" / "sac.py"), *overrides, f"logger.log_dir={run_dir}"]
-    return subprocess.Popen(command, cwd=run_dir.parent, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-
 def _summary(proc, run_dir: Path, log: Path, size: int, frames: int) -> dict:
-    import re
-
+    """A finished soak run's figures, from its log, its checkpointed buffer and what of its session is left."""
     text = log.read_text()
     match = re.search(r"final eval return (-?[\d.]+) after (\d+) frames, (\d+) updates, ([\d.]+) min(.*)", text)
     if proc.returncode != 0 or match is None:
@@ -584,11 +528,9 @@ def _summary(proc, run_dir: Path, log: Path, size: int, frames: int) -> dict:
     final, got, updates, minutes, survived = match.groups()
     restarts = {name.replace(" ", "_"): int(count) for count, name in re.findall(r"(\d+) (\w+ restarts)", survived)}
     buffer = _checked_buffer(run_dir, size)
-    left = live_processes(session=proc.pid)  # the recipe started its own session: workers, Ray, anything
-    deadline = time.monotonic() + 30
-    while left and time.monotonic() < deadline:
-        time.sleep(0.5)
-        left = live_processes(session=proc.pid)
+    # the recipe started its own session: its workers, Ray, anything
+    wait_gone_all(lambda: live_processes(session=proc.pid), 30.0, poll=0.5)
+    left = live_processes(session=proc.pid)
     return {"final_return": float(final), "frames": int(got), "updates": int(updates), "minutes": float(minutes),
             "frames_lost": int(got) - buffer["rows"], "frames_short": frames - int(got),
             "torn_rows_in_buffer": buffer["torn_rows"],
@@ -600,13 +542,12 @@ def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, bac
     """The SAC recipe on HalfCheetah-v5, a worker (``backend="ray"``: a node actor) SIGKILLed again and again.
 
     Local: 2 workers, a kill every 20-40 s, and an undisturbed run at the same settings and seed beside it
-    (concurrently, so both share the machine alike). Ray: 2 node actors of 1 worker on a local cluster,
-    a node actor killed every 60 s, no run beside it. ``frames`` defaults to what the machine collects in
-    ``minutes`` at the recipe's defaults (4 frames per update): 430 frames/s for each of two runs side by side on
-    2 cores (430,080 frames took 16.6 min, 2026-12-06), 400 on Ray (73,728 in 3.0 min).
-    Reports kills, restarts, frames lost (counted but not in the buffer), torn rows in the final buffer (each
-    row is checked, and it holds every row ever sampled: the buffer never wraps), the learner's longest wait
-    for data, the final eval returns, and the residue.
+    (concurrently, so both share the machine alike). Ray: 2 node actors of 1 worker on a local cluster, a node
+    actor killed every 60 s, no run beside it. ``frames`` defaults to what a 2-core machine collects in ``minutes``
+    at the recipe's defaults (4 frames per update): 430 frames/s for each of two runs side by side, 400 on Ray.
+    Reports kills, restarts, frames lost (counted but not in the buffer), torn rows in the final buffer (it holds
+    every row ever sampled: the buffer never wraps), the learner's longest wait for data, the final eval returns,
+    and the residue.
     """
     ray = backend == "ray"
     frames = -(-(frames or int(minutes * 60 * (400 if ray else 430))) // 1024) * 1024  # whole batches of every worker
@@ -622,19 +563,20 @@ def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, bac
         overrides += [f"collector.num_workers={SOAK_PROCESSES}", "collector.max_worker_restarts=1000"]
     results = {"backend": backend, "frames": frames, "load_1min_start": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory(prefix="faults_soak_") as tmp:
-        names = ["killed"] if ray else ["killed", "undisturbed"]
-        runs = {name: (Path(tmp) / name, Path(tmp) / f"{name}.log") for name in names}
-        procs = {name: _recipe(run_dir, overrides, log) for name, (run_dir, log) in runs.items()}
+        runs = {name: (Path(tmp) / name, Path(tmp) / f"{name}.log")
+                for name in (["killed"] if ray else ["killed", "undisturbed"])}
+        procs = {name: subprocess.Popen(_sac(run_dir, overrides), cwd=run_dir.parent, stdout=log.open("w"),
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+                 for name, (run_dir, log) in runs.items()}
+
         def collecting() -> bool:
             return (_last_scalar(runs["killed"][0], "utd/achieved", column=0) or 0) < frames - 2048
 
         if ray:  # the node actors are Ray's worker processes (titled after their class), not the recipe's children
-            killer = WorkerKiller(lambda: _processes(b"ray::RayNodeCollector"), SOAK_PROCESSES, (60.0, 60.0), seed=seed,
-                                  collecting=collecting)
+            find, interval = functools.partial(_processes, b"ray::RayNodeCollector"), (60.0, 60.0)
         else:  # the collector's workers: forked from the recipe's fork server (or spawned by the recipe)
-            pid = procs["killed"].pid
-            killer = WorkerKiller(lambda: worker_processes(pid), SOAK_PROCESSES, (20.0, 40.0), seed=seed,
-                                  collecting=collecting)
+            find, interval = functools.partial(worker_processes, procs["killed"].pid), (20.0, 40.0)
+        killer = WorkerKiller(find, SOAK_PROCESSES, interval, seed=seed, collecting=collecting)
         deadline = time.monotonic() + 60 * minutes * 4 + 600
         try:
             killer.start()
@@ -648,9 +590,8 @@ def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, bac
                 kill_now(proc)
         for name, (run_dir, log) in runs.items():
             results[name] = _summary(procs[name], run_dir, log, size, frames)
-        restarts = "node_restarts" if ray else "worker_restarts"
         results["killed"]["kills"] = len(killer.kills)
-        results["killed"].setdefault(restarts, 0)
+        results["killed"].setdefault("node_restarts" if ray else "worker_restarts", 0)
         results["killed"]["longest_replacement_s"] = max(killer.replacement_s, default=None)
     results["load_1min_end"] = round(os.getloadavg()[0], 2)
     return results
@@ -686,14 +627,13 @@ def saved_soaks(logs: list[Path]) -> dict:
     ``--ray-soak-minutes`` runs printed, saved in ``logs``: for each soak its line in the last log that has one.
     Other lines (a recipe's log, warnings) are skipped; nothing but JSON is read."""
     soak = {}
-    for log in logs:
-        for line in log.read_text().splitlines():
-            try:
-                found = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(found, dict):
-                soak.update({k: v for k, v in found.items() if k in ("recipe_soak", "ray_soak")})
+    for line in (line for log in logs for line in log.read_text().splitlines()):
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict):
+            soak.update({k: v for k, v in found.items() if k in ("recipe_soak", "ray_soak")})
     return soak
 
 
@@ -713,10 +653,10 @@ def soak_results_file(soak: dict, note: str | None = None) -> dict:
 
     local, ray = soak["recipe_soak"], soak["ray_soak"]
     quiet = local["undisturbed"]
-    recipe = killed_run(local, "worker_restarts")
     return {
         **provenance("faults", local["load_1min_start"], ray["load_1min_end"], note=note),
-        "recipe_soak": {"workers": SOAK_PROCESSES, **recipe, "undisturbed_minutes": quiet["minutes"],
+        "recipe_soak": {"workers": SOAK_PROCESSES, **killed_run(local, "worker_restarts"),
+                        "undisturbed_minutes": quiet["minutes"],
                         "undisturbed_max_stall_s": quiet["longest_learner_stall_s"],
                         "undisturbed_final_return": quiet["final_return"]},
         "ray_soak": {"nodes": SOAK_PROCESSES, **killed_run(ray, "node_restarts")},
@@ -733,12 +673,9 @@ def main() -> None:
     parser.add_argument("--worker-kill-minutes", type=float, default=None,
                         help="stop the worker kills after this many minutes even if fewer were done")
     parser.add_argument("--skip-recipe", action="store_true", help="leave out the recipe SIGTERM case")
-    parser.add_argument(
-        "--soak-minutes",
-        type=float,
-        default=None,
-        help="instead: the SAC recipe with a worker SIGKILLed every 20-40 s, an undisturbed run beside it",
-    )
+    parser.add_argument("--soak-minutes", type=float, default=None,
+                        help="instead: the SAC recipe with a worker SIGKILLed every 20-40 s, an undisturbed run "
+                             "beside it")
     parser.add_argument("--soak-frames", type=int, default=None, help="the soak's total_frames (default: from minutes)")
     parser.add_argument("--ray-soak-minutes", type=float, default=None,
                         help="the recipe on a local Ray cluster, a node actor killed every minute")
@@ -751,46 +688,48 @@ def main() -> None:
                         help="also write the docs' figures to this file: faults.json's (results_file), or with "
                              "--soak-minutes and --ray-soak-minutes soak.json's (soak_results_file)")
     args = parser.parse_args()
+
+    def write(figures: dict) -> None:
+        args.out.write_text(json.dumps(figures, indent=1) + "\n")
+
     if args.soak_json:
         soak = saved_soaks(args.soak_json)
         missing = [name for name in ("recipe_soak", "ray_soak") if name not in soak]
         if args.out is None or missing:
             parser.error(f"--soak-json needs --out and a recipe_soak and a ray_soak line in its logs (missing: "
                          f"{', '.join(missing) or 'none'})")
-        note = f"the soaks from {len(args.soak_json)} runs, one after the other"
-        args.out.write_text(json.dumps(soak_results_file(soak, note), indent=1) + "\n")
+        write(soak_results_file(soak, f"the soaks from {len(args.soak_json)} runs, one after the other"))
         return
     soaks = bool(args.soak_minutes or args.ray_soak_minutes)
     if args.out is not None and soaks and not (args.soak_minutes and args.ray_soak_minutes):
         parser.error("--out with a soak needs both --soak-minutes and --ray-soak-minutes (soak.json holds both)")
     if args.out is not None and not soaks and args.skip_recipe:
         parser.error("--out needs the recipe SIGTERM case (faults.json holds it); drop --skip-recipe")
+    results = {}
+
+    def case(name: str, figures: dict) -> None:  # printed as each case ends: a long run may be cut
+        results[name] = figures
+        print(json.dumps({name: figures}), flush=True)
+
     if soaks:
-        soak = {}
         if args.soak_minutes:
-            soak["recipe_soak"] = recipe_soak(args.soak_minutes, frames=args.soak_frames)
-            print(json.dumps({"recipe_soak": soak["recipe_soak"]}), flush=True)
+            case("recipe_soak", recipe_soak(args.soak_minutes, frames=args.soak_frames))
         if args.ray_soak_minutes:
-            soak["ray_soak"] = recipe_soak(args.ray_soak_minutes, frames=args.ray_soak_frames, backend="ray")
-            print(json.dumps({"ray_soak": soak["ray_soak"]}), flush=True)
-        print(json.dumps(soak))
+            case("ray_soak", recipe_soak(args.ray_soak_minutes, frames=args.ray_soak_frames, backend="ray"))
+        print(json.dumps(results))
         if args.out is not None:
-            args.out.write_text(json.dumps(soak_results_file(soak), indent=1) + "\n")
+            write(soak_results_file(results))
         return
     started = time.monotonic()
-    results = {"load_1min_start": round(os.getloadavg()[0], 2)}
-    results["cycles"] = cycles(args.cycles)
-    print(json.dumps({"cycles": results["cycles"]}), flush=True)  # each case as it ends: a long run may be cut
+    results["load_1min_start"] = round(os.getloadavg()[0], 2)
+    case("cycles", cycles(args.cycles))
     if args.minutes is None:
-        results["buffer_kills"] = buffer_kills(args.buffer_kills)
-        print(json.dumps({"buffer_kills": results["buffer_kills"]}), flush=True)
+        case("buffer_kills", buffer_kills(args.buffer_kills))
         kill_deadline = None if args.worker_kill_minutes is None else time.monotonic() + 60 * args.worker_kill_minutes
-        results["worker_kills"] = worker_kills(args.worker_kills, deadline=kill_deadline)
+        case("worker_kills", worker_kills(args.worker_kills, deadline=kill_deadline))
     else:  # the soak: half the time each
-        half = started + 30 * args.minutes
-        results["buffer_kills"] = buffer_kills(10**9, deadline=half)
-        results["worker_kills"] = worker_kills(10**9, deadline=started + 60 * args.minutes)
-    print(json.dumps({"worker_kills": results["worker_kills"]}), flush=True)
+        results["buffer_kills"] = buffer_kills(10**9, deadline=started + 30 * args.minutes)
+        case("worker_kills", worker_kills(10**9, deadline=started + 60 * args.minutes))
     results["learner_kill"] = learner_kill()
     if not args.skip_recipe:
         results["recipe_sigterm"] = recipe_sigterm()
@@ -798,7 +737,7 @@ def main() -> None:
     results["load_1min_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(results))
     if args.out is not None:
-        args.out.write_text(json.dumps(results_file(results), indent=1) + "\n")
+        write(results_file(results))
 
 
 if __name__ == "__main__":

@@ -1,28 +1,23 @@
 """One command that turns a GPU machine (one GPU, 16 cores) into figures.
 
-A GPU machine is lent to us now and then, for about 15 minutes. This script is
-what runs first on it: within about 8 minutes (``--budget-s``) it prints one JSON
-line with ``learner_ups`` (SAC's and TD3's recipe updates/s at batch 256 and
-4096, eager, compiled, compiled with CUDA graphs), ``e2e_fps`` (``recipes/sac.py``
-and ``recipes/td3.py`` on the GPU for 60 s after warm-up), ``publish_ms`` (one
-weight publish from the GPU), ``sample_ms`` (one batch through pinned memory),
-``collector_scaling`` (1 to 14 workers x 16 envs on EnvPool, HalfCheetah and Go1),
-``dropin_sac_cuda`` (TorchRL's sota ``sac.py`` with our class, given ``--rl-root``),
-``machine``, ``collector_lanes`` (last, in what the budget leaves) and ``parts``
-(each part's status and seconds). ``benchmarks/README.md`` describes each key.
+A GPU machine is lent now and then, for about 15 minutes; this script runs first on it. Within about 8 minutes
+(``--budget-s``) it prints one JSON line: ``machine``, ``learner_ups`` (SAC's and TD3's recipe updates/s at batch
+256 and 4096, eager, compiled, compiled with CUDA graphs), ``sample_ms`` (one batch through pinned memory),
+``publish_ms`` (one weight publish from the GPU), ``e2e_fps`` (``recipes/sac.py`` and ``recipes/td3.py`` on the
+GPU for 60 s after warm-up), ``collector_scaling`` (1 to 14 workers x 16 envs on EnvPool, HalfCheetah and Go1),
+``dropin_sac_cuda`` (TorchRL's sota ``sac.py`` with our class, given ``--rl-root``), ``collector_lanes`` and
+``parts`` (each part's status and seconds). ``benchmarks/README.md`` describes each key.
 
-Each part runs in a process of its own (forked from this one, which never touched
-CUDA), in its own session, with its own timeout, after which its process group is
-killed (``common.kill_group``). A part writes its figures as it gets them, so
-one that fails or times out keeps what it measured and records its error; the parts
-run one after another, within ``--budget-s`` in all.
+Each part runs in a process of its own (forked from this one, which never touches CUDA), in its own session,
+with its own timeout, after which its process group is killed (``common.kill_group``). A part writes its figures
+as it gets them, so one that fails or times out keeps what it measured and records its error. The parts run
+one after another (``collector_lanes`` last, in what the budget leaves), within ``--budget-s`` in all.
 
     python benchmarks/gpu_check.py [--rl-root ~/src/rl] [--out h200_2026-12-04.json]
     python benchmarks/gpu_check.py --device cpu --quick
 
-``--device cpu --quick`` runs every part on CPU in tiny sizes (the compiled variants
-are built, not run), so that the script's own bugs show without a GPU
-(``tests/test_gpu_check.py``). ``--out FILE`` also writes the JSON to
+``--device cpu --quick`` runs every part on CPU in tiny sizes (the compiled variants are built, not run), so that
+the script's own bugs show without a GPU (``tests/test_gpu_check.py``). ``--out FILE`` also writes the JSON to
 ``benchmarks/results/gpu/FILE`` (a path with a directory is taken as it is).
 """
 
@@ -67,7 +62,7 @@ WORKERS = (1, 2, 4, 8, 14)
 #: collector_lanes' tasks: Go1 (target 0.9 of EnvPool alone) and CheetahRun (0.28, the actor costing more than physics)
 LANE_TASKS = ("Go1JoystickFlatTerrain-v1", "CheetahRun-v1")
 VARIANTS = {"eager": {}, "compile": {"compile": True}, "compile_cudagraphs": {"compile": True, "cudagraphs": True}}
-#: The issue's targets, printed beside the figures.
+#: The targets the figures are read against, printed beside them.
 TARGETS = {"e2e_sac_frames_per_s": 1000, "collector_scaling_ratio_at_14_workers": 0.8,
            "anchor_leanrl_h100_sac_fps": 725}
 
@@ -140,8 +135,8 @@ def _sync(device: torch.device) -> Callable[[], None]:
 
 def _percentiles(times_ms: list[float]) -> dict[str, float]:
     ordered = sorted(times_ms)
-    return {"p50": round(statistics.median(ordered), 4), "p99": round(ordered[min(len(ordered) - 1,
-                                                                                    int(0.99 * len(ordered)))], 4)}
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return {"p50": round(statistics.median(ordered), 4), "p99": round(p99, 4)}
 
 
 # ------------------------------------------------------------------ the parts
@@ -213,8 +208,8 @@ def part_sample_ms(settings: Settings, emit: Emit) -> None:
 def part_publish_ms(settings: Settings, emit: Emit) -> None:
     """One publish of the SAC exploration policy's weights from the learner's device: p50 and p99."""
     times = learner_throughput.publish_times_ms(_device(settings), settings.repeats)
-    emit(("batched",), _percentiles(times["batched"]))
-    emit(("per_tensor",), _percentiles(times["per_tensor"]))
+    for kind in ("batched", "per_tensor"):
+        emit((kind,), _percentiles(times[kind]))
 
 
 def part_e2e_fps(settings: Settings, emit: Emit) -> None:
@@ -282,10 +277,9 @@ def part_dropin_sac_cuda(settings: Settings, emit: Emit) -> None:
                 trainer_collector=sota_dropin.SWAP_TARGET, trainer_import=None, stock=stock, extra=[])
             emit((label, "status"), result.status)
             emit((label, "seconds"), round(result.seconds, 1))
-            if result.error:
-                emit((label, "first_error"), result.error)
-            if result.notes:
-                emit((label, "notes"), result.notes)
+            for key, value in (("first_error", result.error), ("notes", result.notes)):
+                if value:
+                    emit((label, key), value)
             if result.status == "ok" and result.seconds > 0:
                 rates[label] = budget.frames / result.seconds
                 emit((label, "frames_per_s"), round(rates[label], 1))
@@ -316,19 +310,14 @@ def part_collector_lanes(settings: Settings, emit: Emit) -> None:
         finally:
             plain.close()
             alone.env.close()
-        ratio = collector_throughput.median_ratio
+        ratio, alone_rates = collector_throughput.median_ratio, rates["envpool_alone"]
         emit((task,), {**{name: round(statistics.median(r), 1) for name, r in rates.items()},
-                       "ratio_offpolicy_over_envpool": round(ratio(rates["workers_1"], rates["envpool_alone"]), 3),
-                       "ratio_lanes_2_over_envpool": round(ratio(rates["workers_1_lanes_2"], rates["envpool_alone"]),
-                                                           3),
+                       "ratio_offpolicy_over_envpool": round(ratio(rates["workers_1"], alone_rates), 3),
+                       "ratio_lanes_2_over_envpool": round(ratio(rates["workers_1_lanes_2"], alone_rates), 3),
                        "breakdown_us_per_step": breakdown})
 
 
-PART_FUNCTIONS: dict[str, Callable[[Settings, Emit], None]] = {
-    "machine": part_machine, "learner_ups": part_learner_ups, "sample_ms": part_sample_ms,
-    "publish_ms": part_publish_ms, "e2e_fps": part_e2e_fps, "collector_scaling": part_collector_scaling,
-    "dropin_sac_cuda": part_dropin_sac_cuda, "collector_lanes": part_collector_lanes,
-}
+PART_FUNCTIONS: dict[str, Callable[[Settings, Emit], None]] = {name: globals()[f"part_{name}"] for name in PARTS}
 
 
 # ------------------------------------------------------------ running parts

@@ -1,24 +1,13 @@
 """Learner throughput: the recipe's SAC update against TorchRL's loop and the machine's limit, and end to end.
 
-Measures gradient updates per second (batch 256, 256x256 networks, HalfCheetah-v5 sizes,
-one torch thread unless a key says ``_2t``), the variants in alternating blocks (median
-block rate): TorchRL's sota SAC loop (``plain``), the recipe's update calling ``SACLoss``
-(``recipe_loss_module``) and with its tensor-level loss (``recipe``, ``recipe_2t``), the TD3
-recipe's update (``td3_recipe``) and the update under ``torch.compile``. Also the machine's
-limit (an update's matrix products, each at the best ``torch.mm`` rate: ``limit_ups_*`` and
-``recipe_fraction_of_limit_1t``), and end to end ``recipes/sac.py`` at ``utd_ratio=1``
-with ``optim.num_threads=auto`` and ``=1`` (``e2e_fps_*``) against Stable-Baselines3's SAC
-(``sb3_fps``; needs the ``bench`` extra). ``--profile`` adds where an update's milliseconds
-go, ``--prefetch`` a thread sampling the next batch, ``--checkpoint DIR`` the update from a
-trained run's state with and without flushing denormals. ``--batch-sizes`` measures only the
-update at other batch sizes on 1 and 2 threads, with sampling's share. ``--matmul-dtype bf16``
-adds the SAC and TD3 updates with bf16 matmuls (``optim.matmul_dtype``) to the same blocks.
-
-``--device cuda`` measures a learner on a GPU instead (collection stays on CPU workers):
-eager, compiled and CUDA-graph updates per second, with and without overlapping the next
-batch's sampling (``*_serial``), a batch through pinned memory (``sample_ms``), a weight
-publish from the GPU (``publish_ms``), and ``recipes/sac.py`` end to end with 1 and 2 workers.
-The anchor is LeanRL on an H100: CleanRL's SAC at 127 frames/s, 725 compiled with CUDA graphs.
+Gradient updates per second (batch 256, 256x256 networks, HalfCheetah-v5 sizes, one torch thread unless a key
+says ``_2t``), the variants in alternating blocks (median block rate): TorchRL's sota SAC loop, the SAC recipe's
+update (with ``SACLoss``, with its tensor-level loss, compiled), the TD3 recipe's; the machine's limit (an
+update's matrix products at the best ``torch.mm`` rate); ``recipes/sac.py`` end to end at ``utd_ratio=1``
+against Stable-Baselines3's SAC (needs the ``bench`` extra). ``--device cuda`` measures a learner on a GPU
+instead (collection stays on CPU workers): eager, compiled and CUDA-graph updates, sampling through pinned
+memory, a weight publish, the recipe end to end; the anchor is LeanRL on an H100, CleanRL's SAC at 127
+frames/s, 725 compiled with CUDA graphs.
 
 Run::
 
@@ -28,8 +17,8 @@ Run::
     python benchmarks/learner_throughput.py --batch-sizes 256 512 1024 2048 [--buffer-rows 1000000]
     python benchmarks/learner_throughput.py --matmul-dtype bf16 --e2e-frames 0 --no-compile --no-sb3
 
-It prints one JSON line; ``benchmarks/README.md`` lists every key. The figures the docs
-show are in ``benchmarks/results/learning/learner_throughput.json``.
+It prints one JSON line; ``benchmarks/README.md`` lists every key and option. The figures the docs show are in
+``benchmarks/results/learning/learner_throughput.json``.
 """
 
 from __future__ import annotations
@@ -67,14 +56,14 @@ from torchrl_unilab.trainers.threads import machine_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 OBS, ACT, BATCH, HIDDEN = 17, 6, 256, 256  # HalfCheetah-v5
+START_FRAMES = 1000  # random frames before learning starts, in both end-to-end runs
 
 
 def filled_buffer(rows: int = 50_000):
     """A shared buffer (capacity 100,000, or ``rows`` above that) holding ``rows`` random transitions with the
     collector's keys."""
     rb = make_replay_buffer(max(100_000, rows), batch_size=BATCH)
-    g = torch.Generator().manual_seed(0)
-    rb.extend(collector_rows(rows, generator=g))
+    rb.extend(collector_rows(rows, generator=torch.Generator().manual_seed(0)))
     return rb
 
 
@@ -87,9 +76,15 @@ def config(compile: bool = False, cudagraphs: bool = False):
     })
 
 
-def networks(device: torch.device | str = "cpu"):
+def networks(device: torch.device | str = "cpu", cfg=None, algo: str = "sac"):
+    """The recipe's networks for ``algo`` at HalfCheetah-v5's sizes (``cfg``: :func:`config` by default)."""
     torch.manual_seed(0)
-    return make_networks(config(), "sac", EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT)), device=device)
+    env = EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT))
+    return make_networks(config() if cfg is None else cfg, algo, env, device=device)
+
+
+def total_loss(losses):
+    return losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]
 
 
 def plain_loop(rb):
@@ -104,8 +99,7 @@ def plain_loop(rb):
                   torch.optim.Adam([loss.log_alpha], lr=3e-4)]
 
     def step():
-        losses = loss(rb.sample())
-        (losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]).backward()
+        total_loss(loss(rb.sample())).backward()
         for opt in optimizers:
             opt.step()
             opt.zero_grad()
@@ -118,17 +112,14 @@ def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False, cudagraphs
                 trained: dict | None = None, batch_size: int = BATCH, matmul_dtype: torch.dtype = torch.float32):
     """The update of recipes/sac.py: BufferSampler, the (tensor-level) loss, one fused Adam, SoftUpdate.
 
-    On ``device``, compiled as the recipe's ``compile`` section would (``compile``, ``cudagraphs``),
-    on batches of ``batch_size`` rows;
-    ``serial`` waits for the GPU after each update, so that the next batch is sampled after it;
-    ``prefetch`` samples the next batch in a thread (into a second sampler) while the update runs;
-    ``trained``: the ``modules`` of a SAC recipe checkpoint, whose loss module and optimizer state it starts from;
-    ``matmul_dtype``: the tensor-level loss's matmuls (``optim.matmul_dtype``).
+    On ``device``, compiled as the recipe's ``compile`` section would, on batches of ``batch_size`` rows.
+    ``serial`` waits for the GPU after each update, so that the next batch is sampled after it; ``prefetch``
+    samples the next batch in a thread (into a second sampler) while the update runs; ``trained``: the
+    ``modules`` of a SAC recipe checkpoint to start from; ``matmul_dtype``: ``optim.matmul_dtype``.
     """
     device = torch.device(device)
-    nets = networks(device)
     cfg = config(compile, cudagraphs)
-    loss, target = make_loss_module(cfg, "sac", nets)
+    loss, target = make_loss_module(cfg, "sac", networks(device))
     optimizer = make_optimizer(cfg, loss)
     if trained is not None:  # copies: the optimizer would update the checkpoint's own tensors in place
         loss.load_state_dict(copy.deepcopy(trained["loss"]))
@@ -138,7 +129,7 @@ def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False, cudagraphs
 
     def update(batch):
         losses = loss_fn(batch)
-        (losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]).backward()
+        total_loss(losses).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         target.step()
@@ -170,8 +161,7 @@ def denormal_fraction(state: dict) -> float:
     tensors = [t for entry in state["state"].values() for t in entry.values()
                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 1]
     tiny = torch.finfo(torch.float32).tiny
-    denormal = sum(int(((t != 0) & (t.abs() < tiny)).sum()) for t in tensors)
-    return denormal / sum(t.numel() for t in tensors)
+    return sum(int(((t != 0) & (t.abs() < tiny)).sum()) for t in tensors) / sum(t.numel() for t in tensors)
 
 
 def with_flush_denormal(step, flush: bool):
@@ -188,9 +178,8 @@ def td3_loop(rb, *, device: torch.device | str = "cpu", compile: bool = False, c
     """The update of recipes/td3.py with its defaults (``make_update``, its networks, the tensor-level loss):
     the critics every call, the actor and targets every ``optim.policy_update_delay``-th.
 
-    ``hidden`` and ``batch_size`` replace the config's ([400, 300], 256); on ``device``, compiled as the
-    recipe compiles it (``compile``, ``cudagraphs``: one compiled update per value of ``update_actor``);
-    ``matmul_dtype``: the tensor-level loss's matmuls (``optim.matmul_dtype``).
+    ``hidden`` and ``batch_size`` replace the config's ([400, 300], 256); compiled as the recipe compiles it (one
+    compiled update per value of ``update_actor``); the rest as :func:`recipe_loop`.
     """
     sys.path.insert(0, str(ROOT / "recipes"))
     from td3 import make_update  # noqa: PLC0415 - the recipe script, imported as a module
@@ -200,9 +189,7 @@ def td3_loop(rb, *, device: torch.device | str = "cpu", compile: bool = False, c
         cfg.network.hidden_sizes = list(hidden)
     cfg.compile.compile, cfg.compile.cudagraphs = compile, cudagraphs
     device = torch.device(device)
-    torch.manual_seed(0)
-    nets = make_networks(cfg, "td3", EnvInfo(OBS, ACT, -torch.ones(ACT), torch.ones(ACT)), device=device)
-    loss, target = make_loss_module(cfg, "td3", nets)
+    loss, target = make_loss_module(cfg, "td3", networks(device, cfg, "td3"))
     update = make_update(loss, make_optimizer(cfg, loss), target, tensor_loss(loss, matmul_dtype))
     updates = {flag: compile_update(functools.partial(update, update_actor=flag), cfg.compile, device)
                for flag in (False, True)}
@@ -222,23 +209,21 @@ def update_rates(variants: dict, blocks: int, block_updates: int, *, warmup_step
     ``threads`` maps a variant to the torch thread count its blocks run with (default: one).
     """
     threads = threads or {}
-    warmup = {}
-    for name, step in variants.items():
+
+    def seconds(name: str, steps: int) -> float:
         torch.set_num_threads(threads.get(name, 1))
         start = time.perf_counter()
-        for _ in range(warmup_steps):  # compiles the compiled variants (and captures CUDA graphs)
-            step()
+        for _ in range(steps):
+            variants[name]()
         sync()
-        warmup[name] = time.perf_counter() - start
+        return time.perf_counter() - start
+
+    # the warm-up compiles the compiled variants (and captures CUDA graphs)
+    warmup = {name: seconds(name, warmup_steps) for name in variants}
     rates = {name: [] for name in variants}
     for _ in range(blocks):
-        for name, step in variants.items():
-            torch.set_num_threads(threads.get(name, 1))
-            start = time.perf_counter()
-            for _ in range(block_updates):
-                step()
-            sync()
-            rates[name].append(block_updates / (time.perf_counter() - start))
+        for name in variants:
+            rates[name].append(block_updates / seconds(name, block_updates))
     torch.set_num_threads(1)
     return {name: {"ups": statistics.median(r), "best_ups": max(r), "warmup_s": warmup[name]}
             for name, r in rates.items()}
@@ -247,17 +232,15 @@ def update_rates(variants: dict, blocks: int, block_updates: int, *, warmup_step
 def profile_update(rb, updates: int = 50, top: int = 12) -> dict[str, object]:
     """Milliseconds per recipe update (one thread) in each of its parts, and in matrix products, by torch.profiler.
 
-    ``matmul`` is the self time of the matrix-product ops anywhere in the
-    update (inside ``loss`` and ``backward``); ``total`` the whole update;
+    ``matmul`` is the self time of the matrix-product ops anywhere in the update, ``total`` the whole update,
     ``ops`` the ``top`` ops by self time, each with its calls per update.
     """
     from torch.autograd.profiler import record_function  # noqa: PLC0415
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
     torch.set_num_threads(1)
-    nets = networks()
     cfg = config()
-    loss, target = make_loss_module(cfg, "sac", nets)
+    loss, target = make_loss_module(cfg, "sac", networks())
     optimizer = make_optimizer(cfg, loss)
     loss_fn = tensor_loss(loss)
     sample = BufferSampler(rb, BATCH)
@@ -267,8 +250,7 @@ def profile_update(rb, updates: int = 50, top: int = 12) -> dict[str, object]:
             with record_function("sample"):
                 batch = sample()[0]
             with record_function("loss"):
-                losses = loss_fn(batch)
-                total = losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]
+                total = total_loss(loss_fn(batch))
             with record_function("backward"):
                 total.backward()
             with record_function("optimizer"):
@@ -300,17 +282,12 @@ def update_matmuls(algo: str = "sac", hidden: tuple[int, ...] = (HIDDEN, HIDDEN)
                    obs: int = OBS, act: int = ACT, policy_delay: int = 2) -> list[tuple[tuple[int, int, int], float]]:
     """The matrix products ``(m, k) @ (k, n)`` of one update of the recipe, as ``((m, k, n), times per update)``.
 
-    SAC (SACLoss v2 or its tensor-level twin, two Q-networks): the actor forward
-    on ``observation`` (with backward) and on ``("next", "observation")``; the
-    Q-networks forward on ``(observation, new action)`` for the actor loss
-    (backward to the action only: their weights are detached there), on
-    ``(observation, action)`` for the Q loss (with backward), and the target
-    Q-networks on ``(next observation, next action)``. TD3: every update the
-    target actor and both target Q-networks forward on the next observation
-    and both Q-networks forward and backward; every ``policy_delay``-th the
-    actor forward and backward through Q1 (backward to the action only). A
-    layer's backward is ``grad_out @ W`` for its input (none for a layer reading
-    the batch) and ``input.T @ grad_out`` for its weight.
+    SAC (two Q-networks): the actor forward on the observation (with backward) and on the next one; the
+    Q-networks forward for the actor loss (backward to the action only), for the Q loss (with backward) and as
+    targets. TD3: every update the target actor and Q-networks forward and both Q-networks forward and backward;
+    every ``policy_delay``-th the actor forward and backward through Q1 (backward to the action only). A layer's
+    backward is ``grad_out @ W`` for its input (none for a layer reading the batch) and ``input.T @ grad_out``
+    for its weight.
     """
     sizes = [*hidden]
     actor = list(zip([obs, *sizes], [*sizes, (2 if algo == "sac" else 1) * act]))
@@ -358,12 +335,8 @@ def best_matmul_s(m: int, k: int, n: int, threads: int, repeats: int = 200) -> f
 def sgemm_limit(threads: int, algo: str = "sac", hidden: tuple[int, ...] = (HIDDEN, HIDDEN),
                 batch: int = BATCH) -> dict:
     """An update's matrix products alone (:func:`update_matmuls`), each at the best rate torch reaches on its
-    shape on ``threads`` threads: updates/s, that rate in GFLOP/s, and the MFLOP of one update.
-
-    The limit the recipe's update is measured against: everything
-    else an update does -- elementwise ops, the optimiser, the target update,
-    sampling, Python -- is what separates the two.
-    """
+    shape on ``threads`` threads: updates/s, that rate in GFLOP/s, and the MFLOP of one update. Everything else
+    an update does (elementwise ops, the optimiser, sampling, Python) is what separates the update from it."""
     products = update_matmuls(algo, hidden, batch)
     best = {shape: best_matmul_s(*shape, threads) for shape in {shape for shape, _ in products}}
     seconds = sum(best[shape] * times for shape, times in products)
@@ -402,12 +375,8 @@ def publish_times_ms(device: torch.device, repeats: int = 50) -> dict[str, list[
 
 def batch_size_sweep(batch_sizes: list[int], rows: int, blocks: int, block_updates: int) -> dict:
     """``--batch-sizes``: the SAC recipe's update at each batch size on one and two torch threads (alternating
-    blocks), on a buffer of ``rows`` rows, and what sampling costs in it.
-
-    Per batch size: updates/s and rows trained on per second on each thread count, the second thread's
-    gain, the fraction of the sgemm limit at that batch (:func:`sgemm_limit`), and ``sample_ms``, one
-    :class:`~torchrl_unilab.data.BufferSampler` batch on one thread, with its share of a one-thread update.
-    """
+    blocks), on a buffer of ``rows`` rows: updates/s, rows/s, the second thread's gain, the fraction of the sgemm
+    limit (:func:`sgemm_limit`), and ``sample_ms`` (one batch on one thread) with its share of an update."""
     rb = filled_buffer(rows)
     variants, threads = {}, {}
     for batch in batch_sizes:
@@ -429,11 +398,10 @@ def batch_size_sweep(batch_sizes: list[int], rows: int, blocks: int, block_updat
             "buffer_rows": rows, "hidden": [HIDDEN, HIDDEN], "by_batch_size": table}
 
 
-def publish_figures(device: torch.device) -> dict:
-    """One weight publish of the SAC exploration policy from ``device`` to a shared block, batched and per tensor."""
-    times = publish_times_ms(device)
-    return {"publish_ms": round(statistics.median(times["batched"]), 3),
-            "publish_per_tensor_ms": round(statistics.median(times["per_tensor"]), 3)}
+def rate_keys(rates: dict) -> dict:
+    """Each variant's ``<name>_ups`` and ``<name>_best_ups``, rounded."""
+    return {**{f"{name}_ups": round(r["ups"], 1) for name, r in rates.items()},
+            **{f"{name}_best_ups": round(r["best_ups"], 1) for name, r in rates.items()}}
 
 
 def device_suite(args) -> dict:
@@ -453,9 +421,7 @@ def device_suite(args) -> dict:
     # CUDA graphs capture after 5 eager calls (trainers/compile.py); a few more settle the allocator.
     rates = update_rates(variants, args.blocks, args.block_updates, warmup_steps=10, sync=sync)
     out = {"benchmark": "learner_throughput", "device": str(device), "gpu": torch.cuda.get_device_name(device),
-           "batch_size": BATCH, "hidden": [HIDDEN, HIDDEN], "threads": 1,
-           **{f"{name}_ups": round(r["ups"], 1) for name, r in rates.items()},
-           **{f"{name}_best_ups": round(r["best_ups"], 1) for name, r in rates.items()},
+           "batch_size": BATCH, "hidden": [HIDDEN, HIDDEN], "threads": 1, **rate_keys(rates),
            **{f"{name}_warmup_s": round(r["warmup_s"], 1) for name, r in rates.items() if name.startswith("compiled")}}
     for name in ("compiled", "compiled_cudagraphs"):
         if name in rates:
@@ -467,7 +433,9 @@ def device_suite(args) -> dict:
     pageable = BufferSampler(rb, BATCH, device=device, pin_memory=False)
     out["sample_ms"] = round(median_ms(pinned, sync=sync), 3)
     out["sample_pageable_ms"] = round(median_ms(pageable, sync=sync), 3)
-    out.update(publish_figures(device))
+    times = publish_times_ms(device)
+    out["publish_ms"] = round(statistics.median(times["batched"]), 3)
+    out["publish_per_tensor_ms"] = round(statistics.median(times["per_tensor"]), 3)
     if args.e2e_frames:
         compiled = [] if args.no_compile else ["compile.compile=true", "compile.cudagraphs=true"]
         for workers in (1, 2):
@@ -479,19 +447,15 @@ def device_suite(args) -> dict:
     return out
 
 
-START_FRAMES = 1000  # random frames before learning starts, in both end-to-end runs
-
-
 def end_to_end(frames: int, threads: int | str, overrides: list[str] | tuple[str, ...] = (), *, recipe: str = "sac",
                seconds: float | None = None, start_frames: int = START_FRAMES, log_every: int = 250) -> dict:
     """recipes/sac.py (or ``recipe``) on HalfCheetah-v5 at utd_ratio=1 (plus ``overrides``): env frames/s once
     learning has started.
 
-    With ``seconds`` the run is bounded by time instead of ``frames``: it is stopped (SIGTERM, the recipe's
-    Ctrl-C: it saves and exits) ``seconds`` after its first log past ``start_frames`` random frames and two
-    log windows (where a compiled update compiles), and the figures are over that window, with
-    ``updates_per_s``, the workers and envs, and ``longest_stall_s`` (the run's longest learner stall,
-    compilation included) beside ``longest_stall_before_window_s`` (the same when the window began).
+    With ``seconds`` the run is stopped by SIGTERM (the recipe's Ctrl-C: it saves and exits) ``seconds`` after
+    its first log past ``start_frames`` and two log windows (where a compiled update compiles), and the figures
+    are over that window, with ``updates_per_s``, the workers and envs, and ``longest_stall_s`` (compilation
+    included) beside ``longest_stall_before_window_s`` (the same when the window began).
     """
     sys.path.insert(0, str(ROOT / "recipes"))
     module = importlib.import_module(recipe)  # the recipe script, imported as a module
@@ -624,45 +588,35 @@ def main() -> None:
                         recipe_bf16_2t=recipe_loop(rb, matmul_dtype=torch.bfloat16),
                         td3_recipe_bf16=td3_loop(rb, matmul_dtype=torch.bfloat16))
     rates = update_rates(variants, args.blocks, args.block_updates, threads={"recipe_2t": 2, "recipe_bf16_2t": 2})
+    ups = {name: r["ups"] for name, r in rates.items()}
     limits = {n: sgemm_limit(n) for n in (1, 2)}
     td3_hidden = tuple(OmegaConf.load(ROOT / "recipes" / "config" / "td3.yaml").network.hidden_sizes)
     td3_limit = sgemm_limit(1, "td3", td3_hidden)
     out = {
-        "benchmark": "learner_throughput",
-        "batch_size": BATCH,
-        "hidden": [HIDDEN, HIDDEN],
-        "threads": 1,
-        **{f"{name}_ups": round(r["ups"], 1) for name, r in rates.items()},
-        **{f"{name}_best_ups": round(r["best_ups"], 1) for name, r in rates.items()},
-        **{f"{name}_ratio": round(r["ups"] / rates["plain"]["ups"], 2) for name, r in rates.items() if name != "plain"},
+        "benchmark": "learner_throughput", "batch_size": BATCH, "hidden": [HIDDEN, HIDDEN], "threads": 1,
+        **rate_keys(rates), **{f"{name}_ratio": round(ups[name] / ups["plain"], 2) for name in ups if name != "plain"},
         # the update against the sgemm limit on 1 and 2 threads
         "update_mflop": round(limits[1]["update_mflop"], 1),
-        "sgemm_gflops_1t": round(limits[1]["gflops"], 1),
-        "sgemm_gflops_2t": round(limits[2]["gflops"], 1),
-        "limit_ups_1t": round(limits[1]["ups"], 1),
-        "limit_ups_2t": round(limits[2]["ups"], 1),
-        "plain_ups_1t": round(rates["plain"]["ups"], 1),
-        "recipe_ups_1t": round(rates["recipe"]["ups"], 1),
-        "recipe_ups_2t": round(rates["recipe_2t"]["ups"], 1),
-        "recipe_fraction_of_limit_1t": round(rates["recipe"]["ups"] / limits[1]["ups"], 3),
-        "recipe_fraction_of_limit_2t": round(rates["recipe_2t"]["ups"] / limits[2]["ups"], 3),
+        "sgemm_gflops_1t": round(limits[1]["gflops"], 1), "sgemm_gflops_2t": round(limits[2]["gflops"], 1),
+        "limit_ups_1t": round(limits[1]["ups"], 1), "limit_ups_2t": round(limits[2]["ups"], 1),
+        "plain_ups_1t": round(ups["plain"], 1),
+        "recipe_ups_1t": round(ups["recipe"], 1), "recipe_ups_2t": round(ups["recipe_2t"], 1),
+        "recipe_fraction_of_limit_1t": round(ups["recipe"] / limits[1]["ups"], 3),
+        "recipe_fraction_of_limit_2t": round(ups["recipe_2t"] / limits[2]["ups"], 3),
         # the same for recipes/td3.py's update, with its own sizes and policy delay
-        "td3_hidden": list(td3_hidden),
-        "td3_update_mflop": round(td3_limit["update_mflop"], 1),
-        "td3_limit_ups_1t": round(td3_limit["ups"], 1),
-        "td3_recipe_ups_1t": round(rates["td3_recipe"]["ups"], 1),
-        "td3_fraction_of_limit_1t": round(rates["td3_recipe"]["ups"] / td3_limit["ups"], 3),
+        "td3_hidden": list(td3_hidden), "td3_update_mflop": round(td3_limit["update_mflop"], 1),
+        "td3_limit_ups_1t": round(td3_limit["ups"], 1), "td3_recipe_ups_1t": round(ups["td3_recipe"], 1),
+        "td3_fraction_of_limit_1t": round(ups["td3_recipe"] / td3_limit["ups"], 3),
     }
     if "recipe_compiled" in rates:
         out["compile_warmup_s"] = round(rates["recipe_compiled"]["warmup_s"], 1)
     if args.matmul_dtype:
-        out.update({"cpu_computes_bf16": cpu_computes_bf16(),
-                    "recipe_bf16_ups_1t": round(rates["recipe_bf16"]["ups"], 1),
-                    "recipe_bf16_ups_2t": round(rates["recipe_bf16_2t"]["ups"], 1),
-                    "td3_recipe_bf16_ups_1t": round(rates["td3_recipe_bf16"]["ups"], 1),
-                    "recipe_bf16_over_fp32_1t": round(rates["recipe_bf16"]["ups"] / rates["recipe"]["ups"], 3),
-                    "recipe_bf16_over_fp32_2t": round(rates["recipe_bf16_2t"]["ups"] / rates["recipe_2t"]["ups"], 3),
-                    "td3_bf16_over_fp32_1t": round(rates["td3_recipe_bf16"]["ups"] / rates["td3_recipe"]["ups"], 3)})
+        out.update({"cpu_computes_bf16": cpu_computes_bf16(), "recipe_bf16_ups_1t": round(ups["recipe_bf16"], 1),
+                    "recipe_bf16_ups_2t": round(ups["recipe_bf16_2t"], 1),
+                    "td3_recipe_bf16_ups_1t": round(ups["td3_recipe_bf16"], 1),
+                    "recipe_bf16_over_fp32_1t": round(ups["recipe_bf16"] / ups["recipe"], 3),
+                    "recipe_bf16_over_fp32_2t": round(ups["recipe_bf16_2t"] / ups["recipe_2t"], 3),
+                    "td3_bf16_over_fp32_1t": round(ups["td3_recipe_bf16"] / ups["td3_recipe"], 3)})
     if args.prefetch:
         out["sample_ms"] = round(median_ms(BufferSampler(rb, BATCH)), 3)
     if args.profile:
@@ -671,15 +625,14 @@ def main() -> None:
         # weights_only: tensors and plain values only, nothing that runs code
         trained = torch.load(args.checkpoint / "state.pt", weights_only=True, map_location="cpu")["modules"]
         fraction = denormal_fraction(trained["optimizer"])
-        variants = {"trained": with_flush_denormal(recipe_loop(rb, trained=trained), False),
-                    "trained_flush": with_flush_denormal(recipe_loop(rb, trained=trained), True)}
-        trained_rates = update_rates(variants, args.blocks, args.block_updates)
+        trained_rates = update_rates({"trained": with_flush_denormal(recipe_loop(rb, trained=trained), False),
+                                      "trained_flush": with_flush_denormal(recipe_loop(rb, trained=trained), True)},
+                                     args.blocks, args.block_updates)
         torch.set_flush_denormal(False)
-        out.update({"trained_denormal_fraction": round(fraction, 4),
-                    "trained_ups_1t": round(trained_rates["trained"]["ups"], 1),
-                    "trained_flush_ups_1t": round(trained_rates["trained_flush"]["ups"], 1),
-                    "trained_flush_ratio": round(trained_rates["trained_flush"]["ups"]
-                                                 / trained_rates["trained"]["ups"], 3)})
+        trained_ups, flush_ups = trained_rates["trained"]["ups"], trained_rates["trained_flush"]["ups"]
+        out.update({"trained_denormal_fraction": round(fraction, 4), "trained_ups_1t": round(trained_ups, 1),
+                    "trained_flush_ups_1t": round(flush_ups, 1),
+                    "trained_flush_ratio": round(flush_ups / trained_ups, 3)})
     if args.e2e_frames:
         # optim.num_threads auto (the default) against 1, alternating (auto, 1, 1, auto, ...): frames/s each
         fps, changes = {"auto": [], "1": []}, []
@@ -688,14 +641,14 @@ def main() -> None:
             fps[threads].append(round(e2e["frames_per_s"], 1))
             if threads == "auto":
                 changes.append(e2e["thread_changes"])
-        out.update({"e2e_fps_auto": round(statistics.median(fps["auto"]), 1),
-                    "e2e_fps_1t": round(statistics.median(fps["1"]), 1),
-                    "e2e_auto_over_1t": round(statistics.median(fps["auto"]) / statistics.median(fps["1"]), 3),
-                    "e2e_fps_rounds": fps, "e2e_auto_thread_changes": changes})
+        auto, one = statistics.median(fps["auto"]), statistics.median(fps["1"])
+        out.update({"e2e_fps_auto": round(auto, 1), "e2e_fps_1t": round(one, 1),
+                    "e2e_auto_over_1t": round(auto / one, 3), "e2e_fps_rounds": fps,
+                    "e2e_auto_thread_changes": changes})
         sb3 = None if args.no_sb3 else stable_baselines3(args.e2e_frames, machine_cores())
         if sb3 is not None:
             out.update({"sb3_fps": round(sb3["frames_per_s"], 1), "sb3_threads": machine_cores(),
-                        "e2e_auto_over_sb3": round(statistics.median(fps["auto"]) / sb3["frames_per_s"], 2)})
+                        "e2e_auto_over_sb3": round(auto / sb3["frames_per_s"], 2)})
     print(json.dumps(out))
 
 
