@@ -16,6 +16,7 @@ Run::
     python benchmarks/learner_throughput.py --device cuda [--block-updates 200] [--e2e-frames 20000]
     python benchmarks/learner_throughput.py --batch-sizes 256 512 1024 2048 [--buffer-rows 1000000]
     python benchmarks/learner_throughput.py --matmul-dtype bf16 --e2e-frames 0 --no-compile --no-sb3
+    python benchmarks/learner_throughput.py --crossq-widths 256 512 1024 --e2e-frames 0 --no-sb3
 
 It prints one JSON line; ``benchmarks/README.md`` lists every key and option. The figures the docs show are in
 ``benchmarks/results/learning/learner_throughput.json``.
@@ -181,16 +182,35 @@ def td3_loop(rb, *, device: torch.device | str = "cpu", compile: bool = False, c
     ``hidden`` and ``batch_size`` replace the config's ([400, 300], 256); compiled as the recipe compiles it (one
     compiled update per value of ``update_actor``); the rest as :func:`recipe_loop`.
     """
-    sys.path.insert(0, str(ROOT / "recipes"))
-    from td3 import make_update  # noqa: PLC0415 - the recipe script, imported as a module
-
     cfg = OmegaConf.load(ROOT / "recipes" / "config" / "td3.yaml")
     if hidden is not None:
         cfg.network.hidden_sizes = list(hidden)
     cfg.compile.compile, cfg.compile.cudagraphs = compile, cudagraphs
     device = torch.device(device)
     loss, target = make_loss_module(cfg, "td3", networks(device, cfg, "td3"))
-    update = make_update(loss, make_optimizer(cfg, loss), target, tensor_loss(loss, matmul_dtype))
+    update = recipe_script("td3").make_update(loss, make_optimizer(cfg, loss), target, tensor_loss(loss, matmul_dtype))
+    return delayed_actor_step(update, cfg, rb, device, batch_size)
+
+
+def crossq_loop(rb, width: int):
+    """The update of recipes/crossq.py with its defaults (TorchRL's ``CrossQLoss``, the critics every call, the
+    actor and alpha every ``optim.policy_update_delay``-th), its critics ``width`` wide."""
+    with initialize_config_dir(config_dir=str(ROOT / "recipes" / "config"), version_base="1.3"):
+        cfg = compose(config_name="crossq", overrides=[f"network.critic_hidden_sizes=[{width},{width}]"])
+    loss, _ = make_loss_module(cfg, "crossq", networks("cpu", cfg, "crossq"))
+    update = recipe_script("crossq").make_update(loss, make_optimizer(cfg, loss))
+    return delayed_actor_step(update, cfg, rb, torch.device("cpu"))
+
+
+def recipe_script(name: str):
+    """``recipes/<name>.py``, imported as a module."""
+    sys.path.insert(0, str(ROOT / "recipes"))
+    return importlib.import_module(name)
+
+
+def delayed_actor_step(update, cfg, rb, device: torch.device, batch_size: int | None = None):
+    """``step()``: a sampled batch through ``update(batch, update_actor)``, the actor's part every
+    ``optim.policy_update_delay``-th call, each value of ``update_actor`` compiled as the recipe compiles it."""
     updates = {flag: compile_update(functools.partial(update, update_actor=flag), cfg.compile, device)
                for flag in (False, True)}
     sample = BufferSampler(rb, batch_size or int(cfg.optim.batch_size), device=device)
@@ -566,6 +586,9 @@ def main() -> None:
     parser.add_argument("--matmul-dtype", choices=("bf16",), default=None,
                         help="also the SAC and TD3 updates with bf16 matmuls (optim.matmul_dtype=bf16), in the same "
                              "alternating blocks: *_bf16_ups_* and their ratios over float32")
+    parser.add_argument("--crossq-widths", type=int, nargs="+", default=None, metavar="W",
+                        help="also recipes/crossq.py's update with critics W wide, in the same alternating blocks: "
+                             "crossq_<W>_ups_1t and its ratio to the SAC recipe's update")
     parser.add_argument("--buffer-rows", type=int, default=50_000,
                         help="rows in the buffer --batch-sizes samples from (the SAC recipe's holds up to 1,000,000)")
     args = parser.parse_args()
@@ -587,6 +610,8 @@ def main() -> None:
         variants.update(recipe_bf16=recipe_loop(rb, matmul_dtype=torch.bfloat16),
                         recipe_bf16_2t=recipe_loop(rb, matmul_dtype=torch.bfloat16),
                         td3_recipe_bf16=td3_loop(rb, matmul_dtype=torch.bfloat16))
+    for width in args.crossq_widths or ():
+        variants[f"crossq_{width}"] = crossq_loop(rb, width)
     rates = update_rates(variants, args.blocks, args.block_updates, threads={"recipe_2t": 2, "recipe_bf16_2t": 2})
     ups = {name: r["ups"] for name, r in rates.items()}
     limits = {n: sgemm_limit(n) for n in (1, 2)}
@@ -617,6 +642,9 @@ def main() -> None:
                     "recipe_bf16_over_fp32_1t": round(ups["recipe_bf16"] / ups["recipe"], 3),
                     "recipe_bf16_over_fp32_2t": round(ups["recipe_bf16_2t"] / ups["recipe_2t"], 3),
                     "td3_bf16_over_fp32_1t": round(ups["td3_recipe_bf16"] / ups["td3_recipe"], 3)})
+    for width in args.crossq_widths or ():
+        out.update({f"crossq_{width}_ups_1t": round(ups[f"crossq_{width}"], 1),
+                    f"crossq_{width}_over_recipe_1t": round(ups[f"crossq_{width}"] / ups["recipe"], 3)})
     if args.prefetch:
         out["sample_ms"] = round(median_ms(BufferSampler(rb, BATCH)), 3)
     if args.profile:
