@@ -10,8 +10,8 @@ batch, the actor and the temperature every ``optim.policy_update_delay`` critic 
 - an ``OffPolicyCollector`` fills the shared replay buffer from worker processes while this process learns at
   ``optim.utd_ratio``, as in ``recipes/sac.py``.
 
-    python recipes/crossq.py                                      # HalfCheetah-v5, critics 1024 wide
-    python recipes/crossq.py network.critic_hidden_sizes=[256,256]
+    python recipes/crossq.py                                      # HalfCheetah-v5, 100k frames, critics 256 wide
+    python recipes/crossq.py network.critic_hidden_sizes=[1024,1024]   # SB3-contrib's width: a GPU learner's
     python recipes/crossq.py collector.lockstep=true              # collect, train, repeat: reproducible
 
 Ctrl-C saves a checkpoint to resume from.
