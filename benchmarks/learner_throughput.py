@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import importlib
 import json
 import math
@@ -50,7 +49,7 @@ from torchrl.objectives import SACLoss, SoftUpdate
 from torchrl_unilab import SharedWeights, make_replay_buffer
 from torchrl_unilab.data import BufferSampler
 from torchrl_unilab.objectives import tensor_loss
-from torchrl_unilab.trainers.compile import compile_update
+from torchrl_unilab.trainers.compile import compile_delayed_update, compile_update
 from torchrl_unilab.trainers.device import cpu_computes_bf16, learner_device
 from torchrl_unilab.trainers.recipes_utils import EnvInfo, make_loss_module, make_networks, make_optimizer
 from torchrl_unilab.trainers.threads import machine_cores
@@ -204,15 +203,15 @@ def crossq_loop(rb, width: int):
 
 def recipe_script(name: str):
     """``recipes/<name>.py``, imported as a module."""
-    sys.path.insert(0, str(ROOT / "recipes"))
+    if str(ROOT / "recipes") not in sys.path:
+        sys.path.insert(0, str(ROOT / "recipes"))
     return importlib.import_module(name)
 
 
 def delayed_actor_step(update, cfg, rb, device: torch.device, batch_size: int | None = None):
     """``step()``: a sampled batch through ``update(batch, update_actor)``, the actor's part every
     ``optim.policy_update_delay``-th call, each value of ``update_actor`` compiled as the recipe compiles it."""
-    updates = {flag: compile_update(functools.partial(update, update_actor=flag), cfg.compile, device)
-               for flag in (False, True)}
+    updates = compile_delayed_update(update, cfg.compile, device)
     sample = BufferSampler(rb, batch_size or int(cfg.optim.batch_size), device=device)
     delay, calls = int(cfg.optim.policy_update_delay), [0]
 

@@ -19,7 +19,6 @@ Ctrl-C saves a checkpoint to resume from.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import hydra
@@ -28,7 +27,7 @@ from omegaconf import DictConfig
 from tensordict import TensorDictBase
 from torchrl.objectives import CrossQLoss
 
-from torchrl_unilab.trainers.compile import compile_update
+from torchrl_unilab.trainers.compile import compile_delayed_update
 from torchrl_unilab.trainers.recipes_utils import gradient_step, make_learner, start_run
 
 
@@ -87,8 +86,7 @@ def main(cfg: DictConfig) -> dict:
     learner = make_learner(cfg, "crossq")
     update = make_update(learner.loss_module, learner.optimizer, prb=learner.prb)
     # torch.compile, and on CUDA CUDA graphs, as the compile section asks; one per value of update_actor
-    updates = {flag: compile_update(functools.partial(update, update_actor=flag), cfg.compile, learner.device)
-               for flag in (False, True)}
+    updates = compile_delayed_update(update, cfg.compile, learner.device)
 
     # Replay buffer in shared memory, which the collector's workers fill in the background; the run: directory,
     # checkpoint (resume=...), logger, evaluation, collector and UTD pacing; sample(): the keys the losses read

@@ -23,7 +23,6 @@ Ctrl-C saves a checkpoint to resume from.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import hydra
@@ -33,7 +32,7 @@ from tensordict import TensorDictBase
 from torchrl.objectives import TD3Loss
 from torchrl.objectives.utils import TargetNetUpdater
 
-from torchrl_unilab.trainers.compile import compile_update
+from torchrl_unilab.trainers.compile import compile_delayed_update
 from torchrl_unilab.trainers.recipes_utils import gradient_step, make_learner, start_run
 
 
@@ -103,8 +102,7 @@ def main(cfg: DictConfig) -> dict:
 
     # torch.compile, and on CUDA CUDA graphs, as the compile section asks (TorchRL's sota scripts, LeanRL);
     # one per value of update_actor: a CUDA graph replays the branch it captured
-    updates = {flag: compile_update(functools.partial(update, update_actor=flag), cfg.compile, learner.device)
-               for flag in (False, True)}
+    updates = compile_delayed_update(update, cfg.compile, learner.device)
 
     # Replay buffer in shared memory, which the collector's workers fill in the background; the run: directory,
     # checkpoint (resume=...), logger, evaluation, collector and UTD pacing; sample(): replay_buffer.sample() for the

@@ -17,8 +17,8 @@ from 127 to 725 updates/s on an H100 in LeanRL's figures):
   On the CPU there are no CUDA graphs: the setting is ignored with a warning.
 
 A captured graph replays the Python it saw once: an update with a branch
-(TD3's delayed actor step) needs one graph per branch, so compile each
-variant on its own (``functools.partial(update, update_actor=True)``).
+(TD3's and CrossQ's delayed actor step) needs one graph per branch:
+:func:`compile_delayed_update` compiles each variant on its own.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
 from torchrl._utils import compile_with_warmup
 
-__all__ = ["compile_update"]
+__all__ = ["compile_delayed_update", "compile_update"]
 
 #: Eager calls before CUDA graphs capture the update (TorchRL's sota scripts use 5).
 CUDAGRAPH_WARMUP = 5
@@ -87,6 +87,23 @@ def compile_update(update: Callable[..., Any], compile_cfg: Any, device: torch.d
         update = CudaGraphModule(_returning_tensordict(update), in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP,
                                  device=device)
     return update
+
+
+def compile_delayed_update(update: Callable[..., Any], compile_cfg: Any,
+                           device: torch.device | str) -> dict[bool, Callable[..., Any]]:
+    """``{update_actor: update(batch)}``: ``update(batch, update_actor)`` compiled by :func:`compile_update` once per
+    value of ``update_actor``, for the recipes whose actor steps every ``optim.policy_update_delay``-th update.
+
+    One compiled callable per branch: a CUDA graph replays only the branch it captured.
+
+    Examples:
+        >>> step = lambda batch, update_actor: {"actor": torch.tensor(float(update_actor))}
+        >>> updates = compile_delayed_update(step, {"compile": False}, "cpu")
+        >>> updates[False](None)["actor"].item(), updates[True](None)["actor"].item()
+        (0.0, 1.0)
+    """
+    return {flag: compile_update(functools.partial(update, update_actor=flag), compile_cfg, device)
+            for flag in (False, True)}
 
 
 def _returning_tensordict(update: Callable[..., Any]) -> Callable[..., TensorDict | None]:
