@@ -551,11 +551,12 @@ def make_learner(cfg: DictConfig, algo: str) -> Learner:
     if prb and not hasattr(loss_module.tensor_keys, "priority_weight"):
         raise ValueError(f"replay_buffer.prb=true needs a loss that reads importance weights; TorchRL's "
                          f"{type(loss_module).__name__} ({algo}) reads none: use replay_buffer.prb=false")
-    matmul_dtype = learner_matmul_dtype(cfg.optim.get("matmul_dtype", "fp32"), device)
+    asked = cfg.optim.get("matmul_dtype", "fp32")
+    matmul_dtype = learner_matmul_dtype(asked, device)
     fast_loss = tensor_loss(loss_module, matmul_dtype) if cfg.compile.fast_loss and not prb else None
     if fast_loss is not None:
         _log.info(f"learner: the networks' matmuls in {str(matmul_dtype).removeprefix('torch.')} "
-                  f"(optim.matmul_dtype={cfg.optim.get('matmul_dtype', 'fp32')}); losses and weights in float32")
+                  f"(optim.matmul_dtype={asked}); losses and weights in float32")
     elif matmul_dtype != torch.float32:
         _log.info("learner: optim.matmul_dtype applies to the fast loss only; the loss module runs in float32")
     return Learner(device=device, nets=nets, loss_module=loss_module, target_net_updater=target_net_updater,
