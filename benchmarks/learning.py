@@ -38,14 +38,17 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import sota_dropin
 import wallclock
-from common import figure, list_table, percentile_interval, provenance, scalar_rows
+from common import figure, kill_group, list_table, percentile_interval, provenance, scalar_rows
 from hydra import compose, initialize_config_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +59,8 @@ class Task:
     """One algorithm on one env, with its overrides and the return it should reach.
 
     ``algo`` names a recipe (``recipes/<algo>.py``), or ``"sb3_td3"`` / ``"sb3_sac"``: Stable-Baselines3's
-    TD3 / SAC set up as :func:`run_sb3` says, with the recipe's ``init_random_frames`` as ``learning_starts``.
+    TD3 / SAC set up as :func:`run_sb3` says, with the recipe's ``init_random_frames`` as ``learning_starts``,
+    or a key of :data:`TORCHRL_SCRIPTS`: TorchRL's own script, run as :func:`run_torchrl_script` says.
     """
 
     algo: str
@@ -72,6 +76,7 @@ class Task:
     info_keys: tuple[str, ...] = ()  # EnvPool info entries each snapshot's evaluation reports (Go1's reward terms)
     # the recipe's config (recipes/config/<config>.yaml) the overrides apply to; None: the algo's own (sac, td3)
     config: str | None = None
+    rl_root: Path | None = None  # a pytorch/rl checkout (--rl-root), for the torchrl_* tasks: TorchRL's own scripts
 
     @property
     def name(self) -> str:
@@ -108,6 +113,11 @@ WALLCLOCK_CANDIDATES: dict[str, list[str]] = {
     "layernorm": ["network.use_layer_norm=true"],  # LayerNorm in every hidden layer (BRO, SimBa: Nauman et al. 2024,
                                                    # Lee et al. 2025), without their residual blocks
 }
+
+#: CrossQ (``recipes/crossq.py``) screened at these critic widths (``network.critic_hidden_sizes``, two layers).
+CROSSQ_WIDTHS = (256, 512, 1024)
+#: The SB3 algorithm each of the suite's other algorithms is measured against.
+SB3_COUNTERPART = {"crossq": "sac", "torchrl_sac": "sac"}
 
 #: Go1 in the FastTD3 regime on one GPU and 16 cores. FastTD3's Playground settings
 #: (fast_td3/hyperparams.py: 1024 envs, batch 32768, 8 updates per step of all envs, gamma 0.97, tau 0.1, a noise
@@ -166,7 +176,11 @@ SUITES: dict[str, list[Task]] = {
     "td3": against_sb3("td3", TD3_UTD1),  # the targets are relative (see compare_with_sb3)
     # return against wall-clock minutes (benchmarks/wallclock.py): the defaults, one update per frame, SAC's screened
     # levers; SB3 the reference (--algo sb3_<algo>, or --sb3-reference with its saved results)
-    "wallclock": [*wallclock_tasks("sac", UTD1, WALLCLOCK_CANDIDATES), *wallclock_tasks("td3", TD3_UTD1, {})],
+    "wallclock": [*wallclock_tasks("sac", UTD1, WALLCLOCK_CANDIDATES), *wallclock_tasks("td3", TD3_UTD1, {}),
+                  *(Task("crossq", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, [f"network.critic_hidden_sizes=[{w},{w}]"],
+                         minutes=WALLCLOCK_MINUTES, label=f"crossq{w}") for w in CROSSQ_WIDTHS),
+                  # the anchor a TorchRL user runs today: TorchRL's sac.py with its defaults (--rl-root)
+                  Task("torchrl_sac", "HalfCheetah-v5", 1_000_000, None, minutes=WALLCLOCK_MINUTES)],
     # Go1 on one GPU and 16 cores, the privileged (asymmetric) critic and the symmetric one side by side
     "go1_gpu": [
         Task("td3", "Go1JoystickFlatTerrain-v1", WALLCLOCK_FRAMES * 20, None,
@@ -186,6 +200,20 @@ SB3_TARGETS: dict[str, dict] = {
 
 #: Frames between two evaluations of the ``td3`` suite, on both sides.
 SB3_EVAL_EVERY = 10_000
+
+#: TorchRL's own scripts a task can run (its ``algo``), by their path in a pytorch/rl checkout.
+TORCHRL_SCRIPTS = {"torchrl_sac": "sota-implementations/sac/sac.py"}
+#: The longest a TorchRL script may take from its start to its main loop (imports, envs, collector).
+TORCHRL_SETUP_LIMIT_S = 300.0
+#: Runs the script given after ``-c`` as its ``__main__``, its csv logger taking a list (sac.py logs the returns of
+#: the episodes a batch finished as one) as their mean: TorchRL's ``CSVExperiment.add_scalar`` takes one number and
+#: raises on a list at the first batch that finishes episodes.
+TORCHRL_CSV_BOOT = (
+    "import runpy, statistics, sys; from torchrl.record.loggers import csv; add = csv.CSVExperiment.add_scalar; "
+    "csv.CSVExperiment.add_scalar = lambda self, name, value, global_step=None: add("
+    "self, name, statistics.fmean(value) if isinstance(value, list) else value, global_step); "
+    "sys.argv = sys.argv[1:]; sys.path.insert(0, sys.argv[0].rpartition('/')[0]); "
+    "runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
 def selected(task: Task, parts: list[str], suite: list[Task]) -> bool:
@@ -242,6 +270,8 @@ def run(task: Task, seed: int, run_dir: Path) -> dict:
     ``snapshots`` (a budgeted run's), or :func:`run_sb3`'s."""
     if task.algo.startswith("sb3_"):
         return run_sb3(task, seed)
+    if task.algo in TORCHRL_SCRIPTS:
+        return run_torchrl_script(task, seed, run_dir)
     sys.path.insert(0, str(ROOT / "recipes"))
     recipe = __import__(task.algo)  # recipes/sac.py or recipes/td3.py
     # a budgeted run is evaluated from its snapshots afterwards: no evaluation takes its clock
@@ -329,6 +359,76 @@ def run_sb3(task: Task, seed: int) -> dict:
     elapsed = time.perf_counter() - started
     return {"final_return": curve[-1][1], "frames": task.frames, "updates": model._n_updates,  # noqa: SLF001
             "elapsed_s": elapsed, "curve": curve, "elapsed_at": elapsed_at}
+
+
+def run_torchrl_script(task: Task, seed: int, run_dir: Path) -> dict:
+    """TorchRL's own script (``task.algo``, from :data:`TORCHRL_SCRIPTS`, in the checkout ``task.rl_root``) as its
+    user runs it, for ``task.minutes`` of its main loop; returns what :func:`run` returns.
+
+    Its config's defaults (``collector.total_frames`` among them: the budget stops the run), but ``env.name``,
+    ``env.seed``, the csv logger (:data:`TORCHRL_CSV_BOOT`) and an evaluation every :data:`SB3_EVAL_EVERY` frames,
+    then ``task.overrides``.
+    It runs in a process group of its own in ``run_dir``, killed at the budget. Its evaluations are its own
+    (``eval/reward``: one deterministic episode on each of its evaluation envs), timed as their rows reach its csv log
+    (written and flushed as logged). The clock starts with its main loop (when its progress bar first shows, as
+    SB3's starts with ``learn``) and leaves out the seconds of its own evaluation rollouts (``time/eval``, logged
+    with each), which the recipe's snapshot evaluation takes none of either.
+    """
+    from omegaconf import OmegaConf
+
+    if task.rl_root is None:
+        raise ValueError(f"the {task.algo} task runs TorchRL's {TORCHRL_SCRIPTS[task.algo]}: --rl-root must name a "
+                         "pytorch/rl checkout (a work tree or a bare git dir), got none")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sota, commit = sota_dropin.open_checkout(task.rl_root.expanduser().resolve(), run_dir)
+    script = sota.parent / TORCHRL_SCRIPTS[task.algo]
+    hydra_dir = run_dir / "hydra"
+    overrides = [f"env.name={task.env}", f"env.seed={seed}", "logger.backend=csv",
+                 f"logger.eval_iter={SB3_EVAL_EVERY}", f"hydra.run.dir={hydra_dir}", *task.overrides]
+    cmd = [sys.executable, "-c", TORCHRL_CSV_BOOT, str(script), *overrides]
+    env = dict(os.environ, TMPDIR=str(run_dir / "tmp"), HYDRA_FULL_ERROR="1")
+    (run_dir / "tmp").mkdir(exist_ok=True)
+    log_path, rows, loop_start, failed = run_dir / "script.log", {}, None, False
+    with log_path.open("wb") as log, log_path.open("rb") as output:
+        proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        launched = time.monotonic()
+        try:
+            while proc.poll() is None and not failed:
+                now, new = time.monotonic(), output.read()
+                if loop_start is None and b"%|" in new:  # tqdm's first bar: the main loop begins
+                    loop_start = now
+                failed = b"Traceback (most recent call last)" in new  # it may hang on its way out
+                for path in hydra_dir.glob("*/*/scalars/eval/reward.csv"):
+                    for frames, value in scalar_rows(path):
+                        rows.setdefault(frames, (now, value))
+                if (loop_start is None and now - launched > TORCHRL_SETUP_LIMIT_S
+                        or loop_start is not None and now - loop_start >= 60 * task.minutes):
+                    break
+                time.sleep(0.5)
+        finally:
+            kill_group(proc.pid)
+            proc.wait()
+    if failed or loop_start is None or not rows:
+        raise RuntimeError(f"{script} in {run_dir}: " + ("failed" if failed else "no evaluation within its budget")
+                           + f" (its output: {log_path})")
+    scalars = next(hydra_dir.glob("*/*/scalars"))
+    eval_s = dict(scalar_rows(scalars / "time" / "eval.csv"))
+    cfg = OmegaConf.load(hydra_dir / ".hydra" / "config.yaml")
+    per_batch = int(cfg.collector.frames_per_batch * cfg.optim.utd_ratio)
+    snapshots, evaluating = [], 0.0
+    for frames, (seen, value) in sorted(rows.items()):
+        evaluating += eval_s.get(frames, 0.0)
+        snapshots.append({"elapsed_s": seen - loop_start - evaluating, "frames": int(frames),
+                          "updates": per_batch * max(0, int(frames - cfg.collector.init_random_frames)
+                                                     // int(cfg.collector.frames_per_batch) + 1),
+                          "return": value, "eval_s": eval_s.get(frames)})
+    return {"final_return": snapshots[-1]["return"], "frames": snapshots[-1]["frames"],
+            "updates": snapshots[-1]["updates"], "elapsed_s": snapshots[-1]["elapsed_s"],
+            "curve": [(float(p["frames"]), p["return"]) for p in snapshots],
+            "elapsed_at": {float(p["frames"]): p["elapsed_s"] for p in snapshots}, "snapshots": snapshots,
+            "command": " ".join([TORCHRL_SCRIPTS[task.algo], *overrides]), "rl_commit": commit,
+            "setup_s": round(loop_start - launched, 1)}
 
 
 def seed_count(runs) -> str:
@@ -602,10 +702,12 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
     table, curves = {}, {}
     overrides = {task.label: [f"--config-name {task.config}"] * bool(task.config) + task.overrides
                  for task in SUITES["wallclock"] if task.algo == algo}
-    stem, name = "wallclock" if algo == "sac" else f"wallclock_{algo}", algo.upper()
+    stem = {"sac": "wallclock", "torchrl_sac": "wallclock_anchor"}.get(algo, f"wallclock_{algo}")
+    against = SB3_COUNTERPART.get(algo, algo)
+    name = against.upper()
     for label, runs in sides.items():
-        per_seed = {seed: wallclock.value_at_minutes(run["snapshots"], math.ceil(minutes))
-                    for seed, run in runs.items()}
+        per_seed = {seed: wallclock.value_at_minutes(points, wallclock.clock_minutes(points, minutes))
+                    for seed, points in ((seed, run["snapshots"]) for seed, run in runs.items())}
         curve = curves[label] = wallclock.mean_with_interval(per_seed)
         table[label] = {
             "overrides": overrides.get(label),
@@ -627,10 +729,24 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
         lines += ["", f"SB3's {name}: mean return {reference['return']:.0f} at 100k frames after "
                       f"{reference['minutes']:.1f} min ({reference['seeds']} seeds; {reference['source']})."]
     write(out / f"{stem}.md", lines, show=True)
-    wallclock.plot_against_minutes(out / f"{stem}.png", f"{name} HalfCheetah-v5: return against wall-clock", curves,
+    title = TORCHRL_SCRIPTS.get(algo, algo.upper())
+    wallclock.plot_against_minutes(out / f"{stem}.png", f"{title} HalfCheetah-v5: return against wall-clock", curves,
                                    reference)
     points = {seed: wallclock.sb3_points(run) for seed, run in (sb3_runs or {}).items()}
-    summary = {**provenance("learning", note="one run after the other"), "suite": "wallclock", "algo": algo,
+    scripts = {seed: {key: run[key] for key in ("command", "rl_commit", "setup_s")} | {
+        "evaluation_s": round(sum(p["eval_s"] or 0.0 for p in run["snapshots"]), 1)}
+        for runs in sides.values() for seed, run in runs.items() if "command" in run}
+    note = "one run after the other"
+    if scripts:
+        commits = sorted({run["rl_commit"] for run in scripts.values()})
+        note += (f"; {TORCHRL_SCRIPTS[algo]} at pytorch/rl {', '.join(commits)}, its clock from its main loop's start "
+                 "(its progress bar), less its own evaluation rollouts (one deterministic episode on each of its "
+                 f"evaluation envs every {SB3_EVAL_EVERY} frames; on average "
+                 f"{statistics.fmean(run['evaluation_s'] for run in scripts.values()):.0f} s a run)")
+    summary = {**provenance("learning", note=note), "suite": "wallclock", "algo": algo, "sb3_algo": against,
+               # TorchRL's script, per seed: its command, seconds to its main loop, its evaluations' seconds (not on
+               # its clock)
+               **({"script_runs": scripts} if scripts else {}),
                "task": "HalfCheetah-v5", "snapshot_every_s": wallclock.SNAPSHOT_EVERY_S, "reference": reference,
                # SB3's runs behind the reference, per seed: the return and minutes at each evaluation
                "sb3_runs": {seed: {"updates": sb3_runs[seed]["updates"], "frames": [p["frames"] for p in run],
@@ -769,6 +885,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sb3-reference", type=Path, nargs="+", default=[], metavar="JSON",
                         help="wallclock suite without SB3 runs of its own: SB3's saved results as the reference, "
                              "one file per algorithm (benchmarks/results/learning/sac_vs_sb3.json, td3_vs_sb3.json)")
+    parser.add_argument("--rl-root", type=Path, default=None,
+                        help="wallclock suite's torchrl_sac task: a pytorch/rl work tree or bare git dir, whose "
+                             "sota-implementations/sac/sac.py it runs")
     parser.add_argument("--reuse", action="store_true",
                         help="take a run from its directory's result.json when it has the same frames")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
@@ -782,21 +901,27 @@ def main(argv: list[str] | None = None) -> None:
                              "<algo>_reruns.md, the return targets for each run against SB3 and against each other "
                              "run (the recipe against itself: the run-to-run spread)")
     args = parser.parse_args(argv)
+    suites = list(SUITES) if args.suite == "all" else [args.suite]
+    chosen = {suite: [task for task in SUITES[suite] if (not args.algo or task.algo in args.algo)
+                      and (not args.task or selected(task, args.task, SUITES[suite]))] for suite in suites}
+    scripts = {task.algo for tasks in chosen.values() for task in tasks if task.algo in TORCHRL_SCRIPTS}
+    if scripts and args.rl_root is None and not args.reuse:
+        parser.error(f"--rl-root is needed for {', '.join(sorted(scripts))} (TorchRL's own scripts); give a "
+                     "pytorch/rl checkout, or pick other algorithms with --algo")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for suite in list(SUITES) if args.suite == "all" else [args.suite]:
+    for suite in suites:
         results, tasks = {}, {}
         by_env: dict[tuple[str, str], dict[str, dict[int, dict]]] = {}  # (algo, env) -> variant -> seed -> run
-        for task in SUITES[suite]:
-            if args.algo and task.algo not in args.algo or args.task and not selected(task, args.task, SUITES[suite]):
-                continue
+        for task in chosen[suite]:
             task = dataclasses.replace(task, frames=args.frames or task.frames,
                                        minutes=None if task.minutes is None else args.minutes or task.minutes,
-                                       overrides=[*task.overrides, *args.extra])
+                                       overrides=[*task.overrides, *args.extra], rl_root=args.rl_root)
             runs = {seed: run_or_reuse(task, seed, args.out / "runs" / f"{task.name}_seed{seed}", args.reuse)
                     for seed in args.seeds or task.seeds or (0, 1, 2)}
             results[task.algo], tasks[task.algo] = runs, task
-            by_env.setdefault((task.algo, task.env), {})[task.label or f"recipes/{task.algo}.py"] = runs
+            side = task.label or TORCHRL_SCRIPTS.get(task.algo, f"recipes/{task.algo}.py")
+            by_env.setdefault((task.algo, task.env), {})[side] = runs
             label = f" {task.label}" if task.label else ""
             png = f"{suite}_{task.algo}.png" if suite in ("pendulum", "halfcheetah") else f"{suite}_{task.name}.png"
             plot(args.out / png, f"{task.algo.upper()} {task.env}{label} ({seed_count(runs)})", runs)
@@ -816,10 +941,11 @@ def main(argv: list[str] | None = None) -> None:
         if suite == "wallclock":
             minutes = args.minutes or max((t.minutes for t in SUITES[suite] if t.minutes), default=0.0)
             references = sb3_references(args.sb3_reference)
-            for algo in ("sac", "td3"):
+            for algo in ("sac", "td3", *SB3_COUNTERPART):
                 sides, sb3_runs = by_env.get((algo, "HalfCheetah-v5"), {}), results.get(f"sb3_{algo}")
                 if sides or sb3_runs:
-                    report_wallclock(args.out, sides, sb3_runs, references.get(algo), minutes, algo)
+                    report_wallclock(args.out, sides, sb3_runs, references.get(SB3_COUNTERPART.get(algo, algo)),
+                                     minutes, algo)
             continue
         for algo, targets in SB3_TARGETS.items():
             if {algo, f"sb3_{algo}"} <= set(results):

@@ -36,6 +36,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import wallclock
 from common import figure, list_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -364,7 +365,7 @@ def ab_table(res: Results, key: str, what: str) -> str:
 def wallclock_table(data: dict) -> str:
     """One ``wallclock`` suite's file: each configuration's mean return by wall-clock minute, with its 90 % interval,
     what it did, and the two targets."""
-    ref, algo = data.get("reference"), data.get("algo", "sac").upper()
+    ref, algo = data.get("reference"), data.get("sb3_algo", data.get("algo", "sac")).upper()
     # with half of SB3's minutes and SB3's minutes themselves, where the targets are read
     marks = {2, 4, 6, 8, 10, 12, 15, 20, 23, 25, 30} | (
         {math.floor(ref["minutes"] / 2), math.ceil(ref["minutes"])} if ref else set())
@@ -385,7 +386,8 @@ def wallclock_table(data: dict) -> str:
                      fmt(t.get("time_share"), 2), fmt(t.get("return_ratio_at_half"), 2),
                      {True: "yes", False: "no", None: "-"}[t.get("low_above_sb3_at_half")]])
     out = list_table(["config", "overrides", "seeds", *[f"{m} min" for m in minutes], "frames", "updates",
-                      "time share (<= 0.25)", "ratio at half (>= 1.3)", "interval above SB3 at half"], rows) + "\n"
+                      f"time share (<= {wallclock.TIME_SHARE_TARGET})",
+                      f"ratio at half (>= {wallclock.RETURN_RATIO_TARGET})", "interval above SB3 at half"], rows) + "\n"
     if ref:
         seeds = f"{ref['seeds']} seed{'s' * (ref['seeds'] != 1)}"
         out += (f"SB3's {algo}: mean return {fmt(ref['return'])} at 100k frames after {fmt(ref['minutes'], 1)} min "
@@ -402,13 +404,15 @@ def wallclock_table(data: dict) -> str:
 
 
 def wallclock_tables(res: Results, algo: str = "sac") -> str:
-    """The wall-clock suite for one algorithm (a key of :data:`WALLCLOCK`): the finalists, then the screens."""
-    parts = [f"**{title}**\n\n" + wallclock_table(res[key]) for key, title in WALLCLOCK[algo].items() if key in res]
+    """The wall-clock suite for one algorithm (a key of :data:`WALLCLOCK`): the finalists, then the screens, then the
+    TorchRL script it is anchored to (:data:`WALLCLOCK_ANCHOR`)."""
+    files = {**WALLCLOCK[algo], **dict([WALLCLOCK_ANCHOR.get(algo, (None, None))])}
+    parts = [f"**{title}**\n\n" + wallclock_table(res[key]) for key, title in files.items() if key in res]
     return "\n".join(parts) or (f"Return against wall-clock: **{NOT_MEASURED}** "
                                  f"(``python benchmarks/learning.py --suite wallclock --algo {algo} sb3_{algo}``).\n")
 
 
-def wallclock_curves(res: Results, algo: str = "sac", screened: tuple[str, ...] | None = ("utd1",)
+def wallclock_curves(res: Results, algo: str = "sac", screened: tuple[str, ...] | None = ("utd1", "crossq256")
                      ) -> dict[str, list[dict]]:
     """The curves of one algorithm's wall-clock plot: every finalist's, with its band, and of the screens' one-seed
     runs those in ``screened`` (``None``: all) that no finalist run, nor an earlier screen, measured."""
@@ -420,10 +424,19 @@ def wallclock_curves(res: Results, algo: str = "sac", screened: tuple[str, ...] 
                                  or f"{label}, screening" in curves):
                 continue
             name = label if key == final else f"{label}, screening"
-            curves[name] = [{"minute": minute, "mean": mean, "low": None if iv is None else iv[0],
-                             "high": None if iv is None else iv[1], "seeds": c["seeds"]}
-                            for minute, mean, iv in zip(c["minute"], c["mean_by_minute"], c["interval_by_minute"])]
+            curves[name] = minute_points(c)
+    anchor, _ = WALLCLOCK_ANCHOR.get(algo, (None, None))
+    for label, c in res.get(anchor, {}).get("configs", {}).items():
+        curves[f"TorchRL's {label.rpartition('/')[2]}"] = minute_points(c)
     return curves
+
+
+def minute_points(config: dict) -> list[dict]:
+    """A saved configuration's mean curve (``minute``, ``mean_by_minute``, ``interval_by_minute``) as
+    :func:`wallclock.plot_against_minutes` takes it."""
+    return [{"minute": minute, "mean": mean, "low": None if iv is None else iv[0],
+             "high": None if iv is None else iv[1], "seeds": config["seeds"]}
+            for minute, mean, iv in zip(config["minute"], config["mean_by_minute"], config["interval_by_minute"])]
 
 
 # ------------------------------------------------------------------ robot tasks
@@ -608,9 +621,37 @@ def wallclock_headline(res: Results, algo: str = "sac") -> tuple[str, str, str, 
                f"{fmt(t['sb3_minutes'], 1)} min)" if t["minute_reached"] else "not reached")
     half = t["return_ratio_at_half"]
     at_half = "" if half is None else f"; at half SB3's time, **{half:.2f}x** SB3's return"
+    anchor, _ = WALLCLOCK_ANCHOR.get(algo, (None, None))
+    script = res.get(anchor)
+    against = "" if script is None else "; " + anchor_clause(t["minute_reached"], script)
     return (f"{algo.upper()}: wall-clock to SB3's 100k return",
-            f"{reached}{at_half} ({side['seeds']} seeds; SB3 {ref['seeds']})",
-            data["command"], data["date"])
+            f"{reached}{at_half} ({side['seeds']} seeds; SB3 {ref['seeds']}){against}",
+            data["command"] + ("" if script is None else f"; {script['command']}"), data["date"]
+            + ("" if script is None else f", TorchRL's {script['date']}"))
+
+
+def anchor_clause(ours_minute: int | None, script: dict) -> str:
+    """How the recipe's minute to SB3's return compares with the TorchRL script's (a ``wallclock_anchor`` file).
+
+    Examples:
+        >>> saved = {"configs": {"sota-implementations/sac/sac.py": {"seeds": 5, "minute": [1, 2, 3],
+        ...          "targets": {"minute_reached": None}}}}
+        >>> anchor_clause(8, saved)
+        "TorchRL's sac.py does not reach it in 3 min (5 seeds): **< 2.67** of its wall-clock"
+        >>> saved["configs"]["sota-implementations/sac/sac.py"]["targets"]["minute_reached"] = 16
+        >>> anchor_clause(8, saved)
+        "**0.50** of TorchRL's sac.py's wall-clock (8 against 16 min, 5 seeds)"
+    """
+    label, side = next(iter(script["configs"].items()))
+    name, minute = label.rpartition("/")[2], side["targets"]["minute_reached"]
+    if ours_minute is None:
+        return f"TorchRL's {name} reaches it at minute {minute}" if minute else f"TorchRL's {name} does not either"
+    if minute is None:
+        budget = side["minute"][-1]
+        return (f"TorchRL's {name} does not reach it in {budget} min ({side['seeds']} seeds): "
+                f"**< {ours_minute / budget:.2f}** of its wall-clock")
+    return (f"**{ours_minute / minute:.2f}** of TorchRL's {name}'s wall-clock ({ours_minute} against {minute} min, "
+            f"{side['seeds']} seeds)")
 
 
 def readme_headline(res: Results) -> str:
@@ -687,8 +728,12 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
 #: The wall-clock suite (benchmarks/learning.py --suite wallclock), per algorithm: its finalists on 5 seeds (first), and
 #: its screening runs, one file per machine and session, each with its own run of the defaults.
 WALLCLOCK = {"sac": {"learning/wallclock.json": "Finalists", "learning/wallclock_screen.json": "Screening",
-                     "learning/wallclock_screen_batch.json": "Screening: batch size, learning rate and buffer size"},
+                     "learning/wallclock_screen_batch.json": "Screening: batch size, learning rate and buffer size",
+                     "learning/wallclock_crossq_screen.json": "Screening: CrossQ (recipes/crossq.py)"},
              "td3": {"learning/wallclock_td3.json": "Finalists", "learning/wallclock_td3_screen.json": "Screening"}}
+#: The TorchRL script each algorithm's wall-clock suite is anchored to (``--algo torchrl_sac``): its file and title.
+WALLCLOCK_ANCHOR = {"sac": ("learning/wallclock_anchor.json", "TorchRL's own sota-implementations/sac/sac.py, its "
+                                                               "defaults (the anchor)")}
 HEADER = ".. Generated by benchmarks/report.py from benchmarks/results/: do not edit, run the script.\n\n"
 
 
@@ -732,9 +777,6 @@ def plot_bars(path: Path, title: str, labels: list[str], groups: dict[str, list[
 def plots(results: Path = RESULTS) -> list[Path]:
     """Writes the learning curves and bar charts under ``docs/_static/results/``; returns their paths."""
     res = load(results)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import wallclock
-
     for algo in ("sac", "td3"):
         data = res[f"learning/{algo}_vs_sb3.json"]
         plot_learning(PLOTS / f"{algo}_vs_sb3.png", f"{algo.upper()} HalfCheetah-v5: recipe against SB3",

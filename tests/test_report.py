@@ -119,24 +119,26 @@ def test_the_wallclock_plot_shows_the_finalists_and_the_old_defaults_until_they_
         },
     }
     (results_copy / "learning" / "wallclock.json").write_text(json.dumps(final))
+    (results_copy / "learning" / "wallclock_anchor.json").unlink(missing_ok=True)  # TorchRL's sac.py: its own test
     res = report.load(results_copy)
     curves = report.wallclock_curves(res)
-    # the finalists with their band, and of the screen only one update per frame (utd1), marked as one seed
-    assert list(curves) == ["defaults", "utd1, screening"]
+    # the finalists with their band, and of the screens only one update per frame (utd1) and CrossQ, marked as one
+    # seed
+    assert list(curves) == ["defaults", "utd1, screening", "crossq256, screening"]
     assert curves["defaults"][0]["low"] == 1.0 and curves["utd1, screening"][0]["low"] is None
     tables = report.outputs(results_copy)[report.GENERATED / "wallclock.rst"]
     assert tables.index("**Finalists**") < tables.index("**Screening**")
     assert "``--config-name sac_utd1``" in tables and "wallclock_screen.json" in tables
     # a second screen, made on another machine with its own run of the defaults: its own table, after the first,
     # without SB3's targets (no SB3 run on its machine); its defaults are not drawn over the finalists' curve
-    second = tables[tables.index("**Screening: batch size"):]
+    second = tables[tables.index("**Screening: batch size"):tables.index("**Screening: CrossQ")]
     assert tables.index("**Screening**") < tables.index("**Screening: batch size")
     assert "wallclock_screen_batch.json" in second and "``batch1024_lr6e-4``" in second and "SB3's SAC" not in second
     assert "defaults, screening" not in curves
 
     final["configs"]["utd1"] = screen["configs"]["utd1"]  # measured among the finalists: the screen's is not shown
     (results_copy / "learning" / "wallclock.json").write_text(json.dumps(final))
-    assert list(report.wallclock_curves(report.load(results_copy))) == ["defaults", "utd1"]
+    assert list(report.wallclock_curves(report.load(results_copy))) == ["defaults", "utd1", "crossq256, screening"]
 
 
 def test_the_td3_side_of_the_wallclock_suite_gets_its_own_table_and_plot_curves(results_copy):
@@ -160,3 +162,36 @@ def test_the_td3_side_of_the_wallclock_suite_gets_its_own_table_and_plot_curves(
     # README's headline reports each recipe's finalists against its own SB3 reference
     rows = {row[0]: row[1] for row in report.headline_rows(report.load(results_copy))}
     assert "TD3: wall-clock to SB3's 100k return" in rows and "SAC: wall-clock to SB3's 100k return" in rows
+
+
+def test_the_sac_wallclock_suite_states_torchrl_sac_py_beside_sb3(results_copy):
+    screen = json.loads((results_copy / "learning" / "wallclock_screen.json").read_text())
+    script = "sota-implementations/sac/sac.py"
+    side = {**screen["configs"]["defaults"], "overrides": None, "seeds": 5,
+            "targets": {**screen["configs"]["defaults"]["targets"], "minute_reached": None, "time_share": None}}
+    command = "python benchmarks/learning.py --suite wallclock --algo torchrl_sac"
+    anchor = {**screen, "algo": "torchrl_sac", "sb3_algo": "sac", "sb3_runs": {}, "note": None,
+              "configs": {script: side}, "command": command}
+    (results_copy / "learning" / "wallclock_anchor.json").write_text(json.dumps(anchor))
+    res = report.load(results_copy)
+    # its own table, after the recipe's, against SB3's SAC
+    tables = report.outputs(results_copy)[report.GENERATED / "wallclock.rst"]
+    table = tables[tables.index("**TorchRL's own"):]
+    assert tables.index("**Finalists**") < tables.index("**TorchRL's own") and f"``{script}``" in table
+    assert "SB3's SAC: mean return" in table and "TORCHRL" not in tables
+    # its mean curve beside the recipe's, with its band
+    curves = report.wallclock_curves(res)
+    assert list(curves)[-1] == "TorchRL's sac.py" and curves["TorchRL's sac.py"][0]["mean"] == side["mean_by_minute"][0]
+    # README's row: the recipe's minutes against SB3's and against the script's, which did not reach SB3's return
+    rows = {row[0]: row for row in report.headline_rows(res)}
+    _, figure, command, date = rows["SAC: wall-clock to SB3's 100k return"]
+    budget = side["minute"][-1]
+    ours = res["learning/wallclock.json"]["configs"]["defaults"]["targets"]["minute_reached"]
+    assert f"TorchRL's sac.py does not reach it in {budget} min (5 seeds): **< {ours / budget:.2f}**" in figure
+    assert command.endswith("; " + anchor["command"]) and date.endswith(f"TorchRL's {anchor['date']}")
+    # once it reaches SB3's return, the ratio of the two minutes
+    side["targets"]["minute_reached"] = 2 * ours
+    (results_copy / "learning" / "wallclock_anchor.json").write_text(json.dumps(anchor))
+    figure = {row[0]: row[1] for row in report.headline_rows(report.load(results_copy))}[
+        "SAC: wall-clock to SB3's 100k return"]
+    assert f"**0.50** of TorchRL's sac.py's wall-clock ({ours} against {2 * ours} min, 5 seeds)" in figure
