@@ -706,8 +706,10 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
     against = SB3_COUNTERPART.get(algo, algo)
     name = against.upper()
     for label, runs in sides.items():
-        per_seed = {seed: wallclock.value_at_minutes(points, wallclock.clock_minutes(points, minutes))
-                    for seed, points in ((seed, run["snapshots"]) for seed, run in runs.items())}
+        per_seed = {}
+        for seed, run in runs.items():
+            points = run["snapshots"]
+            per_seed[seed] = wallclock.value_at_minutes(points, wallclock.clock_minutes(points, minutes))
         curve = curves[label] = wallclock.mean_with_interval(per_seed)
         table[label] = {
             "overrides": overrides.get(label),
@@ -734,7 +736,7 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
                                    reference)
     points = {seed: wallclock.sb3_points(run) for seed, run in (sb3_runs or {}).items()}
     scripts = {seed: {key: run[key] for key in ("command", "rl_commit", "setup_s")} | {
-        "evaluation_s": round(sum(p["eval_s"] or 0.0 for p in run["snapshots"]), 1)}
+        "evaluation_s": round(wallclock.evaluation_seconds(run["snapshots"]), 1)}
         for runs in sides.values() for seed, run in runs.items() if "command" in run}
     note = "one run after the other"
     if scripts:

@@ -406,7 +406,8 @@ def wallclock_table(data: dict) -> str:
 def wallclock_tables(res: Results, algo: str = "sac") -> str:
     """The wall-clock suite for one algorithm (a key of :data:`WALLCLOCK`): the finalists, then the screens, then the
     TorchRL script it is anchored to (:data:`WALLCLOCK_ANCHOR`)."""
-    files = {**WALLCLOCK[algo], **dict([WALLCLOCK_ANCHOR.get(algo, (None, None))])}
+    anchor = anchor_file(algo)
+    files = {**WALLCLOCK[algo], **({anchor: WALLCLOCK_ANCHOR[algo][1]} if anchor else {})}
     parts = [f"**{title}**\n\n" + wallclock_table(res[key]) for key, title in files.items() if key in res]
     return "\n".join(parts) or (f"Return against wall-clock: **{NOT_MEASURED}** "
                                  f"(``python benchmarks/learning.py --suite wallclock --algo {algo} sb3_{algo}``).\n")
@@ -425,10 +426,20 @@ def wallclock_curves(res: Results, algo: str = "sac", screened: tuple[str, ...] 
                 continue
             name = label if key == final else f"{label}, screening"
             curves[name] = minute_points(c)
-    anchor, _ = WALLCLOCK_ANCHOR.get(algo, (None, None))
+    anchor = anchor_file(algo)
     for label, c in res.get(anchor, {}).get("configs", {}).items():
         curves[f"TorchRL's {label.rpartition('/')[2]}"] = minute_points(c)
     return curves
+
+
+def anchor_file(algo: str) -> str | None:
+    """The results file of the TorchRL script ``algo``'s wall-clock suite is anchored to, ``None`` where it has none.
+
+    Example:
+        >>> anchor_file("sac"), anchor_file("td3")
+        ('learning/wallclock_anchor.json', None)
+    """
+    return WALLCLOCK_ANCHOR.get(algo, (None, None))[0]
 
 
 def minute_points(config: dict) -> list[dict]:
@@ -621,7 +632,7 @@ def wallclock_headline(res: Results, algo: str = "sac") -> tuple[str, str, str, 
                f"{fmt(t['sb3_minutes'], 1)} min)" if t["minute_reached"] else "not reached")
     half = t["return_ratio_at_half"]
     at_half = "" if half is None else f"; at half SB3's time, **{half:.2f}x** SB3's return"
-    anchor, _ = WALLCLOCK_ANCHOR.get(algo, (None, None))
+    anchor = anchor_file(algo)
     script = res.get(anchor)
     against = "" if script is None else "; " + anchor_clause(t["minute_reached"], script)
     return (f"{algo.upper()}: wall-clock to SB3's 100k return",

@@ -88,8 +88,18 @@ def clock_minutes(points: list[dict], budget_minutes: float) -> int:
         >>> clock_minutes([{"elapsed_s": 30.0}], 12.5), clock_minutes([{"elapsed_s": 30.0, "eval_s": 45.0}] * 2, 20)
         (13, 18)
     """
-    evaluating = sum(point.get("eval_s") or 0.0 for point in points)
+    evaluating = evaluation_seconds(points)
     return math.floor(budget_minutes - evaluating / 60) if evaluating else math.ceil(budget_minutes)
+
+
+def evaluation_seconds(points: list[dict]) -> float:
+    """The seconds a TorchRL script spent in its own evaluations (the points' ``eval_s``), which its clock leaves off.
+
+    Example:
+        >>> evaluation_seconds([{"eval_s": 30.0}, {"eval_s": None}, {}])
+        30.0
+    """
+    return sum(point.get("eval_s") or 0.0 for point in points)
 
 
 def mean_with_interval(runs: dict[int, list[float | None]]) -> list[dict]:
