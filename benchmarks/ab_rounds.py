@@ -1,26 +1,15 @@
 """One benchmark on two builds, in alternating rounds: another torch, or the code before a change.
 
-A side is an interpreter and a checkout of this repository (``PYTHON`` or
-``PYTHON@REPO``; the repository defaults to this one). Each round runs the
-benchmark script once per side, in alternating order (A B, B A, A B, ...), so
-that load on the machine weighs on both alike. Prints one JSON line: each
-side's torch version and commit, each compared key's median over its rounds
-(``<key>_a``, ``<key>_b``), and ``ratio_<key>``, the median over rounds of B
-over A within the round, with ``ratios_<key>`` (each round's) and, from 3 rounds,
-``ratio_<key>_interval``: a 90 % percentile-bootstrap interval of that median.
+A side is an interpreter and a checkout of this repository (``PYTHON`` or ``PYTHON@REPO``; the repository defaults
+to this one). Each round runs the benchmark script once per side, in alternating order (A B, B A, ...), so that load
+on the machine weighs on both alike. Prints one JSON line: each side's torch version and commit, each compared key's
+median over its rounds (``<key>_a``, ``<key>_b``), and ``ratio_<key>``, the median over rounds of B over A within the
+round, with ``ratios_<key>`` (each round's) and, from 3 rounds, ``ratio_<key>_interval``: a 90 % percentile-bootstrap
+interval of that median. ``--out FILE`` also writes the line to ``FILE`` (``benchmarks/results/<topic>/``).
 
-    # the learner on torch 2.13 (a venv with `pip install --no-deps -e .`) against 2.14.1
-    python benchmarks/ab_rounds.py --a /venv213/bin/python --b python --benchmark learner_throughput \\
-        --keys plain_ups,recipe_ups,td3_recipe_ups -- --blocks 6 --e2e-frames 0 --no-compile --no-sb3
-    # collection before and after a change (a clone of the old commit in /tmp/before)
-    python benchmarks/ab_rounds.py --a python@/tmp/before --b python --benchmark collector_throughput \\
-        --keys envpool_16_steps_per_s -- --rounds 1 --seconds 3
-    # our configurations of dropin_speedup.py only, with B's script (A's has no --configs)
-    python benchmarks/ab_rounds.py --a python@/tmp/before --b python --benchmark dropin_speedup --script-from b \
+    # dropin_speedup.py before (a clone in /tmp/before) and after a change, with B's script (A's lacks --configs)
+    python benchmarks/ab_rounds.py --a python@/tmp/before --b python --benchmark dropin_speedup --script-from b \\
         --keys p2_offpolicy_fps,fast_path_fps -- --rounds 1 --configs p2_offpolicy fast_path
-
-``--keys`` names the benchmark's JSON keys to compare (numbers). ``--out FILE`` also
-writes the line to ``FILE`` (``benchmarks/results/<topic>/``).
 """
 
 from __future__ import annotations
@@ -63,12 +52,9 @@ def describe(python: str, repo: Path) -> dict[str, str]:
 
 def one_run(python: str, repo: Path, benchmark: str, args: list[str], timeout: float,
             script_repo: Path | None = None) -> dict:
-    """One run of ``benchmarks/<benchmark>.py`` under ``python``, importing ``repo``'s package: its last JSON line.
-
-    The script is ``repo``'s own, or ``script_repo``'s (one script measuring both sides' packages).
-    """
+    """The last JSON line of ``benchmarks/<benchmark>.py`` (``repo``'s, or ``script_repo``'s) under ``python``,
+    with ``repo``'s package first on the path whatever the interpreter has installed."""
     script = (script_repo or repo) / "benchmarks" / f"{benchmark}.py"
-    # the side's own package first, whatever is installed in the interpreter
     env = {**os.environ, "PYTHONPATH": str(repo)}
     result = run_captured([python, str(script), *args], timeout=timeout, cwd=repo, env=env)
     if result.returncode != 0:
@@ -96,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     sides = {"a": parse_side(args.a), "b": parse_side(args.b)}
     script_repo = sides[args.script_from][1] if args.script_from else None
     for name, (_, repo) in sides.items():
-        checkout = script_repo or repo  # where this side's script comes from
+        checkout = script_repo or repo
         if not (checkout / "benchmarks" / f"{args.benchmark}.py").is_file():
             parser.error(f"--benchmark: no benchmarks/{args.benchmark}.py in side {args.script_from or name}'s "
                          f"checkout {checkout}")
@@ -114,10 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             raise SystemExit(f"--keys: {key!r} is not in {args.benchmark}.py's output (side {', '.join(missing)})")
         a, b = [float(run[key]) for run in runs["a"]], [float(run[key]) for run in runs["b"]]
-        out[f"{key}_a"], out[f"{key}_b"] = round(statistics.median(a), 3), round(statistics.median(b), 3)
         ratios = [y / x for x, y in zip(a, b)]
-        out[f"ratio_{key}"] = round(statistics.median(ratios), 3)
-        out[f"ratios_{key}"] = [round(ratio, 3) for ratio in ratios]
+        out |= {f"{key}_a": round(statistics.median(a), 3), f"{key}_b": round(statistics.median(b), 3),
+                f"ratio_{key}": round(statistics.median(ratios), 3), f"ratios_{key}": [round(r, 3) for r in ratios]}
         interval = bootstrap_interval(ratios, statistic=statistics.median)
         if interval is not None:
             out[f"ratio_{key}_interval"] = [round(end, 3) for end in interval]

@@ -1,36 +1,26 @@
 """Collection throughput on HalfCheetah-v5: the simulators, TorchRL, and OffPolicyCollector on both engines.
 
-Measures env steps per second, each configuration in alternating rounds (every
-collector kept alive and paused between its rounds, windows on batch boundaries)
-so that a shared machine's drifts weigh on all alike:
+Env steps per second, in alternating rounds (every collector alive and paused between its rounds, windows on batch
+boundaries) so that a shared machine's drifts weigh on all alike:
 
 * ``raw``: a single-process gymnasium loop with random actions, the row every ratio is to;
-* ``bare_mujoco``, ``envpool``, ``envpool_env``: 16 ``MjData`` in a Python loop, EnvPool
-  alone (one thread), our :class:`~torchrl_unilab.EnvPoolEnv` alone, random actions;
+* ``bare_mujoco``, ``envpool``, ``envpool_env``: 16 ``MjData`` in a Python loop, EnvPool alone (one thread), our
+  :class:`~torchrl_unilab.EnvPoolEnv` alone, random actions;
 * ``torchrl_collector``: TorchRL's ``Collector`` over ``GymEnv(num_envs=16)``;
-* ``offpolicy_*``: ``OffPolicyCollector`` with the 512-wide LayerNorm SAC actor writing into
-  a shared buffer: 1 worker x 16 envs on gymnasium, on EnvPool with 16 and 64 envs, with
-  ``lanes=2`` (policy overlapped with physics), and 2 workers x 16 envs;
+* ``offpolicy_*``: ``OffPolicyCollector`` with the 512-wide LayerNorm SAC actor writing into a shared buffer: 1 worker
+  x 16 envs on gymnasium, on EnvPool with 16 and 64 envs, with ``lanes=2``, and 2 workers x 16 envs;
 * ``actor_us_per_env``: the actor alone right after an EnvPool step and warm, per env.
 
-``--task ID`` (a MuJoCo Playground or Control Suite id: ``Go1JoystickFlatTerrain-v1``,
-``CheetahRun-v1``) measures that task only: EnvPool alone, ``EnvPoolEnv`` alone and the
-collector (1 worker x 16 envs, rows with ``"privileged"``), with
-``ratio_offpolicy_over_envpool`` against its target, and one worker x 64 envs in two
-lanes against EnvPool alone on 64 envs. EnvPool alone counts transitions, not the
-reset rows its autoreset returns. ``--group lanes`` runs only the
-lanes comparison.
+``--task ID`` (``Go1JoystickFlatTerrain-v1``, ``CheetahRun-v1``) measures EnvPool alone, ``EnvPoolEnv`` alone and one
+worker x 16 envs on that task, and one worker x 64 envs in two lanes against EnvPool alone on 64 envs.
 
 Run::
 
     python benchmarks/collector_throughput.py [--rounds 5] [--seconds 3] [--group all|lanes] [--task ID]
     python benchmarks/collector_throughput.py --out benchmarks/results/collector/halfcheetah.json
 
-It prints one JSON line: rates (medians over rounds), ``ratio_*_over_raw`` (medians of the
-per-round ratios), each worker's ``breakdown_us_per_step`` by phase, and the load average
-at the start and end. ``benchmarks/README.md`` lists every key. ``--out FILE`` (with
-``--group all``) also writes the figures the docs show, as ``benchmarks/report.py`` reads
-them (:func:`results_file`).
+One JSON line (``benchmarks/README.md`` lists its keys): rates are medians over rounds, ratios medians of per-round
+ratios. ``--out FILE`` also writes the figures the docs show (:func:`results_file`).
 """
 
 from __future__ import annotations
@@ -42,6 +32,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import envpool
@@ -109,34 +100,23 @@ def raw_gym(seconds: float) -> float:
     return timed_loop(step, 1, seconds)
 
 
-class BareMujoco:
+def bare_mujoco() -> Callable[[float], float]:
     """The ceiling: NUM_ENVS MjData stepped in a Python loop, no env logic at all."""
+    model = gym.make(ENV).unwrapped.model
+    data = [mujoco.MjData(model) for _ in range(NUM_ENVS)]
+    rng = np.random.default_rng(0)
 
-    def __init__(self) -> None:
-        self.model = gym.make(ENV).unwrapped.model
-        self.data = [mujoco.MjData(self.model) for _ in range(NUM_ENVS)]
-        self.rng = np.random.default_rng(0)
+    def step():
+        for ctrl, one in zip(rng.uniform(-1, 1, (NUM_ENVS, model.nu)), data):
+            one.ctrl[:] = ctrl
+            mujoco.mj_step(model, one, nstep=FRAME_SKIP)
 
-    def __call__(self, seconds: float) -> float:
-        model, data = self.model, self.data
-
-        def step():
-            controls = self.rng.uniform(-1, 1, (NUM_ENVS, model.nu))
-            for ctrl, d in zip(controls, data):
-                d.ctrl[:] = ctrl
-                mujoco.mj_step(model, d, nstep=FRAME_SKIP)
-
-        return timed_loop(step, NUM_ENVS, seconds)
+    return functools.partial(timed_loop, step, NUM_ENVS)
 
 
 class EnvPoolAlone:
-    """EnvPool's own loop, one thread, random actions: transitions per second.
-
-    EnvPool resets a finished env on its next step and returns the reset state
-    (``elapsed_step == 0``) instead of a transition; those rows are not counted.
-    A Go1 under random actions falls every ~42 steps, so about 2.4 % of its rows
-    are reset rows.
-    """
+    """EnvPool's own loop, one thread, random actions: transitions per second, not counting the reset state EnvPool
+    returns on a finished env's next step (``elapsed_step == 0``)."""
 
     def __init__(self, env_id: str = ENV, num_envs: int | None = None) -> None:
         self.num_envs = num_envs or NUM_ENVS
@@ -146,29 +126,26 @@ class EnvPoolAlone:
         self.action_dim = dims(env_id)[1]
 
     def __call__(self, seconds: float) -> float:
-        shape = (self.num_envs, self.action_dim)
-
         def step() -> int:
-            info = self.env.step(self.rng.uniform(-1, 1, shape))[-1]
+            info = self.env.step(self.rng.uniform(-1, 1, (self.num_envs, self.action_dim)))[-1]
             return int(np.count_nonzero(info["elapsed_step"]))
 
         return timed_loop(step, self.num_envs, seconds)
 
 
-class EnvPoolEnvAlone:
-    def __init__(self, env_id: str = ENV) -> None:
-        self.env = EnvPoolEnv(env_id, NUM_ENVS, seed=0)
-        self.td = self.env.reset()
-        space = self.env.action_spec.space
-        self.low, self.width = space.low, space.high - space.low
+def envpool_env_alone(env_id: str = ENV) -> Callable[[float], float]:
+    """Our EnvPoolEnv, random actions."""
+    env = EnvPoolEnv(env_id, NUM_ENVS, seed=0)
+    td = env.reset()
+    low, width = env.action_spec.space.low, env.action_spec.space.high - env.action_spec.space.low
 
-    def __call__(self, seconds: float) -> float:
-        def step():
-            # Drawn as cheaply as EnvPoolAlone draws its own: action_spec.rand() costs ~100 us a batch
-            self.td["action"] = self.low + self.width * torch.rand(self.width.shape)
-            _, self.td = self.env.step_and_maybe_reset(self.td)
+    def step():
+        nonlocal td
+        # drawn as cheaply as EnvPoolAlone draws its own: action_spec.rand() costs ~100 us a batch
+        td["action"] = low + width * torch.rand(width.shape)
+        _, td = env.step_and_maybe_reset(td)
 
-        return timed_loop(step, NUM_ENVS, seconds)
+    return functools.partial(timed_loop, step, NUM_ENVS)
 
 
 class TorchRLCollector:
@@ -182,10 +159,7 @@ class TorchRLCollector:
         next(self.batches)  # start-up
 
     def __call__(self, seconds: float) -> float:
-        frames, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            frames += next(self.batches).numel()
-        return frames / (time.perf_counter() - start)
+        return timed_loop(lambda: next(self.batches).numel(), 0, seconds)
 
     def close(self) -> None:
         self.collector.shutdown()
@@ -258,9 +232,8 @@ def actor_after_physics(num_envs: int, calls: int = 300) -> dict[str, float]:
             action = policy(values)
             t1 = time.perf_counter()
             policy(values)
-            t2 = time.perf_counter()
             cold.append(t1 - t0)
-            warm.append(t2 - t1)
+            warm.append(time.perf_counter() - t1)
             td["action"] = action
             _, td = env.step_and_maybe_reset(td)
     env.close()
@@ -281,48 +254,62 @@ def median_ratio(num: list[float], den: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(num, den))
 
 
+def ratio(num: list[float], den: list[float]) -> float:
+    return round(median_ratio(num, den), 3)
+
+
+def per_round(num: list[float], den: list[float]) -> list[float]:
+    return [round(a / b, 3) for a, b in zip(num, den)]
+
+
+def measured(configs: dict, rounds: int, seconds: float) -> tuple[dict[str, list[float]], dict[str, dict]]:
+    """:func:`interleaved`'s rates and each :class:`OffPolicy`'s breakdown; the collectors are closed after."""
+    try:
+        rates = interleaved(configs, rounds, seconds)
+        return rates, {name: c.breakdown() for name, c in configs.items() if isinstance(c, OffPolicy)}
+    finally:
+        for c in configs.values():
+            if isinstance(c, (OffPolicy, TorchRLCollector)):
+                c.close()
+
+
+def machine(load_start: float) -> dict:
+    """The JSON line's last keys: the load average at the start and now, and the machine."""
+    return {"load_average_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"}
+
+
 def task_throughput(env_id: str, rounds: int, seconds: float) -> dict:
     """``--task``: EnvPool alone, our env alone and one collector worker on ``env_id``, in alternating rounds."""
-    load_start = os.getloadavg()
+    load_start = os.getloadavg()[0]
     torch.set_num_threads(1)
-    collector = OffPolicy(1, env_id=env_id)
-    wide = OffPolicy(1, num_envs=LANES_ENVS, lanes=2, env_id=env_id)
-    try:
-        rates = interleaved({"envpool": EnvPoolAlone(env_id), "envpool_env": EnvPoolEnvAlone(env_id),
-                             "offpolicy_task": collector, f"envpool_{LANES_ENVS}": EnvPoolAlone(env_id, LANES_ENVS),
-                             f"offpolicy_task_{LANES_ENVS}_lanes2": wide}, rounds, seconds)
-        breakdown = collector.breakdown()
-        breakdown_lanes = wide.breakdown()
-    finally:
-        collector.close()
-        wide.close()
-    out = {"benchmark": "collector_throughput", "task": env_id, "family": observation_layout(env_id).family,
-           "keys": observation_layout(env_id).dims, "num_envs": NUM_ENVS, "unit": "env steps/s", "rounds": rounds,
-           "seconds_per_round": seconds}
-    out.update({name: round(statistics.median(r), 1) for name, r in rates.items()})
-    ratio = median_ratio(rates["offpolicy_task"], rates["envpool"])
-    out["ratio_offpolicy_over_envpool"] = round(ratio, 3)
-    out["ratio_envpool_env_over_envpool"] = round(median_ratio(rates["envpool_env"], rates["envpool"]), 3)
-    out["ratio_offpolicy_over_envpool_per_round"] = [
-        round(a / b, 3) for a, b in zip(rates["offpolicy_task"], rates["envpool"])]
-    # where a core is idle for EnvPool's second lane: 64 envs a worker, the policy of one half computed while
-    # EnvPool steps the other, against EnvPool alone on the same 64 envs
-    out[f"ratio_offpolicy_{LANES_ENVS}_lanes2_over_envpool_{LANES_ENVS}"] = round(
-        median_ratio(rates[f"offpolicy_task_{LANES_ENVS}_lanes2"], rates[f"envpool_{LANES_ENVS}"]), 3)
+    wide, alone_wide = f"offpolicy_task_{LANES_ENVS}_lanes2", f"envpool_{LANES_ENVS}"
+    rates, breakdown = measured({
+        "envpool": EnvPoolAlone(env_id), "envpool_env": envpool_env_alone(env_id),
+        "offpolicy_task": OffPolicy(1, env_id=env_id), alone_wide: EnvPoolAlone(env_id, LANES_ENVS),
+        wide: OffPolicy(1, num_envs=LANES_ENVS, lanes=2, env_id=env_id)}, rounds, seconds)
+    layout = observation_layout(env_id)
+    out = {"benchmark": "collector_throughput", "task": env_id, "family": layout.family, "keys": layout.dims,
+           "num_envs": NUM_ENVS, "unit": "env steps/s", "rounds": rounds, "seconds_per_round": seconds,
+           **{name: round(statistics.median(r), 1) for name, r in rates.items()}}
+    out["ratio_offpolicy_over_envpool"] = ratio(rates["offpolicy_task"], rates["envpool"])
+    out["ratio_envpool_env_over_envpool"] = ratio(rates["envpool_env"], rates["envpool"])
+    out["ratio_offpolicy_over_envpool_per_round"] = per_round(rates["offpolicy_task"], rates["envpool"])
+    # 64 envs a worker, the policy of one half computed while EnvPool steps the other (where a core is idle for
+    # EnvPool's second lane), against EnvPool alone on the same 64 envs
+    out[f"ratio_offpolicy_{LANES_ENVS}_lanes2_over_envpool_{LANES_ENVS}"] = ratio(rates[wide], rates[alone_wide])
     if env_id in TASK_TARGETS:
         out["target"] = TASK_TARGETS[env_id]
-        out["target_met"] = ratio >= TASK_TARGETS[env_id]
-    out["breakdown_us_per_step"] = breakdown
-    out[f"breakdown_us_per_step_{LANES_ENVS}_lanes2"] = breakdown_lanes
-    out["load_average_start_end"] = [round(load_start[0], 2), round(os.getloadavg()[0], 2)]
-    out["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-    return out
+        out["target_met"] = median_ratio(rates["offpolicy_task"], rates["envpool"]) >= TASK_TARGETS[env_id]
+    out["breakdown_us_per_step"] = breakdown["offpolicy_task"]
+    out[f"breakdown_us_per_step_{LANES_ENVS}_lanes2"] = breakdown[wide]
+    return out | machine(load_start)
 
 
 def results_file(out: dict) -> dict:
     """``--out``'s file from a full run's JSON line ``out``: the rates, ratios to the raw loop, phases and actor
     costs that ``benchmarks/report.py`` turns into README's and the collector page's tables."""
-    per_round = out["ratio_envpool_16_over_raw_per_round"]
+    spread = out["ratio_envpool_16_over_raw_per_round"]
     load = out["load_average_start_end"]
     return {
         **provenance("collector_throughput", *load), "task": ENV,
@@ -330,7 +317,7 @@ def results_file(out: dict) -> dict:
         "load_average_start_end": load,
         "steps_per_s": {key: round(out[key]) for key in RATE_KEYS},
         "ratio_over_raw": {"raw": 1, **{key: round(out[f"ratio_{key}_over_raw"], 2) for key in RATE_KEYS[1:]}},
-        "ratio_envpool_16_over_raw_range": [round(min(per_round), 2), round(max(per_round), 2)],
+        "ratio_envpool_16_over_raw_range": [round(min(spread), 2), round(max(spread), 2)],
         "ratio_2w_over_1w": round(out["ratio_2w_over_1w"], 2), "targets": TARGETS,
         "breakdown_us_per_step": {name: {phase: phases.get(phase, 0.0) for phase in (*PHASES, "other")}
                                   for name, phases in out["breakdown_us_per_step"].items()},
@@ -356,53 +343,30 @@ def main() -> None:
     if args.task is not None:
         print(json.dumps(task_throughput(args.task, args.rounds, args.seconds)))
         return
-    load_start = os.getloadavg()
+    load_start, full = os.getloadavg()[0], args.group == "all"
     out = {"benchmark": "collector_throughput", "env": ENV, "unit": "env steps/s", "rounds": args.rounds,
-           "seconds_per_round": args.seconds, "group": args.group}
-    out["actor_us_per_env"] = {n: actor_after_physics(n) for n in (NUM_ENVS, 64)}
-    collectors = {
-        "offpolicy_envpool_16": OffPolicy(1),
-        "offpolicy_envpool_64": OffPolicy(1, num_envs=64),
-        "offpolicy_lanes_16": OffPolicy(1, lanes=2),
-        "offpolicy_lanes_64": OffPolicy(1, num_envs=64, lanes=2),
-    }
-    if args.group == "all":
-        collectors = {"torchrl_collector": TorchRLCollector(), "offpolicy_gymnasium": OffPolicy(1, engine="gymnasium"),
-                      **collectors}
-    simulators = {"bare_mujoco": BareMujoco(), "envpool": EnvPoolAlone(),
-                  "envpool_env": EnvPoolEnvAlone()} if args.group == "all" else {}
-    try:
-        first = interleaved({"raw": raw_gym, **simulators, **collectors}, args.rounds, args.seconds)
-        breakdown = {name: c.breakdown() for name, c in collectors.items() if isinstance(c, OffPolicy)}
-    finally:
-        for c in collectors.values():
-            c.close()
-    figures = dict(first)
-    if args.group == "all":
-        two = OffPolicy(2)
-        try:
-            second = interleaved({"raw": raw_gym, "offpolicy_envpool_2w": two}, args.rounds, args.seconds)
-            breakdown["offpolicy_envpool_2w"] = two.breakdown()
-        finally:
-            two.close()
-        figures["offpolicy_envpool_2w"] = second["offpolicy_envpool_2w"]
-    out.update({name: round(statistics.median(r), 1) for name, r in figures.items()})
-    for name, rates in first.items():
-        if name != "raw":
-            out[f"ratio_{name}_over_raw"] = round(median_ratio(rates, first["raw"]), 3)
-    for n in (16, 64):
-        out[f"ratio_lanes_{n}_over_envpool_{n}"] = round(
-            median_ratio(first[f"offpolicy_lanes_{n}"], first[f"offpolicy_envpool_{n}"]), 3)
-    if args.group == "all":
-        out["ratio_offpolicy_envpool_2w_over_raw"] = round(
-            median_ratio(second["offpolicy_envpool_2w"], second["raw"]), 3)
+           "seconds_per_round": args.seconds, "group": args.group,
+           "actor_us_per_env": {n: actor_after_physics(n) for n in (NUM_ENVS, 64)}}
+    configs = {"raw": raw_gym}
+    if full:
+        configs |= {"bare_mujoco": bare_mujoco(), "envpool": EnvPoolAlone(), "envpool_env": envpool_env_alone(),
+                    "torchrl_collector": TorchRLCollector(), "offpolicy_gymnasium": OffPolicy(1, engine="gymnasium")}
+    for kind, lanes in (("envpool", 1), ("lanes", 2)):
+        configs |= {f"offpolicy_{kind}_{n}": OffPolicy(1, num_envs=n, lanes=lanes) for n in (NUM_ENVS, 64)}
+    first, breakdown = measured(configs, args.rounds, args.seconds)
+    out.update({name: round(statistics.median(r), 1) for name, r in first.items()})
+    if full:
+        second, two = measured({"raw": raw_gym, "offpolicy_envpool_2w": OffPolicy(2)}, args.rounds, args.seconds)
+        breakdown |= two
+        out["offpolicy_envpool_2w"] = round(statistics.median(second["offpolicy_envpool_2w"]), 1)
+    out |= {f"ratio_{name}_over_raw": ratio(rates, first["raw"]) for name, rates in first.items() if name != "raw"}
+    for n in (NUM_ENVS, 64):
+        out[f"ratio_lanes_{n}_over_envpool_{n}"] = ratio(first[f"offpolicy_lanes_{n}"], first[f"offpolicy_envpool_{n}"])
+    if full:
+        out["ratio_offpolicy_envpool_2w_over_raw"] = ratio(second["offpolicy_envpool_2w"], second["raw"])
         out["ratio_2w_over_1w"] = round(out["offpolicy_envpool_2w"] / out["offpolicy_envpool_16"], 3)
-    out["ratio_envpool_16_over_raw_per_round"] = [
-        round(a / b, 3) for a, b in zip(first["offpolicy_envpool_16"], first["raw"])
-    ]
-    out["breakdown_us_per_step"] = breakdown
-    out["load_average_start_end"] = [round(load_start[0], 2), round(os.getloadavg()[0], 2)]
-    out["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    out["ratio_envpool_16_over_raw_per_round"] = per_round(first["offpolicy_envpool_16"], first["raw"])
+    out |= {"breakdown_us_per_step": breakdown} | machine(load_start)
     print(json.dumps(out))
     if args.out is not None:
         args.out.write_text(json.dumps(results_file(out), indent=1) + "\n")

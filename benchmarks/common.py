@@ -1,16 +1,7 @@
 """What several benchmark scripts share: provenance, processes, a pytorch/rl checkout, tracebacks, intervals, plots.
 
-A script in ``benchmarks/`` imports it as ``from common import provenance, run_in_own_group`` (the
-scripts' folder is on ``sys.path`` when one runs, and pytest's ``pythonpath`` holds it for the tests).
-
-- :func:`provenance`: the keys every ``--out`` file starts with;
-- :func:`run_in_own_group`, :func:`run_captured`, :func:`kill_group`, :func:`kill_now`: a command in a session
-  of its own, with a timeout, and its whole process group killed;
-- :func:`open_rl`: a pytorch/rl work tree or bare git repository, read alike;
-- :func:`first_error`: the exception line of a traceback;
-- :func:`percentile_interval`, :func:`bootstrap_interval`: percentile-bootstrap intervals;
-- :func:`scalar_rows`: a recipe's logged scalar;
-- :func:`figure`: a matplotlib figure, saved when done.
+A script in ``benchmarks/`` imports it as ``from common import provenance, run_in_own_group`` (the scripts' folder
+is on ``sys.path`` when one runs, and pytest's ``pythonpath`` holds it for the tests).
 """
 
 from __future__ import annotations
@@ -32,12 +23,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 
-# ----------------------------------------------------------------- provenance
 def provenance(benchmark: str, load_start: float | None = None, load_end: float | None = None,
                note: str | None = None, argv: list[str] | None = None) -> dict:
-    """``benchmark``, today's ``date``, the ``command`` that ran (``python benchmarks/<benchmark>.py`` with
-    ``argv``, by default this process's arguments), the ``machine`` with the load average at the start and end
-    where given and then ``note`` (how the runs shared it), and ``torch``.
+    """The keys every ``--out`` file starts with: ``benchmark``, ``date``, ``command`` (``argv``, by default this
+    process's arguments), ``machine`` (with the load averages given, then ``note``) and ``torch``.
 
     Example::
 
@@ -59,18 +48,19 @@ def provenance(benchmark: str, load_start: float | None = None, load_end: float 
 
 
 # ------------------------------------------------------------------ processes
+def _pids() -> Iterator[str]:
+    return (entry for entry in os.listdir("/proc") if entry.isdigit())
+
+
 def group_members(pgid: int) -> dict[int, str]:
     """``{pid: command line}`` of the live processes of group ``pgid`` (read from /proc)."""
     out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in _pids():
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
+            stat = Path(f"/proc/{pid}/stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-            if int(fields[2]) != pgid or fields[0] == "Z":
-                continue
-            out[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
     return out
@@ -78,6 +68,10 @@ def group_members(pgid: int) -> dict[int, str]:
 
 def _is_resource_tracker(cmdline: str) -> bool:
     return "multiprocessing.resource_tracker" in cmdline
+
+
+def _only_trackers(members: dict[int, str]) -> bool:
+    return all(_is_resource_tracker(cmd) for cmd in members.values())
 
 
 def _wait_for(pgid: int, seconds: float, done: Callable[[dict[int, str]], bool]) -> dict[int, str]:
@@ -96,21 +90,18 @@ def _kill(pids: Sequence[int], sig: signal.Signals) -> None:
 
 
 def kill_group(pgid: int, grace: float = 5.0) -> None:
-    """Ends every process of group ``pgid``, multiprocessing's resource tracker last.
+    """Ends every process of group ``pgid``: SIGTERM, then SIGKILL after ``grace`` seconds.
 
-    SIGTERM first, SIGKILL after ``grace`` seconds. The resource tracker ignores
-    SIGTERM and, once every process that held it has gone, unlinks the semaphores
-    and shared memory they leaked; it is SIGKILLed only if it has not finished
-    10 s later, so that a killed script leaves nothing in /dev/shm.
+    Multiprocessing's resource tracker ignores SIGTERM and unlinks the semaphores and shared memory the others
+    leaked once they are gone: it is SIGKILLed only 10 s later, so that a killed script leaves nothing in /dev/shm.
     """
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    members = _wait_for(pgid, grace, lambda m: all(_is_resource_tracker(c) for c in m.values()))
+    members = _wait_for(pgid, grace, _only_trackers)
     _kill([pid for pid, cmd in members.items() if not _is_resource_tracker(cmd)], signal.SIGKILL)
-    members = _wait_for(pgid, 10.0, lambda m: not m)
-    _kill(list(members), signal.SIGKILL)
+    _kill(list(_wait_for(pgid, 10.0, lambda m: not m)), signal.SIGKILL)
     _wait_for(pgid, 5.0, lambda m: not m)
 
 
@@ -124,15 +115,13 @@ def kill_now(proc: subprocess.Popen) -> None:
 
 
 def _dump_stacks(pgid: int) -> int:
-    """Makes each Python process of the group print every thread's stack, then die; returns how many.
+    """SIGABRTs each process of the group but the resource tracker; returns how many.
 
-    The runs have ``PYTHONFAULTHANDLER=1``: on SIGABRT, :mod:`faulthandler` writes the
-    stacks to the process's stderr (the run's log), which shows where a hang sits.
-    The resource tracker is spared (see :func:`kill_group`).
+    With ``PYTHONFAULTHANDLER=1`` each writes every thread's stack to its stderr (the run's log): where it hangs.
     """
     pids = [pid for pid, cmd in group_members(pgid).items() if not _is_resource_tracker(cmd)]
     _kill(pids, signal.SIGABRT)
-    _wait_for(pgid, 3.0, lambda m: all(_is_resource_tracker(c) for c in m.values()))
+    _wait_for(pgid, 3.0, _only_trackers)
     return len(pids)
 
 
@@ -147,23 +136,19 @@ def shm_entries() -> set[str]:
 def mapped_shm() -> set[str]:
     """Names in /dev/shm that a live process maps (a named semaphore or shared block in use)."""
     out = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in _pids():
         try:
-            for line in Path(f"/proc/{entry}/maps").read_text().splitlines():
-                where = line.find("/dev/shm/")
-                if where >= 0:
-                    out.add(line[where + 9:].split()[0])
+            maps = Path(f"/proc/{pid}/maps").read_text()
         except OSError:
             continue
+        out.update(line.split("/dev/shm/", 1)[1].split()[0] for line in maps.splitlines() if "/dev/shm/" in line)
     return out
 
 
 def shm_left(before: set[str], *, skip: tuple[str, ...] = ()) -> list[str]:
-    """Entries of /dev/shm made since ``before`` (:func:`shm_entries`) that no live process maps, and whose names
-    start with none of ``skip``; looked at again after 5 s, since a resource tracker (ours or another job's) may
-    still be removing them. On a shared machine another job's entries cannot be told apart."""
+    """Entries of /dev/shm made since ``before`` (:func:`shm_entries`) that no live process maps and whose names
+    start with none of ``skip``; looked at again after 5 s, as a resource tracker may still be removing them. On a
+    shared machine another job's entries cannot be told apart."""
     left = {e for e in shm_entries() - before - mapped_shm() if not e.startswith(skip)}
     if left:
         time.sleep(5.0)
@@ -187,9 +172,8 @@ def run_in_own_group(cmd: Sequence[str], cwd: Path, env: dict[str, str], log_pat
                      timeout: float) -> GroupRun:
     """Runs ``cmd`` in a session of its own, its output into ``log_path``.
 
-    At ``timeout`` the stacks of its process group go into the log and the group
-    is killed; after it exits, what of its group is still alive 10 s later (a
-    clean exit may leave a resource tracker a moment to finish) is killed too.
+    At ``timeout`` the group's stacks go into the log and the group is killed; what of the group is still alive 10 s
+    after it exits (a resource tracker may need a moment) is killed too.
     """
     start = time.monotonic()
     timed_out, dumped = False, 0
@@ -232,7 +216,7 @@ def run_captured(cmd: Sequence[str], *, timeout: float, cwd: Path | None = None,
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-# ------------------------------------------------------------ the checkout
+# --------------------------------------------------------------- the checkout
 def git(args: Sequence[str], **kwargs) -> str:
     """``git *args``'s output, stripped; raises :class:`subprocess.CalledProcessError` when it fails."""
     return subprocess.run(["git", *args], check=True, capture_output=True, text=True, **kwargs).stdout.strip()
@@ -301,14 +285,13 @@ def open_rl(rl_root: Path, holding: str) -> Checkout:
     return Checkout(rl_root, True, git(["--git-dir", str(rl_root), "rev-parse", "HEAD"]))
 
 
-# ---------------------------------------------------------------- tracebacks
+# ------------------------------------------------------- results and figures
 def first_error(output: str) -> str | None:
     """The exception line of the last traceback in ``output`` (``Type: message``), or ``None``.
 
-    Only the message's first line is sure to be the message (later lines may be any
-    later output: warnings, logs); a first line that ends with ``:`` announces more,
-    as hydra's ``InstantiationException`` does before the exception it wraps, and
-    its next lines are joined with `` | `` (up to a blank, ``full_key:`` or warning line).
+    Later lines may be any later output (warnings, logs), so only the first is taken, unless it ends with ``:``
+    (hydra's ``InstantiationException`` before the exception it wraps): then the next lines, joined with `` | ``,
+    up to a blank, ``full_key:`` or warning line.
 
     Examples:
         >>> first_error("ok\\nTraceback (most recent call last):\\n  File \\"a.py\\", line 1\\n"
@@ -339,12 +322,10 @@ def first_error(output: str) -> str | None:
     return text[:600] + (" ..." if len(text) > 600 else "")
 
 
-# ----------------------------------------------------------------- intervals
 def percentile_interval(draw: Callable[[random.Random], float], *, level: float = 0.9,
                         draws: int = 10_000) -> tuple[float, float]:
-    """The central ``level`` interval of ``draws`` values of ``draw(rng)``: a percentile bootstrap.
-
-    A fixed RNG: the same runs give the same interval.
+    """The central ``level`` interval of ``draws`` values of ``draw(rng)`` (a percentile bootstrap), with a fixed
+    RNG: the same runs give the same interval.
 
     Examples:
         >>> percentile_interval(lambda rng: rng.choice([1.0, 2.0, 3.0]))
@@ -373,21 +354,17 @@ def bootstrap_interval(values: list[float], *, statistic: Callable[[list[float]]
     return percentile_interval(lambda rng: statistic(rng.choices(values, k=len(values))), level=level, draws=draws)
 
 
-# ------------------------------------------------------------------- scalars
 def scalar_rows(path: Path) -> list[tuple[float, float]]:
     """``(frames, value)`` rows of a csv scalar file of the recipes' logger (``<run>/<exp>/scalars/<group>/<name>
     .csv``: ``frames,value`` lines); a line being written is skipped, a file not there yet gives none."""
     rows = []
     for line in path.read_text().splitlines() if path.exists() else ():
-        try:
+        with contextlib.suppress(ValueError):
             frames, value = map(float, line.split(","))
-        except ValueError:
-            continue
-        rows.append((frames, value))
+            rows.append((frames, value))
     return rows
 
 
-# --------------------------------------------------------------------- plots
 def list_table(header: list[str], rows: list[list], widths: list[int] | None = None) -> str:
     """A reStructuredText ``list-table`` of ``rows`` under ``header``.
 
@@ -406,8 +383,7 @@ def list_table(header: list[str], rows: list[list], widths: list[int] | None = N
         lines.append("   :widths: " + " ".join(map(str, widths)))
     lines.append("")
     for row in [header, *rows]:
-        lines.append(f"   * - {row[0]}")
-        lines += [f"     - {cell}" for cell in row[1:]]
+        lines += [f"   * - {row[0]}", *(f"     - {cell}" for cell in row[1:])]
     return "\n".join(lines) + "\n"
 
 

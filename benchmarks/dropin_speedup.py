@@ -1,34 +1,22 @@
 """Drop-in speed-up: TorchRL's collectors against OffPolicyCollector, with TorchRL's own env stack.
 
-Both usage patterns of TorchRL's SAC scripts on HalfCheetah-v5, with the sota
-env stack (``SerialEnv`` of ``GymEnv`` + ``InitTracker``, ``StepCounter``,
-``DoubleToFloat``, ``RewardSum``) and the sota actor (256x256 MLP, TanhNormal):
+TorchRL's SAC scripts' two usage patterns on HalfCheetah-v5, with the sota env stack (``SerialEnv`` of ``GymEnv`` +
+``InitTracker``, ``StepCounter``, ``DoubleToFloat``, ``RewardSum``) and the sota actor (256x256 MLP, TanhNormal),
+``MultiAsyncCollector`` against ``OffPolicyCollector`` (which runs the stack on EnvPool, ``engine="auto"``):
 
-* pattern 1 (``sac.py``): iterate and get batches. TorchRL's ``MultiAsyncCollector``
-  against ``OffPolicyCollector`` with the same env factories (target >= 3x);
-* pattern 2 (``sac-async.py``): workers write into a shared TorchRL
-  ``ReplayBuffer(LazyTensorStorage, shared=True)`` after ``start()``.
-  ``MultiAsyncCollector`` against ``OffPolicyCollector`` (target >= 4x);
-* ``fast_path``: ``OffPolicyCollector("HalfCheetah-v5", ...)`` (our gymnasium-id
-  env) in pattern 2, with the same number of workers and envs;
-* with ``--engine-torchrl``, also ``p2_offpolicy_torchrl_engine``: pattern 2 with
-  ``engine="torchrl"``, the env stack kept as given instead of rebuilt on EnvPool.
+* pattern 1 (``sac.py``): iterate and get batches (target >= 3x);
+* pattern 2 (``sac-async.py``): after ``start()`` the workers write into a shared ``ReplayBuffer(LazyTensorStorage,
+  shared=True)`` (target >= 4x);
+* ``fast_path``: pattern 2 with ``OffPolicyCollector("HalfCheetah-v5", ...)``, our gymnasium-id env;
+* ``--engine-torchrl`` adds ``p2_offpolicy_torchrl_engine``: pattern 2 with the stack as given (``engine="torchrl"``).
 
-``OffPolicyCollector`` recognises the sota stack and runs it on EnvPool
-(``engine="auto"``); the ``engine`` of each configuration is in the output.
-
-Collected frames per second are measured over a window that starts after the
-first batch (start-up excluded). Every configuration runs in its own Python
-subprocess, killed after ``--timeout`` seconds: TorchRL's ``MultiAsyncCollector``
-can hang at interpreter exit (in its weight-sync finaliser), and a hung run is
-recorded under ``"problems"`` in the output (as is a failed one) instead of
-stopping the benchmark; a run that hangs only after reporting its rate keeps its
-rate. The configurations run
-in alternating rounds, so that drifts in a shared machine's speed weigh on all of
-them alike; rates are medians over rounds and ratios medians of per-round ratios.
+Frames per second over a window that starts after the first batch. Each configuration runs in a subprocess of its
+own, killed after ``--timeout`` s: ``MultiAsyncCollector`` can hang at interpreter exit, and a hung or failed run is
+recorded under ``"problems"`` (a run that hangs after reporting its rate keeps it). Alternating rounds; rates are
+medians over rounds, ratios medians of per-round ratios.
 
 Run: ``python benchmarks/dropin_speedup.py [--rounds 3] [--seconds 6] [--workers 2] [--envs 4]``
-(``--configs p2_offpolicy fast_path``: only those, e.g. for ``ab_rounds.py`` before and after a change;
+(``--configs p2_offpolicy fast_path``: only those, e.g. for ``ab_rounds.py``;
 ``--out benchmarks/results/dropin/dropin_speedup.json``: also the figures the docs show, :func:`results_file`)
 """
 
@@ -52,17 +40,8 @@ from common import kill_now, provenance
 from tensordict.nn import TensorDictModule
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.data import LazyTensorStorage, ReplayBuffer
-from torchrl.envs import (
-    Compose,
-    DoubleToFloat,
-    EnvCreator,
-    GymEnv,
-    InitTracker,
-    RewardSum,
-    SerialEnv,
-    StepCounter,
-    TransformedEnv,
-)
+from torchrl.envs import EnvCreator, GymEnv, SerialEnv
+from torchrl.envs.transforms import Compose, DoubleToFloat, InitTracker, RewardSum, StepCounter, TransformedEnv
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal
 from torchrl.modules.distributions import NormalParamExtractor
 
@@ -93,61 +72,61 @@ def sota_actor():
                               distribution_class=TanhNormal, distribution_kwargs={"low": -1.0, "high": 1.0})
 
 
+def sota_collector(cls, args: argparse.Namespace, **options):
+    """``cls`` over ``--workers`` factories of the sota env stack, as TorchRL's SAC scripts make it."""
+    return cls([functools.partial(make_train_env, args.envs)] * args.workers, sota_actor(),
+               frames_per_batch=args.frames_per_batch, total_frames=-1, device="cpu", compile_policy=False,
+               cudagraph_policy=False, **options)
+
+
 def engine_of(collector) -> str:
     return collector.metrics()["engine"] if isinstance(collector, OffPolicyCollector) else "torchrl"
 
 
-def pattern1(cls, workers: int, envs: int, fpb: int, seconds: float) -> tuple[float, str]:
-    factories = [functools.partial(make_train_env, envs)] * workers
-    collector = cls(factories, sota_actor(), frames_per_batch=fpb, total_frames=-1, device="cpu",
-                    compile_policy=False, cudagraph_policy=False)
+def pattern1(cls, args: argparse.Namespace) -> tuple[float, str]:
+    collector = sota_collector(cls, args)
     try:
         it = iter(collector)
         next(it)
         frames, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
+        while time.perf_counter() - start < args.seconds:
             frames += next(it).numel()
         return frames / (time.perf_counter() - start), engine_of(collector)
     finally:
         collector.shutdown()
 
 
-def pattern2(cls, workers: int, envs: int, fpb: int, seconds: float, fast_path: bool = False,
-             engine: str | None = None) -> tuple[float, str]:
+def pattern2(cls, args: argparse.Namespace, fast_path: bool = False, **options) -> tuple[float, str]:
     if fast_path:
         rb = make_replay_buffer(1_000_000)
-        collector = OffPolicyCollector(ENV, sota_actor(), num_workers=workers, num_envs=envs,
-                                       frames_per_batch=fpb, replay_buffer=rb, stagger_resets=False)
+        collector = OffPolicyCollector(ENV, sota_actor(), num_workers=args.workers, num_envs=args.envs,
+                                       frames_per_batch=args.frames_per_batch, replay_buffer=rb, stagger_resets=False)
     else:
         rb = ReplayBuffer(storage=LazyTensorStorage(1_000_000), shared=True)
-        rb.extend(make_train_env(envs).rollout(1).view(-1))
+        rb.extend(make_train_env(args.envs).rollout(1).view(-1))
         rb.empty()
-        factories = [functools.partial(make_train_env, envs)] * workers
-        options = {} if engine is None else {"engine": engine}
-        collector = cls(factories, sota_actor(), frames_per_batch=fpb, total_frames=-1, device="cpu",
-                        env_device="cpu", compile_policy=False, cudagraph_policy=False, replay_buffer=rb,
-                        extend_buffer=True, postproc=flatten, no_cuda_sync=True, **options)
+        collector = sota_collector(cls, args, env_device="cpu", replay_buffer=rb, extend_buffer=True,
+                                   postproc=flatten, no_cuda_sync=True, **options)
     try:
         collector.start()
         deadline = time.monotonic() + 300
-        while rb.write_count < fpb and time.monotonic() < deadline:
+        while rb.write_count < args.frames_per_batch and time.monotonic() < deadline:
             time.sleep(0.01)
         first, start = rb.write_count, time.perf_counter()
-        time.sleep(seconds)
+        time.sleep(args.seconds)
         return (rb.write_count - first) / (time.perf_counter() - start), engine_of(collector)
     finally:
         collector.shutdown()
 
 
+#: each configuration: its pattern, the collector class and their options
 CONFIGS = {
-    "p1_torchrl": lambda a: pattern1(MultiAsyncCollector, a.workers, a.envs, a.frames_per_batch, a.seconds),
-    "p1_offpolicy": lambda a: pattern1(OffPolicyCollector, a.workers, a.envs, a.frames_per_batch, a.seconds),
-    "p2_torchrl": lambda a: pattern2(MultiAsyncCollector, a.workers, a.envs, a.frames_per_batch, a.seconds),
-    "p2_offpolicy": lambda a: pattern2(OffPolicyCollector, a.workers, a.envs, a.frames_per_batch, a.seconds),
-    "fast_path": lambda a: pattern2(OffPolicyCollector, a.workers, a.envs, a.frames_per_batch, a.seconds,
-                                    fast_path=True),
-    "p2_offpolicy_torchrl_engine": lambda a: pattern2(OffPolicyCollector, a.workers, a.envs, a.frames_per_batch,
-                                                      a.seconds, engine="torchrl"),
+    "p1_torchrl": (pattern1, MultiAsyncCollector, {}),
+    "p1_offpolicy": (pattern1, OffPolicyCollector, {}),
+    "p2_torchrl": (pattern2, MultiAsyncCollector, {}),
+    "p2_offpolicy": (pattern2, OffPolicyCollector, {}),
+    "fast_path": (pattern2, OffPolicyCollector, {"fast_path": True}),
+    "p2_offpolicy_torchrl_engine": (pattern2, OffPolicyCollector, {"engine": "torchrl"}),
 }
 RESULT = "RESULT "
 
@@ -155,16 +134,16 @@ RESULT = "RESULT "
 def run_one(args: argparse.Namespace) -> None:
     """The child process: runs one configuration and prints its rate on a ``RESULT`` line."""
     torch.set_num_threads(1)
-    fps, engine = CONFIGS[args.run_one](args)
+    pattern, cls, options = CONFIGS[args.run_one]
+    fps, engine = pattern(cls, args, **options)
     print(RESULT + json.dumps({"fps": fps, "engine": engine}), flush=True)
 
 
 def run_in_subprocess(name: str, args: argparse.Namespace) -> tuple[dict | None, str | None]:
     """Runs configuration ``name`` in a fresh interpreter; ``(result, problem)``.
 
-    ``problem`` is ``None``, ``"hang at run"`` (no result before ``--timeout``), ``"hang at
-    exit"`` (the result came, then the interpreter did not exit within ``--exit-grace``
-    seconds) or ``"failed: <last stderr line>"``. A hung child is killed with its whole
+    ``problem`` is ``None``, ``"hang at run"`` (no result within ``--timeout``), ``"hang at exit"`` (no exit within
+    ``--exit-grace`` seconds of the result) or ``"failed: <last stderr line>"``. A hung child is killed with its
     process group (its collector's workers).
     """
     command = [sys.executable, __file__, "--run-one", name, "--seconds", str(args.seconds), "--workers",
@@ -270,7 +249,7 @@ def main() -> None:
     rates: dict[str, list[float | None]] = {name: [] for name in names}
     engines: dict[str, str] = {}
     problems: list[dict] = []
-    load_start = os.getloadavg()
+    load_start = os.getloadavg()[0]
     for r in range(args.rounds):
         for name in names:
             result, problem = run_in_subprocess(name, args)
@@ -287,26 +266,17 @@ def main() -> None:
         return round(statistics.median(values), 1) if values else None
 
     def ratio(a: str, b: str) -> float | None:
-        if a not in rates or b not in rates:
-            return None
-        pairs = per_round_ratios(rates, a, b)
+        pairs = per_round_ratios(rates, a, b) if a in rates and b in rates else []
         return round(statistics.median(pairs), 3) if pairs else None
 
     result = {
-        "benchmark": "dropin_speedup",
-        "env": ENV,
-        "workers": args.workers,
-        "envs_per_worker": args.envs,
-        "frames_per_batch": args.frames_per_batch,
-        "rounds": args.rounds,
+        "benchmark": "dropin_speedup", "env": ENV, "workers": args.workers, "envs_per_worker": args.envs,
+        "frames_per_batch": args.frames_per_batch, "rounds": args.rounds,
         "machine": f"{platform.machine()} {os.cpu_count()} cpu(s), 1 torch thread per process",
-        "load_average_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
+        "load_average_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
         **{f"{name}_fps": median(name) for name in names},
-        "ratio_pattern1": ratio("p1_offpolicy", "p1_torchrl"),
-        "ratio_pattern2": ratio("p2_offpolicy", "p2_torchrl"),
-        "ratio_fast_path_over_p2_torchrl": ratio("fast_path", "p2_torchrl"),
-        "engines": engines,
-        "problems": problems,
+        "ratio_pattern1": ratio("p1_offpolicy", "p1_torchrl"), "ratio_pattern2": ratio("p2_offpolicy", "p2_torchrl"),
+        "ratio_fast_path_over_p2_torchrl": ratio("fast_path", "p2_torchrl"), "engines": engines, "problems": problems,
     }
     if "p2_offpolicy_torchrl_engine" in names:
         result["ratio_pattern2_torchrl_engine"] = ratio("p2_offpolicy_torchrl_engine", "p2_torchrl")

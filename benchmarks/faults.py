@@ -1,15 +1,12 @@
 """Faults survived: real SIGKILLs and SIGTERMs against the buffer, the collector and the recipe.
 
-Each case injects its fault for real and measures:
-
-* ``buffer_kills``: a writer process extends the shared buffer with large batches whose every column holds the
-  row's id; it is SIGKILLed at a random moment, again and again, while the learner samples all the time.
-  Reported: the kills that landed inside a write, the longest ``sample()`` call, the torn rows seen.
-* ``worker_kills``: an ``OffPolicyCollector`` worker is SIGKILLed at a random moment while the learner samples;
-  the longest time until the learner got the ``WorkerError``, the longest ``sample()`` call, torn rows.
-* ``cycles``: create / collect / shutdown cycles; residue afterwards (``/dev/shm`` entries, file descriptors,
+* ``buffer_kills``: a process extending the full shared buffer with id-stamped batches is SIGKILLed at random
+  moments, again and again, while the learner samples: kills inside a write, the longest ``sample()``, torn rows.
+* ``worker_kills``: an ``OffPolicyCollector`` worker is SIGKILLed at a random moment while the learner samples:
+  the longest time until the learner gets the ``WorkerError``, the longest ``sample()``, torn rows.
+* ``cycles``: create / collect / shutdown cycles; the residue left (``/dev/shm`` entries, file descriptors,
   threads, child processes, temp dirs).
-* ``learner_kill``: the learner is SIGKILLed during collection; time until all its workers are gone, and the
+* ``learner_kill``: the learner is SIGKILLed during collection; the time until all its workers are gone, and the
   residue once the next collector starts.
 * ``recipe_sigterm``: ``recipes/sac.py`` gets SIGTERM; exit time, checkpoint, residue, and whether ``resume=``
   restores the buffer exactly.
@@ -66,7 +63,6 @@ ID_COLUMNS = (
     (("next", "observation"), (256,), torch.float32),
     ("row_id", (), torch.int64),
 )
-ENV = "Pendulum-v1"
 
 
 def id_rows(first: int, count: int) -> TensorDict:
@@ -87,8 +83,8 @@ def torn_rows(batch: TensorDict) -> int:
 def torn_mask(batch: TensorDict) -> torch.Tensor:
     """Which rows of ``batch`` are torn: their columns do not all hold the same id.
 
-    A collector's rows carry no id: there a row is torn when its ``("next", "step_count")`` is not its
-    ``step_count + 1`` (both are written by the same ``extend``; a row half old, half new breaks the relation).
+    A collector's rows carry no id: a row is torn when its ``("next", "step_count")`` is not its ``step_count + 1``
+    (one ``extend`` writes both; a row half old, half new breaks the relation).
     """
     if "row_id" not in batch.keys():
         step = batch.get("step_count")
@@ -108,11 +104,8 @@ def id_writer(replay_buffer, first: int, rows: int) -> None:
 
 
 def fork_call(target: Callable[..., object], *args: object) -> int:
-    """Forks a child that runs ``target(*args)``; returns its pid.
-
-    The child never returns into the caller's code: it leaves with ``os._exit``, 0 once ``target`` returns and
-    1 if it raises (no traceback, no cleanup).
-    """
+    """Forks a child that runs ``target(*args)`` and leaves with ``os._exit`` (0 if it returned, 1 if it raised),
+    never returning into the caller's code; returns its pid."""
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -125,8 +118,8 @@ def fork_call(target: Callable[..., object], *args: object) -> int:
 
 
 def _forker_main(replay_buffer, rows: int, commands) -> None:
-    # A spawned process forks the writers: a fork starts in milliseconds where a spawn re-imports torch (seconds),
-    # and this process has no other threads to break by forking. Killed children are reaped by the kernel.
+    # A fork starts in milliseconds where a spawn re-imports torch, and this spawned process has no threads that
+    # forking would break. With SIGCHLD ignored the kernel reaps the killed writers.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     while (first := commands.recv()) is not None:
         commands.send(fork_call(id_writer, replay_buffer, first, rows))
@@ -159,8 +152,7 @@ def writer_forker(replay_buffer, rows: int):
 
 
 def wait_gone_all(pids_now, timeout: float, poll: float = 0.05) -> bool:
-    """Waits until ``pids_now()`` returns nothing, checking every ``poll`` seconds; True if it did within
-    ``timeout`` seconds."""
+    """Whether ``pids_now()`` returned nothing within ``timeout`` seconds (checked every ``poll`` seconds)."""
     deadline = time.monotonic() + timeout
     while pids_now():
         if time.monotonic() > deadline:
@@ -228,13 +220,12 @@ def buffer_kills(kills: int, *, rows: int = WRITER_ROWS, capacity: int = 10_000,
             pid = start_writer(next_id)
             time.sleep(rng.uniform(0.0, max_delay_s))
             if counters is not None and done % 2:
-                # Every other kill waits for the writer's mark (rows marked, not yet committed), so that some
-                # kills land inside a write for sure: at random moments alone, few or none do.
+                # Every other kill waits for the writer's mark (rows marked, not yet committed): at random
+                # moments alone, few kills land inside a write.
                 give_up = time.monotonic() + 2.0
                 while counters[6] == 0 and time.monotonic() < give_up:
                     pass
-            # The mark, read at the kill: read only after the writer is gone, it is mostly cleared already,
-            # since the sampler thread repairs the rows as soon as the kernel frees the dead writer's lock.
+            # The mark is read at the kill: the sampler repairs the rows as soon as the dead writer's lock is freed.
             marked = counters is not None and counters[6] > 0
             os.kill(pid, signal.SIGKILL)
             marked = marked or (counters is not None and counters[6] > 0)
@@ -250,19 +241,17 @@ def buffer_kills(kills: int, *, rows: int = WRITER_ROWS, capacity: int = 10_000,
             "longest_sample_s": round(sampler.longest_s, 4), "torn_rows": sampler.torn}
 
 
-def small_policy():
-    """A tanh-linear Pendulum actor: what the policy is does not matter to these faults."""
+def make_collector(rb):
+    """A Pendulum ``OffPolicyCollector`` (2 workers of 4 envs) filling ``rb``, with a tanh-linear actor: what the
+    policy is does not matter to these faults."""
     from tensordict.nn import TensorDictModule
 
-    return TensorDictModule(torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Tanh()), in_keys=["observation"],
-                            out_keys=["action"])
-
-
-def make_collector(rb, **overrides):
     from torchrl_unilab import OffPolicyCollector
 
-    kwargs = dict(num_workers=2, num_envs=4, frames_per_batch=256, replay_buffer=rb, seed=0)
-    return OffPolicyCollector(ENV, small_policy(), **{**kwargs, **overrides})
+    policy = TensorDictModule(torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Tanh()), in_keys=["observation"],
+                              out_keys=["action"])
+    return OffPolicyCollector("Pendulum-v1", policy, num_workers=2, num_envs=4, frames_per_batch=256,
+                              replay_buffer=rb, seed=0)
 
 
 def worker_kills(kills: int, *, seed: int = 0, deadline: float | None = None) -> dict:
@@ -339,39 +328,32 @@ def _collect_briefly(frames: int) -> None:
         collector.wait_for_frames(frames, timeout=120)
 
 
-def cycles(count: int, *, deadline: float | None = None) -> dict:
+def cycles(count: int) -> dict:
     """Create / collect / shutdown cycles; the residue they leave."""
     # One cycle first: Python's process-wide helpers start at their first use and live on (multiprocessing's
     # forkserver holds a pipe from then on), which would count as the cycles' residue.
     _collect_briefly(512)
     before = residue_snapshot()
-    done = 0
-    while done < count and (deadline is None or time.monotonic() < deadline):
+    for _ in range(count):
         _collect_briefly(512)
-        done += 1
-    return {"cycles": done, "residue": residue_since(before)}
+    return {"cycles": count, "residue": residue_since(before)}
 
 
-_LEARNER_SCRIPT = """
-import sys, time
-sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
-import faults
-if __name__ == "__main__":
-    rb = faults.make_replay_buffer(20_000)
-    collector = faults.make_collector(rb)
+def _learner() -> None:
+    """The learner that :func:`learner_kill` SIGKILLs: it collects, prints its workers' pids, then samples."""
+    rb = make_replay_buffer(20_000)
+    collector = make_collector(rb)
     collector.start()
     collector.wait_for_frames(512, timeout=120)
     print("WORKERS", *(p.pid for p in collector.procs), flush=True)
     while True:
         rb.sample(256)
-"""
 
 
 def learner_kill() -> dict:
     """SIGKILLs a learner during collection: its workers must be gone within 5 s, its residue swept next start."""
-    script = _LEARNER_SCRIPT.format(root=str(ROOT), bench=str(ROOT / "benchmarks"))
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True)
+    code = f"import sys\nsys.path[:0] = {[str(ROOT), str(ROOT / 'benchmarks')]!r}\nimport faults\nfaults._learner()"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = ""
         while not line.startswith("WORKERS"):
@@ -450,10 +432,9 @@ def recipe_sigterm() -> dict:
 class WorkerKiller(threading.Thread):
     """SIGKILLs a random one of ``find_workers()``'s processes every ``interval_s`` (a ``(low, high)`` range).
 
-    A kill waits for the killed worker's replacement to appear and gives it the dead one's slot, so that no slot
-    is killed a third time within ``window_s``: the collector's crash-loop rule (3 failures within 60 s end a run)
-    times a failure when it sees it, not when the kill lands, hence 75 s. The soak measures survival, not that
-    rule, which ``tests/test_restarts.py`` tests.
+    Each kill waits for the replacement to appear and gives it the dead worker's slot; no slot is killed a third
+    time within ``window_s``, so that the collector's crash-loop rule (3 failures within 60 s, timed when it sees
+    them) never ends the run: the soak measures survival, ``tests/test_restarts.py`` tests the rule.
     """
 
     def __init__(self, find_workers: Callable[[], set[int]], workers: int, interval_s: tuple[float, float], *,
@@ -544,10 +525,8 @@ def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, bac
     Local: 2 workers, a kill every 20-40 s, and an undisturbed run at the same settings and seed beside it
     (concurrently, so both share the machine alike). Ray: 2 node actors of 1 worker on a local cluster, a node
     actor killed every 60 s, no run beside it. ``frames`` defaults to what a 2-core machine collects in ``minutes``
-    at the recipe's defaults (4 frames per update): 430 frames/s for each of two runs side by side, 400 on Ray.
-    Reports kills, restarts, frames lost (counted but not in the buffer), torn rows in the final buffer (it holds
-    every row ever sampled: the buffer never wraps), the learner's longest wait for data, the final eval returns,
-    and the residue.
+    at the recipe's defaults: 430 frames/s for each of two runs side by side, 400 on Ray. Torn rows are counted
+    in the final buffer, which holds every row ever sampled (it never wraps).
     """
     ray = backend == "ray"
     frames = -(-(frames or int(minutes * 60 * (400 if ray else 430))) // 1024) * 1024  # whole batches of every worker
@@ -599,7 +578,7 @@ def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, bac
 
 def results_file(results: dict) -> dict:
     """``--out``'s file from the kill cases' JSON object ``results`` (the recipe's SIGTERM case included): the
-    figures of the faults table that ``benchmarks/report.py`` writes for README's headline and the docs."""
+    faults table's figures, as ``benchmarks/report.py`` reads them."""
     b, w, c = results["buffer_kills"], results["worker_kills"], results["cycles"]
     lk, st = results["learner_kill"], results["recipe_sigterm"]
     residue = c["residue"]
@@ -623,9 +602,8 @@ def results_file(results: dict) -> dict:
 
 
 def saved_soaks(logs: list[Path]) -> dict:
-    """The soaks (``recipe_soak``, ``ray_soak``) in the JSON lines that ``--soak-minutes`` and
-    ``--ray-soak-minutes`` runs printed, saved in ``logs``: for each soak its line in the last log that has one.
-    Other lines (a recipe's log, warnings) are skipped; nothing but JSON is read."""
+    """The ``recipe_soak`` and ``ray_soak`` JSON lines that earlier soak runs printed into ``logs``: each from the
+    last log that has one. Lines that are not a JSON object are skipped."""
     soak = {}
     for line in (line for log in logs for line in log.read_text().splitlines()):
         try:
@@ -638,9 +616,8 @@ def saved_soaks(logs: list[Path]) -> dict:
 
 
 def soak_results_file(soak: dict, note: str | None = None) -> dict:
-    """``--out``'s file from both soaks' JSON object ``soak`` (``recipe_soak`` and ``ray_soak``): the soak table
-    and README's soak figures, as ``benchmarks/report.py`` reads them. ``note``: how the soaks ran, if not in one
-    command."""
+    """``--out``'s file from both soaks' JSON object ``soak`` (``recipe_soak`` and ``ray_soak``), as
+    ``benchmarks/report.py`` reads it. ``note``: how the soaks ran, if not in one command."""
     def killed_run(result: dict, restarts: str) -> dict:
         runs = [result[name] for name in ("killed", "undisturbed") if name in result]
         left = sum(run["residue"] for run in runs), sum(run["processes_left"] for run in runs)
@@ -667,9 +644,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=None,
                         help="soak: repeat the kill cases until this many minutes are spent")
-    parser.add_argument("--buffer-kills", type=int, default=40)
-    parser.add_argument("--worker-kills", type=int, default=3)
-    parser.add_argument("--cycles", type=int, default=5)
+    for option, default in (("--buffer-kills", 40), ("--worker-kills", 3), ("--cycles", 5)):
+        parser.add_argument(option, type=int, default=default)
     parser.add_argument("--worker-kill-minutes", type=float, default=None,
                         help="stop the worker kills after this many minutes even if fewer were done")
     parser.add_argument("--skip-recipe", action="store_true", help="leave out the recipe SIGTERM case")

@@ -1,29 +1,24 @@
 """One command that turns a GPU machine (one GPU, 16 cores) into figures.
 
-A GPU machine is lent now and then, for about 15 minutes; this script runs first on it. Within about 8 minutes
-(``--budget-s``) it prints one JSON line: ``machine``, ``learner_ups`` (SAC's and TD3's recipe updates/s at batch
-256 and 4096, eager, compiled, compiled with CUDA graphs), ``sample_ms`` (one batch through pinned memory),
-``publish_ms`` (one weight publish from the GPU), ``e2e_fps`` (``recipes/sac.py`` and ``recipes/td3.py`` on the
-GPU for 60 s after warm-up), ``collector_scaling`` (1 to 14 workers x 16 envs on EnvPool, HalfCheetah and Go1),
-``dropin_sac_cuda`` (TorchRL's sota ``sac.py`` with our class, given ``--rl-root``), ``collector_lanes`` and
-``parts`` (each part's status and seconds). ``benchmarks/README.md`` describes each key.
-
-Each part runs in a process of its own (forked from this one, which never touches CUDA), in its own session,
-with its own timeout, after which its process group is killed (``common.kill_group``). A part writes its figures
-as it gets them, so one that fails or times out keeps what it measured and records its error. The parts run
-one after another (``collector_lanes`` last, in what the budget leaves), within ``--budget-s`` in all.
+Within about 8 minutes (``--budget-s``) it runs the other benchmarks' functions as parts, each a key of its one
+JSON line: ``machine``, ``learner_ups``, ``sample_ms``, ``publish_ms``, ``e2e_fps``, ``collector_scaling``,
+``dropin_sac_cuda`` (given ``--rl-root``), ``collector_lanes`` (last, in what the budget leaves), and ``parts``
+(each part's status and seconds); ``benchmarks/README.md`` describes each key. Each part runs in a process forked
+from this one (which never touches CUDA), in its own session and with its own timeout, after which its process
+group is killed. A part writes its figures as it gets them, so one that fails or times out keeps what it measured.
 
     python benchmarks/gpu_check.py [--rl-root ~/src/rl] [--out h200_2026-12-04.json]
     python benchmarks/gpu_check.py --device cpu --quick
 
 ``--device cpu --quick`` runs every part on CPU in tiny sizes (the compiled variants are built, not run), so that
-the script's own bugs show without a GPU (``tests/test_gpu_check.py``). ``--out FILE`` also writes the JSON to
-``benchmarks/results/gpu/FILE`` (a path with a directory is taken as it is).
+the script's own bugs show without a GPU. ``--out FILE`` also writes the JSON to ``benchmarks/results/gpu/FILE``
+(a path with a directory is taken as it is).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import importlib.metadata
@@ -129,10 +124,6 @@ def _device(settings: Settings) -> torch.device:
     return learner_throughput.learner_device(settings.device)
 
 
-def _sync(device: torch.device) -> Callable[[], None]:
-    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-
-
 def _percentiles(times_ms: list[float]) -> dict[str, float]:
     ordered = sorted(times_ms)
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
@@ -176,6 +167,7 @@ def _cpu_model() -> str | None:
 def part_learner_ups(settings: Settings, emit: Emit) -> None:
     """SAC's and TD3's updates/s (256x256) per batch size and variant; each figure emitted once measured."""
     device = _device(settings)
+    sync = learner_throughput.device_sync(device)
     torch.set_num_threads(1)
     rb = learner_throughput.filled_buffer()
     loops = {"sac": lambda **kw: learner_throughput.recipe_loop(rb, device=device, **kw),
@@ -189,7 +181,7 @@ def part_learner_ups(settings: Settings, emit: Emit) -> None:
                     emit(where, {"skipped": "--quick: built, not run (compiling takes 30-70 s on a CPU)"})
                     continue
                 rate = learner_throughput.update_rates({name: step}, settings.blocks, settings.block_updates,
-                                                       warmup_steps=settings.warmup_updates, sync=_sync(device))[name]
+                                                       warmup_steps=settings.warmup_updates, sync=sync)[name]
                 emit(where, {"ups": round(rate["ups"], 1), "warmup_s": round(rate["warmup_s"], 1)})
 
 
@@ -198,10 +190,11 @@ def part_sample_ms(settings: Settings, emit: Emit) -> None:
     device = _device(settings)
     torch.set_num_threads(1)
     rb = learner_throughput.filled_buffer()
+    sync = learner_throughput.device_sync(device)
     emit(("pinned",), device.type == "cuda")
     for batch in settings.batches:
         sampler = BufferSampler(rb, batch, device=device)
-        times = learner_throughput.call_times_ms(sampler, settings.repeats, _sync(device))
+        times = learner_throughput.call_times_ms(sampler, settings.repeats, sync)
         emit((f"batch_{batch}",), _percentiles(times))
 
 
@@ -255,11 +248,8 @@ def part_collector_scaling(settings: Settings, emit: Emit) -> None:
 
 
 def part_dropin_sac_cuda(settings: Settings, emit: Emit) -> None:
-    """TorchRL's sota sac.py with its own device logic (``cuda:0`` on a GPU), with TorchRL's collector and ours.
-
-    Each run is ``sota_dropin.py``'s: the script unmodified but for the collector class (ours only) and its frame
-    counts. Frames and updates per second are over the whole script, start-up included.
-    """
+    """TorchRL's sota sac.py with its own device logic (``cuda:0`` on a GPU), with TorchRL's collector and ours, as
+    ``sota_dropin.py`` runs it; frames and updates per second over the whole script, start-up included."""
     if settings.rl_root is None:
         emit(("skipped",), "no --rl-root given (a pytorch/rl work tree or bare git dir)")
         return
@@ -296,20 +286,15 @@ def part_collector_lanes(settings: Settings, emit: Emit) -> None:
     torch.set_num_threads(1)
     options = {"frames_per_batch": settings.scaling_frames_per_batch, "buffer_size": settings.scaling_buffer}
     for task in settings.lane_tasks:
-        alone = collector_throughput.EnvPoolAlone(task)
-        plain = collector_throughput.OffPolicy(1, env_id=task, **options)
-        try:
-            lanes = collector_throughput.OffPolicy(1, env_id=task, lanes=2, **options)
-            try:
-                rates = collector_throughput.interleaved({"envpool_alone": alone, "workers_1": plain,
-                                                          "workers_1_lanes_2": lanes},
-                                                         settings.lane_rounds, settings.scaling_seconds)
-                breakdown = {"workers_1": plain.breakdown(), "workers_1_lanes_2": lanes.breakdown()}
-            finally:
-                lanes.close()
-        finally:
-            plain.close()
-            alone.env.close()
+        with contextlib.ExitStack() as stack:
+            alone = collector_throughput.EnvPoolAlone(task)
+            stack.callback(alone.env.close)
+            runs = {"envpool_alone": alone}
+            for name, lanes in (("workers_1", 1), ("workers_1_lanes_2", 2)):
+                runs[name] = collector_throughput.OffPolicy(1, env_id=task, lanes=lanes, **options)
+                stack.callback(runs[name].close)
+            rates = collector_throughput.interleaved(runs, settings.lane_rounds, settings.scaling_seconds)
+            breakdown = {name: runs[name].breakdown() for name in ("workers_1", "workers_1_lanes_2")}
         ratio, alone_rates = collector_throughput.median_ratio, rates["envpool_alone"]
         emit((task,), {**{name: round(statistics.median(r), 1) for name, r in rates.items()},
                        "ratio_offpolicy_over_envpool": round(ratio(rates["workers_1"], alone_rates), 3),
@@ -322,11 +307,8 @@ PART_FUNCTIONS: dict[str, Callable[[Settings, Emit], None]] = {name: globals()[f
 
 # ------------------------------------------------------------ running parts
 def _child(name: str, settings: Settings, path: str, tmp: str) -> None:
-    """A part's process: its own session (its group is killed at the timeout), figures appended to ``path``.
-
-    Its temporary files go to ``tmp``, which the parent removes: the part ends with ``os._exit`` (no
-    finalisers run in a forked copy of this process), and a part killed at its timeout cleans nothing.
-    """
+    """A part's process: its own session (its group is killed at the timeout), figures appended to ``path``, its
+    temporary files in ``tmp``, which the parent removes (a forked part ends with ``os._exit``: no finalisers)."""
     os.setsid()
     os.dup2(2, 1)  # what the part prints goes to stderr: stdout holds the one JSON line
     os.environ["TMPDIR"] = tempfile.tempdir = tmp  # its collectors' workers inherit it too

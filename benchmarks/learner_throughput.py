@@ -5,9 +5,8 @@ says ``_2t``), the variants in alternating blocks (median block rate): TorchRL's
 update (with ``SACLoss``, with its tensor-level loss, compiled), the TD3 recipe's; the machine's limit (an
 update's matrix products at the best ``torch.mm`` rate); ``recipes/sac.py`` end to end at ``utd_ratio=1``
 against Stable-Baselines3's SAC (needs the ``bench`` extra). ``--device cuda`` measures a learner on a GPU
-instead (collection stays on CPU workers): eager, compiled and CUDA-graph updates, sampling through pinned
-memory, a weight publish, the recipe end to end; the anchor is LeanRL on an H100, CleanRL's SAC at 127
-frames/s, 725 compiled with CUDA graphs.
+(collection stays on CPU workers): eager, compiled and CUDA-graph updates, pinned sampling, a weight publish,
+the recipe end to end, beside LeanRL's H100 figures.
 
 Run::
 
@@ -18,8 +17,7 @@ Run::
     python benchmarks/learner_throughput.py --matmul-dtype bf16 --e2e-frames 0 --no-compile --no-sb3
     python benchmarks/learner_throughput.py --crossq-widths 256 512 1024 --e2e-frames 0 --no-sb3
 
-It prints one JSON line; ``benchmarks/README.md`` lists every key and option. The figures the docs show are in
-``benchmarks/results/learning/learner_throughput.json``.
+It prints one JSON line; ``benchmarks/README.md`` lists every key and option.
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -60,8 +59,7 @@ START_FRAMES = 1000  # random frames before learning starts, in both end-to-end 
 
 
 def filled_buffer(rows: int = 50_000):
-    """A shared buffer (capacity 100,000, or ``rows`` above that) holding ``rows`` random transitions with the
-    collector's keys."""
+    """A shared buffer (capacity at least 100,000) holding ``rows`` random transitions with the collector's keys."""
     rb = make_replay_buffer(max(100_000, rows), batch_size=BATCH)
     rb.extend(collector_rows(rows, generator=torch.Generator().manual_seed(0)))
     return rb
@@ -110,12 +108,11 @@ def plain_loop(rb):
 def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False, cudagraphs: bool = False,
                 device: torch.device | str = "cpu", serial: bool = False, prefetch: bool = False,
                 trained: dict | None = None, batch_size: int = BATCH, matmul_dtype: torch.dtype = torch.float32):
-    """The update of recipes/sac.py: BufferSampler, the (tensor-level) loss, one fused Adam, SoftUpdate.
+    """The update of recipes/sac.py (BufferSampler, the tensor-level loss, one fused Adam, SoftUpdate) on ``device``,
+    compiled as its ``compile`` section would.
 
-    On ``device``, compiled as the recipe's ``compile`` section would, on batches of ``batch_size`` rows.
-    ``serial`` waits for the GPU after each update, so that the next batch is sampled after it; ``prefetch``
-    samples the next batch in a thread (into a second sampler) while the update runs; ``trained``: the
-    ``modules`` of a SAC recipe checkpoint to start from; ``matmul_dtype``: ``optim.matmul_dtype``.
+    ``serial`` waits for the GPU after each update; ``prefetch`` samples the next batch in a thread, into a second
+    sampler; ``trained``: the ``modules`` of a SAC recipe checkpoint to start from.
     """
     device = torch.device(device)
     cfg = config(compile, cudagraphs)
@@ -147,12 +144,11 @@ def recipe_loop(rb, *, fast_loss: bool = True, compile: bool = False, cudagraphs
             pending["next"] = pool.submit(samplers[pending["which"]])
             update(batch)
         return step
-    if not serial:
-        return lambda: update(sample()[0])
 
     def step():
         update(sample()[0])
-        torch.cuda.synchronize(device)
+        if serial:  # the next batch is sampled after the update, not during it
+            torch.cuda.synchronize(device)
     return step
 
 
@@ -175,12 +171,8 @@ def with_flush_denormal(step, flush: bool):
 def td3_loop(rb, *, device: torch.device | str = "cpu", compile: bool = False, cudagraphs: bool = False,
              batch_size: int | None = None, hidden: tuple[int, ...] | None = None,
              matmul_dtype: torch.dtype = torch.float32):
-    """The update of recipes/td3.py with its defaults (``make_update``, its networks, the tensor-level loss):
-    the critics every call, the actor and targets every ``optim.policy_update_delay``-th.
-
-    ``hidden`` and ``batch_size`` replace the config's ([400, 300], 256); compiled as the recipe compiles it (one
-    compiled update per value of ``update_actor``); the rest as :func:`recipe_loop`.
-    """
+    """The update of recipes/td3.py with its defaults, the actor and targets every ``optim.policy_update_delay``-th;
+    ``hidden`` and ``batch_size`` replace the config's; the rest as :func:`recipe_loop`."""
     cfg = OmegaConf.load(ROOT / "recipes" / "config" / "td3.yaml")
     if hidden is not None:
         cfg.network.hidden_sizes = list(hidden)
@@ -192,8 +184,7 @@ def td3_loop(rb, *, device: torch.device | str = "cpu", compile: bool = False, c
 
 
 def crossq_loop(rb, width: int):
-    """The update of recipes/crossq.py with its defaults (TorchRL's ``CrossQLoss``, the critics every call, the
-    actor and alpha every ``optim.policy_update_delay``-th), its critics ``width`` wide."""
+    """The update of recipes/crossq.py with its defaults (TorchRL's ``CrossQLoss``), its critics ``width`` wide."""
     with initialize_config_dir(config_dir=str(ROOT / "recipes" / "config"), version_base="1.3"):
         cfg = compose(config_name="crossq", overrides=[f"network.critic_hidden_sizes=[{width},{width}]"])
     loss, _ = make_loss_module(cfg, "crossq", networks("cpu", cfg, "crossq"))
@@ -210,7 +201,7 @@ def recipe_script(name: str):
 
 def delayed_actor_step(update, cfg, rb, device: torch.device, batch_size: int | None = None):
     """``step()``: a sampled batch through ``update(batch, update_actor)``, the actor's part every
-    ``optim.policy_update_delay``-th call, each value of ``update_actor`` compiled as the recipe compiles it."""
+    ``optim.policy_update_delay``-th call."""
     updates = compile_delayed_update(update, cfg.compile, device)
     sample = BufferSampler(rb, batch_size or int(cfg.optim.batch_size), device=device)
     delay, calls = int(cfg.optim.policy_update_delay), [0]
@@ -223,10 +214,8 @@ def delayed_actor_step(update, cfg, rb, device: torch.device, batch_size: int | 
 
 def update_rates(variants: dict, blocks: int, block_updates: int, *, warmup_steps: int = 3,
                  sync=lambda: None, threads: dict[str, int] | None = None) -> dict:
-    """Median updates/s over alternating blocks; ``sync`` waits for queued device work at each block's end.
-
-    ``threads`` maps a variant to the torch thread count its blocks run with (default: one).
-    """
+    """Median updates/s over alternating blocks; ``sync`` waits for queued device work at each block's end;
+    ``threads`` maps a variant to its torch thread count (default: one)."""
     threads = threads or {}
 
     def seconds(name: str, steps: int) -> float:
@@ -249,11 +238,8 @@ def update_rates(variants: dict, blocks: int, block_updates: int, *, warmup_step
 
 
 def profile_update(rb, updates: int = 50, top: int = 12) -> dict[str, object]:
-    """Milliseconds per recipe update (one thread) in each of its parts, and in matrix products, by torch.profiler.
-
-    ``matmul`` is the self time of the matrix-product ops anywhere in the update, ``total`` the whole update,
-    ``ops`` the ``top`` ops by self time, each with its calls per update.
-    """
+    """Milliseconds per recipe update (one thread) in each of its parts, in matrix products (``matmul``, self
+    time), in total, and in the ``top`` ops by self time (``ops``, with calls per update), by torch.profiler."""
     from torch.autograd.profiler import record_function  # noqa: PLC0415
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
@@ -301,12 +287,8 @@ def update_matmuls(algo: str = "sac", hidden: tuple[int, ...] = (HIDDEN, HIDDEN)
                    obs: int = OBS, act: int = ACT, policy_delay: int = 2) -> list[tuple[tuple[int, int, int], float]]:
     """The matrix products ``(m, k) @ (k, n)`` of one update of the recipe, as ``((m, k, n), times per update)``.
 
-    SAC (two Q-networks): the actor forward on the observation (with backward) and on the next one; the
-    Q-networks forward for the actor loss (backward to the action only), for the Q loss (with backward) and as
-    targets. TD3: every update the target actor and Q-networks forward and both Q-networks forward and backward;
-    every ``policy_delay``-th the actor forward and backward through Q1 (backward to the action only). A layer's
-    backward is ``grad_out @ W`` for its input (none for a layer reading the batch) and ``input.T @ grad_out``
-    for its weight.
+    A layer's backward is ``grad_out @ W`` for its input (none for a layer reading the batch) and
+    ``input.T @ grad_out`` for its weight.
     """
     sizes = [*hidden]
     actor = list(zip([obs, *sizes], [*sizes, (2 if algo == "sac" else 1) * act]))
@@ -354,13 +336,20 @@ def best_matmul_s(m: int, k: int, n: int, threads: int, repeats: int = 200) -> f
 def sgemm_limit(threads: int, algo: str = "sac", hidden: tuple[int, ...] = (HIDDEN, HIDDEN),
                 batch: int = BATCH) -> dict:
     """An update's matrix products alone (:func:`update_matmuls`), each at the best rate torch reaches on its
-    shape on ``threads`` threads: updates/s, that rate in GFLOP/s, and the MFLOP of one update. Everything else
-    an update does (elementwise ops, the optimiser, sampling, Python) is what separates the update from it."""
+    shape on ``threads`` threads: updates/s, that rate in GFLOP/s, and the MFLOP of one update."""
     products = update_matmuls(algo, hidden, batch)
     best = {shape: best_matmul_s(*shape, threads) for shape in {shape for shape, _ in products}}
     seconds = sum(best[shape] * times for shape, times in products)
     flops = sum(2 * m * k * n * times for (m, k, n), times in products)
     return {"ups": 1.0 / seconds, "gflops": flops / seconds / 1e9, "update_mflop": flops / 1e6}
+
+
+def device_sync(device: torch.device) -> Callable[[], None]:
+    """A call that waits for the work queued on ``device`` (none to wait for on a CPU)."""
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return sync
 
 
 def call_times_ms(call, repeats: int = 50, sync=lambda: None) -> list[float]:
@@ -380,8 +369,8 @@ def median_ms(call, repeats: int = 50, sync=lambda: None) -> float:
 
 
 def publish_times_ms(device: torch.device, repeats: int = 50) -> dict[str, list[float]]:
-    """Milliseconds of each weight publish of the SAC exploration policy from ``device`` to a shared block:
-    ``"batched"`` (one batched copy, the recipes' way) and ``"per_tensor"`` (one ``.cpu()`` per tensor first)."""
+    """Milliseconds of each weight publish of the SAC exploration policy from ``device``: ``"batched"`` (the
+    recipes' way) and ``"per_tensor"`` (one ``.cpu()`` per tensor first)."""
     nets = networks(device)
     weights = SharedWeights.create(nets.worker_policy)
     try:
@@ -393,9 +382,8 @@ def publish_times_ms(device: torch.device, repeats: int = 50) -> dict[str, list[
 
 
 def batch_size_sweep(batch_sizes: list[int], rows: int, blocks: int, block_updates: int) -> dict:
-    """``--batch-sizes``: the SAC recipe's update at each batch size on one and two torch threads (alternating
-    blocks), on a buffer of ``rows`` rows: updates/s, rows/s, the second thread's gain, the fraction of the sgemm
-    limit (:func:`sgemm_limit`), and ``sample_ms`` (one batch on one thread) with its share of an update."""
+    """``--batch-sizes``: the SAC recipe's update at each batch size on one and two torch threads, on a buffer of
+    ``rows`` rows, against the sgemm limit, with ``sample_ms`` (one batch) and its share of an update."""
     rb = filled_buffer(rows)
     variants, threads = {}, {}
     for batch in batch_sizes:
@@ -426,7 +414,7 @@ def rate_keys(rates: dict) -> dict:
 def device_suite(args) -> dict:
     """``--device cuda``: the recipe's update eager, compiled and compiled with CUDA graphs; sampling, publish, e2e."""
     device = learner_device(args.device)
-    sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
+    sync = device_sync(device)
     rb = filled_buffer()
     variants = {
         "eager": recipe_loop(rb, device=device),
@@ -448,10 +436,8 @@ def device_suite(args) -> dict:
     for name in ("eager", "compiled_cudagraphs"):
         if f"{name}_serial" in rates:
             out[f"overlap_gain_{name}"] = round(rates[name]["ups"] / rates[f"{name}_serial"]["ups"], 3)
-    pinned = BufferSampler(rb, BATCH, device=device)
-    pageable = BufferSampler(rb, BATCH, device=device, pin_memory=False)
-    out["sample_ms"] = round(median_ms(pinned, sync=sync), 3)
-    out["sample_pageable_ms"] = round(median_ms(pageable, sync=sync), 3)
+    for key, pin_memory in (("sample_ms", None), ("sample_pageable_ms", False)):  # None: pinned on a GPU
+        out[key] = round(median_ms(BufferSampler(rb, BATCH, device=device, pin_memory=pin_memory), sync=sync), 3)
     times = publish_times_ms(device)
     out["publish_ms"] = round(statistics.median(times["batched"]), 3)
     out["publish_per_tensor_ms"] = round(statistics.median(times["per_tensor"]), 3)
@@ -471,13 +457,10 @@ def end_to_end(frames: int, threads: int | str, overrides: list[str] | tuple[str
     """recipes/sac.py (or ``recipe``) on HalfCheetah-v5 at utd_ratio=1 (plus ``overrides``): env frames/s once
     learning has started.
 
-    With ``seconds`` the run is stopped by SIGTERM (the recipe's Ctrl-C: it saves and exits) ``seconds`` after
-    its first log past ``start_frames`` and two log windows (where a compiled update compiles), and the figures
-    are over that window, with ``updates_per_s``, the workers and envs, and ``longest_stall_s`` (compilation
-    included) beside ``longest_stall_before_window_s`` (the same when the window began).
+    With ``seconds`` the run is stopped by SIGTERM (the recipe's Ctrl-C) ``seconds`` after its first log past
+    ``start_frames`` and two log windows (where a compiled update compiles); the figures cover that window.
     """
-    sys.path.insert(0, str(ROOT / "recipes"))
-    module = importlib.import_module(recipe)  # the recipe script, imported as a module
+    module = recipe_script(recipe)
 
     measured_from = start_frames + (2 * log_every if seconds is not None else log_every)
     with tempfile.TemporaryDirectory() as tmp:
@@ -565,31 +548,24 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=12)
     parser.add_argument("--block-updates", type=int, default=20)
     parser.add_argument("--e2e-frames", type=int, default=3000, help="0 skips the end-to-end run")
-    parser.add_argument("--e2e-rounds", type=int, default=2,
-                        help="end-to-end runs of each of optim.num_threads=auto and =1, alternating")
+    parser.add_argument("--e2e-rounds", type=int, default=2, help="end-to-end runs of num_threads=auto and =1 each")
     parser.add_argument("--e2e-threads", default="1", help="optim.num_threads of the --device cuda end-to-end runs")
-    parser.add_argument("--profile", action="store_true",
-                        help="add profile_ms: where one recipe update's time goes, by torch.profiler")
+    parser.add_argument("--profile", action="store_true", help="add profile_ms: where an update's time goes")
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled update (saves ~1 min)")
     parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 baseline")
     parser.add_argument("--prefetch", action="store_true",
-                        help="add recipe_prefetch (the next batch sampled by a thread during the update) and sample_ms")
+                        help="add recipe_prefetch (the next batch sampled by a thread) and sample_ms")
     parser.add_argument("--checkpoint", type=Path, default=None,
-                        help="a SAC recipe run's checkpoint directory (HalfCheetah-v5, 256x256): adds trained_*, "
-                             "the update from its state with and without denormals flushed")
-    parser.add_argument("--device", default="cpu",
-                        help="the learner's device: cpu (default, the figures above) or cuda (see the docstring)")
+                        help="a SAC recipe run's checkpoint directory: adds trained_*, with denormals flushed or not")
+    parser.add_argument("--device", default="cpu", help="the learner's device: cpu (default) or cuda")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, metavar="N",
-                        help="only the update at these batch sizes on 1 and 2 threads, and sampling's share "
-                             "(batch_size_sweep)")
+                        help="only the update at these batch sizes on 1 and 2 threads, and sampling's share")
     parser.add_argument("--matmul-dtype", choices=("bf16",), default=None,
-                        help="also the SAC and TD3 updates with bf16 matmuls (optim.matmul_dtype=bf16), in the same "
-                             "alternating blocks: *_bf16_ups_* and their ratios over float32")
+                        help="also the SAC and TD3 updates with optim.matmul_dtype=bf16: *_bf16_*")
     parser.add_argument("--crossq-widths", type=int, nargs="+", default=None, metavar="W",
-                        help="also recipes/crossq.py's update with critics W wide, in the same alternating blocks: "
-                             "crossq_<W>_ups_1t and its ratio to the SAC recipe's update")
+                        help="also recipes/crossq.py's update with critics W wide: crossq_<W>_*")
     parser.add_argument("--buffer-rows", type=int, default=50_000,
-                        help="rows in the buffer --batch-sizes samples from (the SAC recipe's holds up to 1,000,000)")
+                        help="rows in the buffer --batch-sizes samples from")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.batch_sizes:

@@ -1,34 +1,27 @@
 """Learning benchmark: seeded trainings of the recipes, their evaluation returns, tables and learning curves.
 
-Each run is ``recipes/<algo>.py`` called in-process with Hydra overrides (or Stable-Baselines3's SAC/TD3 for the
-``sb3_*`` sides), evaluated every few thousand frames by the recipe's ``EvalRunner`` (deterministic episodes from
-fixed seeds). Suites (:data:`SUITES`): ``pendulum`` (SAC, 15k frames, target -200), ``halfcheetah`` (SAC and TD3,
-100k frames, target 3000), ``robot`` (SAC on CheetahRun-v1 and WalkerWalk-v1, TD3 on Go1 with the privileged and the
-symmetric critic), ``td3`` and ``sb3`` (the TD3 and SAC recipes against SB3's on HalfCheetah-v5, 100k frames; targets
-in :data:`SB3_TARGETS`), ``wallclock`` (SAC and TD3: return against minutes, SB3 the reference) and ``go1_gpu`` (Go1
-on one GPU and 16 cores for ``--minutes``: when it walks, per critic). The SB3 suites need the ``bench`` extra; the
+Each run is ``recipes/<algo>.py`` called in-process with Hydra overrides, Stable-Baselines3's SAC or TD3 (the
+``sb3_*`` tasks; the ``bench`` extra) or TorchRL's own ``sac.py`` (``torchrl_sac``, from ``--rl-root``), evaluated on
+deterministic episodes from fixed seeds. Suites (:data:`SUITES`): ``pendulum`` and ``halfcheetah`` (returns against
+a target), ``robot`` (CheetahRun, WalkerWalk, Go1 with the privileged and the symmetric critic), ``td3`` and ``sb3``
+(the recipe against SB3 on HalfCheetah-v5, 100k frames; :data:`SB3_TARGETS`), ``wallclock`` (return against minutes,
+SB3 the reference: ``wallclock.py``) and ``go1_gpu`` (Go1 on one GPU and 16 cores: when it walks, per critic). The
 100k-frame suites take hours on 2 CPU cores.
 
 Run::
 
     python benchmarks/learning.py --suite pendulum [--seeds 0 1 2]
     python benchmarks/learning.py --suite td3 --algo td3 --seeds 0       # one side, one seed (--algo sb3_td3)
-    python benchmarks/learning.py --suite td3 --reuse --seeds 0 1 2      # the tables from the runs already done
-    python benchmarks/learning.py --suite td3 --reuse --reruns DIR2 DIR3 # the targets against other runs too
+    python benchmarks/learning.py --suite td3 --reuse --reruns DIR2 DIR3 # the tables from the runs done, and
+                                                                         # their targets against other runs
     python benchmarks/learning.py --suite robot --task CheetahRun --seeds 0 --set optim.num_threads=1
     python benchmarks/learning.py --suite wallclock --algo sac --task defaults utd1 --seeds 0 1 2 3 4 --minutes 23 \
         --reuse --sb3-reference benchmarks/results/learning/sac_vs_sb3.json
     python benchmarks/learning.py --suite go1_gpu --minutes 5               # on the GPU machine
 
-``--set`` adds Hydra overrides to every recipe run; ``--reuse`` takes a run from ``--out/runs`` (its ``result.json``)
-instead of training it again, so the sides and seeds of a suite can run as separate commands.
-
-It prints one JSON line per task (final and best return, their means over seeds, frames, minutes) and writes to
-``--out``: ``results.md``/``results.csv``, the learning curves (``*.png``), each task's per-seed table
-(``*_table.rst``) and, for the SB3 suites, ``<algo>_vs_sb3.md`` (each mark's difference and its 90 % interval over
-seeds, SB3's band, the targets), for ``robot`` ``robot.json``, for ``wallclock`` ``wallclock*.md/.png/.json``, for
-``go1_gpu`` ``go1_gpu.md/.json``. The figures the docs show are kept in ``benchmarks/results/learning/`` and
-``robot/`` (``benchmarks/report.py``; ``robot.json`` is ``robot/learning.json``).
+It prints one JSON line per task and writes to ``--out``: ``results.md``/``.csv``, the learning curves (``*.png``),
+per-seed tables (``*_table.rst``) and each suite's report (``<algo>_vs_sb3.md``, ``robot.json``, ``wallclock*``,
+``go1_gpu*``), which ``benchmarks/report.py`` reads from ``benchmarks/results/``.
 """
 
 from __future__ import annotations
@@ -56,41 +49,31 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass
 class Task:
-    """One algorithm on one env, with its overrides and the return it should reach.
-
-    ``algo`` names a recipe (``recipes/<algo>.py``), or ``"sb3_td3"`` / ``"sb3_sac"``: Stable-Baselines3's
-    TD3 / SAC set up as :func:`run_sb3` says, with the recipe's ``init_random_frames`` as ``learning_starts``,
-    or a key of :data:`TORCHRL_SCRIPTS`: TorchRL's own script, run as :func:`run_torchrl_script` says.
-    """
+    """One algorithm (``recipes/<algo>.py``, ``"sb3_td3"``/``"sb3_sac"`` or a key of :data:`TORCHRL_SCRIPTS`) on
+    one env, with its overrides and the return it should reach."""
 
     algo: str
     env: str
     frames: int
     target: float | None
     overrides: list[str] = field(default_factory=list)
-    seeds: tuple[int, ...] | None = None  # the suite's seeds, used unless --seeds is given
+    seeds: tuple[int, ...] | None = None  # the suite's seeds, unless --seeds is given
     label: str = ""  # tells apart two runs of one algorithm on one env (file names, the table)
-    # a wall-clock budget (the recipe's max_minutes): the run saves snapshots every minute and stops then
-    # (the wallclock suite; frames is only an upper bound)
-    minutes: float | None = None
+    minutes: float | None = None  # a wall-clock budget (max_minutes), a snapshot every minute; frames is a bound
     info_keys: tuple[str, ...] = ()  # EnvPool info entries each snapshot's evaluation reports (Go1's reward terms)
-    # the recipe's config (recipes/config/<config>.yaml) the overrides apply to; None: the algo's own (sac, td3)
-    config: str | None = None
-    rl_root: Path | None = None  # a pytorch/rl checkout (--rl-root), for the torchrl_* tasks: TorchRL's own scripts
+    config: str | None = None  # recipes/config/<config>.yaml; None: the algo's own
+    rl_root: Path | None = None  # a pytorch/rl checkout (--rl-root), for TorchRL's own scripts
 
     @property
     def name(self) -> str:
         return "_".join(filter(None, (self.algo, self.env, self.label)))
 
 
-#: The robot suite's Go1 runs collect with 4 envs per worker, in place of ``td3_utd1``'s one env (a choice measured
-#: on HalfCheetah-v5 only).
+#: The robot suite's Go1 runs collect with 4 envs per worker in place of ``td3_utd1``'s one.
 GO1_COLLECTION = ["collector.env_per_collector=4", "collector.frames_per_batch=64"]
-#: Go1's two critics, each a suite's pair of runs: ``network.critic_input`` and the run's label.
+#: Go1's two critics: ``network.critic_input`` and the run's label.
 GO1_CRITICS = (("privileged", "privileged"), ("observation", "symmetric"))
-
-#: SAC and TD3 at one update per frame (recipes/config/sac_utd1.yaml, td3_utd1.yaml): SB3's schedule, the configs
-#: of the suites measured at it, so that their saved results stay reproducible.
+#: SAC and TD3 at one update per frame (SB3's schedule): the configs the suites measured at.
 UTD1, TD3_UTD1 = "sac_utd1", "td3_utd1"
 #: The 100k-frame suites' evaluation interval and buffer size.
 EVERY_10K = ["logger.eval_iter=10000", "replay_buffer.size=100000"]
@@ -104,14 +87,12 @@ WALLCLOCK_CANDIDATES: dict[str, list[str]] = {
     "utd0.125": ["optim.utd_ratio=0.125"],
     "batch512": ["optim.batch_size=512"],
     "batch512_lr6e-4": ["optim.batch_size=512", "optim.lr=6e-4"],  # the learning rate scaled with the batch
-    # larger batches with the learning rate scaled by the square root of the batch (Adam's usual rule; linear
-    # scaling past 2x gives rates SAC is not run at): 3e-4 * sqrt(4), 3e-4 * sqrt(8)
+    # past 2x, the learning rate scaled by the batch's square root (Adam's usual rule): 3e-4 * sqrt(4), * sqrt(8)
     "batch1024_lr6e-4": ["optim.batch_size=1024", "optim.lr=6e-4"],
     "batch2048_lr8.5e-4": ["optim.batch_size=2048", "optim.lr=8.5e-4"],
     "buffer100k": ["replay_buffer.size=100000"],  # sac_utd1's buffer size, at 4 frames per update
     "nstep3": ["collector.multi_step=3"],  # n-step returns (TorchRL's MultiStep in the workers)
-    "layernorm": ["network.use_layer_norm=true"],  # LayerNorm in every hidden layer (BRO, SimBa: Nauman et al. 2024,
-                                                   # Lee et al. 2025), without their residual blocks
+    "layernorm": ["network.use_layer_norm=true"],  # in every hidden layer, as BRO and SimBa, without their residuals
 }
 
 #: CrossQ (``recipes/crossq.py``) screened at these critic widths (``network.critic_hidden_sizes``, two layers).
@@ -119,10 +100,9 @@ CROSSQ_WIDTHS = (256, 512, 1024)
 #: The SB3 algorithm each of the suite's other algorithms is measured against.
 SB3_COUNTERPART = {"crossq": "sac", "torchrl_sac": "sac"}
 
-#: Go1 in the FastTD3 regime on one GPU and 16 cores. FastTD3's Playground settings
-#: (fast_td3/hyperparams.py: 1024 envs, batch 32768, 8 updates per step of all envs, gamma 0.97, tau 0.1, a noise
-#: std per env in [0.2, 0.8], target noise 0.2, observation normalisation) on our collector: 14 workers x 64 envs,
-#: the learner on cuda. Its own critic (no distributional C51 head) and the recipe's MLPs.
+#: Go1 in FastTD3's Playground regime (fast_td3/hyperparams.py: 1024 envs, batch 32768, 8 updates per step of all
+#: envs, gamma 0.97, tau 0.1, a noise std per env in [0.2, 0.8], observation normalisation) on 14 workers x 64 envs
+#: and a cuda learner, with the recipe's critic (no C51 head) and MLPs.
 GO1_GPU_MINUTES = 15.0
 GO1_GPU = [
     "network.device=cuda", "collector.num_workers=14", "collector.env_per_collector=64",
@@ -132,13 +112,11 @@ GO1_GPU = [
     "optim.target_update_polyak=0.9", "optim.policy_noise=0.2", "network.obs_norm=true",
     "network.hidden_sizes=[512,256,128]", "replay_buffer.size=2000000", "logger.num_eval_envs=16",
 ]
-#: Go1's velocity-tracking reward terms (MuJoCo Playground's exp(-error^2 / 0.25), in (0, 1] per step), which
-#: tell walking from standing: the go1_gpu suite reports their mean per step and the episode length.
+#: Go1's velocity-tracking reward terms (Playground's exp(-error^2 / 0.25), in (0, 1] per step): their mean per step
+#: tells walking from standing. "Walks": the linear term's at least GO1_WALK_TRACKING (standing still earns 0.25 on
+#: the suite's evaluation, random actions 0.22) with episodes at least GO1_WALK_LENGTH of the step limit (no falls).
 GO1_WALK_TERMS = ("reward_tracking_lin_vel", "reward_tracking_ang_vel")
-#: "Walks": the linear-velocity term's mean per step at least this (a Go1 standing still, zero actions, earns 0.25 on
-#: the suite's 16 evaluation episodes; random actions 0.22, falling after 41 steps) ...
 GO1_WALK_TRACKING = 0.6
-#: ... with episodes at least this share of the 1000-step limit (no falls).
 GO1_WALK_LENGTH = 0.9
 
 
@@ -174,14 +152,13 @@ SUITES: dict[str, list[Task]] = {
                seeds=(0, 1), label=label, config=TD3_UTD1) for critic, label in GO1_CRITICS),
     ],
     "td3": against_sb3("td3", TD3_UTD1),  # the targets are relative (see compare_with_sb3)
-    # return against wall-clock minutes (benchmarks/wallclock.py): the defaults, one update per frame, SAC's screened
-    # levers; SB3 the reference (--algo sb3_<algo>, or --sb3-reference with its saved results)
+    # the defaults, one update per frame, SAC's screened levers, CrossQ's widths; SB3 the reference (--algo
+    # sb3_<algo>, or --sb3-reference with its saved results)
     "wallclock": [*wallclock_tasks("sac", UTD1, WALLCLOCK_CANDIDATES), *wallclock_tasks("td3", TD3_UTD1, {}),
                   *(Task("crossq", "HalfCheetah-v5", WALLCLOCK_FRAMES, None, [f"network.critic_hidden_sizes=[{w},{w}]"],
                          minutes=WALLCLOCK_MINUTES, label=f"crossq{w}") for w in CROSSQ_WIDTHS),
                   # the anchor a TorchRL user runs today: TorchRL's sac.py with its defaults (--rl-root)
                   Task("torchrl_sac", "HalfCheetah-v5", 1_000_000, None, minutes=WALLCLOCK_MINUTES)],
-    # Go1 on one GPU and 16 cores, the privileged (asymmetric) critic and the symmetric one side by side
     "go1_gpu": [
         Task("td3", "Go1JoystickFlatTerrain-v1", WALLCLOCK_FRAMES * 20, None,
              [*GO1_GPU, f"network.critic_input={critic}"], seeds=(0,), label=label,
@@ -191,23 +168,20 @@ SUITES: dict[str, list[Task]] = {
     "sb3": against_sb3("sac", UTD1),  # the SAC recipe against SB3's SAC, same sizes and batch
 }
 
-#: Each algorithm's targets against SB3 (the keyword arguments of :func:`compare_with_sb3`): the ``td3`` suite's
-#: and the ``sb3`` suite's.
+#: Each algorithm's targets against SB3 (:func:`compare_with_sb3`'s keyword arguments).
 SB3_TARGETS: dict[str, dict] = {
     "td3": {"from_mark": 30_000, "last_within": 0.1, "band_mark": 40_000},
     "sac": {"from_mark": 50_000, "last_within": None, "speedup": 1.5, "band_mark": 100_000},
 }
-
-#: Frames between two evaluations of the ``td3`` suite, on both sides.
+#: Frames between two evaluations of an SB3 run or a TorchRL script: the marks the tables compare at.
 SB3_EVAL_EVERY = 10_000
 
 #: TorchRL's own scripts a task can run (its ``algo``), by their path in a pytorch/rl checkout.
 TORCHRL_SCRIPTS = {"torchrl_sac": "sota-implementations/sac/sac.py"}
 #: The longest a TorchRL script may take from its start to its main loop (imports, envs, collector).
 TORCHRL_SETUP_LIMIT_S = 300.0
-#: Runs the script given after ``-c`` as its ``__main__``, its csv logger taking a list (sac.py logs the returns of
-#: the episodes a batch finished as one) as their mean: TorchRL's ``CSVExperiment.add_scalar`` takes one number and
-#: raises on a list at the first batch that finishes episodes.
+#: Runs the script after ``-c`` as its ``__main__``, its csv logger taking a list (sac.py logs a batch's episode
+#: returns as one) as their mean: TorchRL's ``CSVExperiment.add_scalar`` raises on a list.
 TORCHRL_CSV_BOOT = (
     "import runpy, statistics, sys; from torchrl.record.loggers import csv; add = csv.CSVExperiment.add_scalar; "
     "csv.CSVExperiment.add_scalar = lambda self, name, value, global_step=None: add("
@@ -217,8 +191,8 @@ TORCHRL_CSV_BOOT = (
 
 
 def selected(task: Task, parts: list[str], suite: list[Task]) -> bool:
-    """``--task``: whether one of ``parts`` names ``task``. A part that is a label of the suite picks the tasks
-    of that label only (``utd0.25``, not ``utd0.25_mixed``); any other part picks the tasks whose name holds it.
+    """``--task``: whether one of ``parts`` names ``task``: a label of the suite picks that label only (``utd0.25``,
+    not ``utd0.25_mixed``), any other part the tasks whose name holds it.
 
     Examples:
         >>> suite = [Task("sac", "Hopper-v5", 1, None, label="a"), Task("sac", "Hopper-v5", 1, None, label="a_b")]
@@ -250,9 +224,7 @@ def load_result(run_dir: Path, frames: int) -> dict | None:
 
 def run_or_reuse(task: Task, seed: int, run_dir: Path, reuse: bool) -> dict:
     """:func:`run`, or with ``reuse`` the run's ``result.json`` when it holds a run of ``task.frames`` frames.
-
-    A finished run is saved there; an interrupted one (Ctrl-C, SIGTERM) is not.
-    """
+    A finished run is saved there; an interrupted one (Ctrl-C, SIGTERM) is not."""
     saved = load_result(run_dir, task.frames) if reuse else None
     if saved is not None:
         return saved
@@ -265,9 +237,22 @@ def run_or_reuse(task: Task, seed: int, run_dir: Path, reuse: bool) -> dict:
     return result
 
 
+def saved_runs(directory: Path, task: Task, seeds: list[int]) -> dict[int, dict]:
+    """The finished runs of ``task`` for ``seeds`` under another ``--out`` ``directory`` (``--reruns``); raises
+    ``FileNotFoundError`` naming the first seed with none of the task's frames there."""
+    runs = {}
+    for seed in seeds:
+        run_dir = directory / "runs" / f"{task.name}_seed{seed}"
+        runs[seed] = load_result(run_dir, task.frames)
+        if runs[seed] is None:
+            raise FileNotFoundError(f"--reruns {directory}: no finished {task.frames}-frame run of {task.name} "
+                                    f"seed {seed} in {run_dir}")
+    return runs
+
+
 def run(task: Task, seed: int, run_dir: Path) -> dict:
     """One seed of ``task`` in ``run_dir``: the recipe's summary with its eval ``curve``, ``elapsed_at`` and
-    ``snapshots`` (a budgeted run's), or :func:`run_sb3`'s."""
+    ``snapshots`` (a budgeted run's), or :func:`run_sb3`'s or :func:`run_torchrl_script`'s."""
     if task.algo.startswith("sb3_"):
         return run_sb3(task, seed)
     if task.algo in TORCHRL_SCRIPTS:
@@ -293,24 +278,15 @@ def run(task: Task, seed: int, run_dir: Path) -> dict:
 
 
 def sb3_config(task: Task, seed: int):
-    """The recipe's config an SB3 run takes its settings from (``--set`` too): the recipe's defaults with the task's
-    overrides.
-
-    Examples:
-        >>> sb3_config(Task("sb3_td3", "Hopper-v5", 1000, None, ["optim.num_threads=1"]), 0).optim.num_threads
-        1
-    """
+    """The recipe's config an SB3 run takes its settings from: its defaults with the task's overrides (``--set``)."""
     return recipe_config(task.config or task.algo.removeprefix("sb3_"), [f"env.name={task.env}", f"env.seed={seed}",
                                                                          *task.overrides])
 
 
 def run_sb3(task: Task, seed: int) -> dict:
-    """Stable-Baselines3's TD3 or SAC (``task.algo``: ``"sb3_td3"``, ``"sb3_sac"``); returns what :func:`run` returns.
-
-    SB3's defaults but ``learning_starts`` (the recipe's ``init_random_frames``) and, for SAC, one update per step with
-    the SAC recipe's network sizes and batch size. Evaluated every :data:`SB3_EVAL_EVERY` frames by the recipe's
-    ``EvalRunner``, on the torch threads the recipe's learner may take (``optim.num_threads``; ``auto``: every core).
-    """
+    """Stable-Baselines3's TD3 or SAC (``task.algo``), evaluated every :data:`SB3_EVAL_EVERY` frames by the recipe's
+    ``EvalRunner``; SB3's defaults but ``learning_starts`` (the recipe's ``init_random_frames``), the recipe learner's
+    torch threads and, for SAC, one update per step with the SAC recipe's network and batch sizes."""
     import gymnasium as gym
     import torch
     from stable_baselines3 import SAC, TD3
@@ -321,12 +297,11 @@ def run_sb3(task: Task, seed: int) -> dict:
     from torchrl_unilab.trainers.recipes_utils import EvalRunner
     from torchrl_unilab.trainers.threads import AUTO, machine_cores
 
-    algo = task.algo.removeprefix("sb3_")
     cfg = sb3_config(task, seed)
-    threads = cfg.optim.num_threads  # the recipe's learner's: with "auto" the cores it may take
+    threads = cfg.optim.num_threads  # with "auto" the cores the recipe's learner may take
     torch.set_num_threads(machine_cores() if threads == AUTO else int(threads))
     common = {"learning_starts": int(cfg.collector.init_random_frames), "seed": seed, "device": "cpu"}
-    if algo == "td3":
+    if task.algo == "sb3_td3":
         model = TD3("MlpPolicy", gym.make(task.env), **common)
     else:
         model = SAC("MlpPolicy", gym.make(task.env), train_freq=1, gradient_steps=1,
@@ -362,17 +337,12 @@ def run_sb3(task: Task, seed: int) -> dict:
 
 
 def run_torchrl_script(task: Task, seed: int, run_dir: Path) -> dict:
-    """TorchRL's own script (``task.algo``, from :data:`TORCHRL_SCRIPTS`, in the checkout ``task.rl_root``) as its
-    user runs it, for ``task.minutes`` of its main loop; returns what :func:`run` returns.
+    """TorchRL's own script (:data:`TORCHRL_SCRIPTS`, in ``task.rl_root``) as its user runs it, for ``task.minutes``
+    of its main loop, its process group killed then: its defaults but the env, the seed, the csv logger
+    (:data:`TORCHRL_CSV_BOOT`), an evaluation every :data:`SB3_EVAL_EVERY` frames and ``task.overrides``.
 
-    Its config's defaults (``collector.total_frames`` among them: the budget stops the run), but ``env.name``,
-    ``env.seed``, the csv logger (:data:`TORCHRL_CSV_BOOT`) and an evaluation every :data:`SB3_EVAL_EVERY` frames,
-    then ``task.overrides``.
-    It runs in a process group of its own in ``run_dir``, killed at the budget. Its evaluations are its own
-    (``eval/reward``: one deterministic episode on each of its evaluation envs), timed as their rows reach its csv log
-    (written and flushed as logged). The clock starts with its main loop (when its progress bar first shows, as
-    SB3's starts with ``learn``) and leaves out the seconds of its own evaluation rollouts (``time/eval``, logged
-    with each), which the recipe's snapshot evaluation takes none of either.
+    Its evaluations (``eval/reward``) are timed as their rows reach its csv log, on a clock from its main loop's start
+    (its first progress bar) less its evaluation rollouts (``time/eval``), as a recipe's clock leaves out its own.
     """
     from omegaconf import OmegaConf
 
@@ -412,8 +382,7 @@ def run_torchrl_script(task: Task, seed: int, run_dir: Path) -> dict:
     if failed or loop_start is None or not rows:
         raise RuntimeError(f"{script} in {run_dir}: " + ("failed" if failed else "no evaluation within its budget")
                            + f" (its output: {log_path})")
-    scalars = next(hydra_dir.glob("*/*/scalars"))
-    eval_s = dict(scalar_rows(scalars / "time" / "eval.csv"))
+    eval_s = dict(scalar_rows(next(hydra_dir.glob("*/*/scalars")) / "time" / "eval.csv"))
     cfg = OmegaConf.load(hydra_dir / ".hydra" / "config.yaml")
     per_batch = int(cfg.collector.frames_per_batch * cfg.optim.utd_ratio)
     snapshots, evaluating = [], 0.0
@@ -423,9 +392,9 @@ def run_torchrl_script(task: Task, seed: int, run_dir: Path) -> dict:
                           "updates": per_batch * max(0, int(frames - cfg.collector.init_random_frames)
                                                      // int(cfg.collector.frames_per_batch) + 1),
                           "return": value, "eval_s": eval_s.get(frames)})
-    return {"final_return": snapshots[-1]["return"], "frames": snapshots[-1]["frames"],
-            "updates": snapshots[-1]["updates"], "elapsed_s": snapshots[-1]["elapsed_s"],
-            "curve": [(float(p["frames"]), p["return"]) for p in snapshots],
+    last = snapshots[-1]
+    return {"final_return": last["return"], "frames": last["frames"], "updates": last["updates"],
+            "elapsed_s": last["elapsed_s"], "curve": [(float(p["frames"]), p["return"]) for p in snapshots],
             "elapsed_at": {float(p["frames"]): p["elapsed_s"] for p in snapshots}, "snapshots": snapshots,
             "command": " ".join([TORCHRL_SCRIPTS[task.algo], *overrides]), "rl_commit": commit,
             "setup_s": round(loop_start - launched, 1)}
@@ -437,10 +406,8 @@ def seed_count(runs) -> str:
 
 
 def on_grid(curve: list[tuple[float, float]], every: int = SB3_EVAL_EVERY) -> dict[float, float]:
-    """A curve's returns by the multiple of ``every`` each evaluation stands for.
-
-    The recipe evaluates at the first log past each multiple (e.g. 10112 frames for
-    10000: its frame count moves by whole batches), SB3's callback at the multiple itself.
+    """A curve's returns by the multiple of ``every`` each evaluation stands for: the recipe evaluates at the first
+    log past each multiple (its frame count moves by whole batches), SB3 at the multiple itself.
 
     Examples:
         >>> on_grid([(10112.0, -4.0), (20032.0, 418.0), (40000.0, 1809.0)])
@@ -451,10 +418,8 @@ def on_grid(curve: list[tuple[float, float]], every: int = SB3_EVAL_EVERY) -> di
 
 def difference_interval(ours: list[float], sb3: list[float], *, level: float = 0.9,
                         draws: int = 10_000) -> tuple[float, float] | None:
-    """A percentile bootstrap interval of ``mean(ours) - mean(sb3)`` over seeds; ``None`` below 3 seeds a side.
-
-    Each draw resamples both sides' seeds with replacement. An interval that holds 0 says the seeds do not tell
-    the two means apart at that mark.
+    """A percentile-bootstrap interval of ``mean(ours) - mean(sb3)``, each draw resampling both sides' seeds; ``None``
+    below 3 seeds a side. An interval that holds 0 does not tell the two means apart.
 
     Examples:
         >>> difference_interval([10.0, 12.0, 11.0], [1.0, 2.0, 3.0])
@@ -485,7 +450,7 @@ def time_at_mark(result: dict, mark: float) -> float:
 
 
 def mean_curve(runs: dict[int, dict]) -> dict[float, float]:
-    """The mean return over ``runs``' seeds at each 10k mark (:func:`on_grid`), over the seeds evaluated there.
+    """The mean return at each 10k mark (:func:`on_grid`) over the seeds evaluated there.
 
     Examples:
         >>> mean_curve({0: {"curve": [(10112.0, 2.0)]}, 1: {"curve": [(10000.0, 4.0), (20032.0, 9.0)]}})
@@ -497,9 +462,8 @@ def mean_curve(runs: dict[int, dict]) -> dict[float, float]:
 
 def return_targets(ours: dict[float, float], reference: dict[float, float], *, from_mark: float,
                    last_within: float | None) -> tuple[list[float], bool]:
-    """The return targets of one mean curve against another: the marks from ``from_mark`` on where ``ours`` is
-    below ``reference``, and whether ``ours`` is at the last common mark within ``last_within`` of it or above
-    (``True`` with no ``last_within``).
+    """The marks from ``from_mark`` on where the mean curve ``ours`` is below ``reference``, and whether at the last
+    common mark it is within ``last_within`` of it or above (``True`` with no ``last_within``).
 
     Examples:
         >>> return_targets({30000.0: 9.0, 40000.0: 95.0}, {30000.0: 10.0, 40000.0: 100.0},
@@ -515,11 +479,8 @@ def return_targets(ours: dict[float, float], reference: dict[float, float], *, f
 
 def compare_reruns(runs: dict[str, dict[int, dict]], sb3: dict[int, dict] | None, *, from_mark: float = 30_000,
                    last_within: float | None = 0.1) -> list[str]:
-    """How the return targets come out for each run of a recipe's seeds against SB3 and against each other run.
-
-    ``runs`` maps a name (its output directory) to one run of the same seeds, code and settings: a target an
-    identical algorithm misses against itself measures the run-to-run spread, the baseline a 3-seed comparison
-    with SB3 is read against. Only the return targets apply (a wall-clock target compares with SB3's speed).
+    """The return targets of each run of a recipe's seeds (``runs``: by output directory) against SB3 and each other:
+    a target the same code misses against itself measures the run-to-run spread.
 
     Examples:
         >>> a = {0: {"curve": [(30000.0, 10.0), (40000.0, 30.0)]}}
@@ -545,13 +506,12 @@ def compare_reruns(runs: dict[str, dict[int, dict]], sb3: dict[int, dict] | None
 def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: float = 30_000,
                      last_within: float | None = 0.1, band_mark: float | None = 40_000.0,
                      speedup: float | None = None) -> list[str]:
-    """The table of a recipe against SB3: both sides' mean eval return per 10k mark, their difference (with 3 seeds a
-    side or more, its :func:`difference_interval`), and the targets.
+    """The recipe against SB3: both sides' mean eval return per 10k mark, their difference (its
+    :func:`difference_interval` with 3 seeds a side), and the targets.
 
-    Passed: ours >= SB3 at every mark from ``from_mark`` on; with ``last_within``, at the last mark within that
-    fraction of SB3 or above (TD3's); with ``speedup``, SB3's mean return at its last mark reached by our mean curve
-    within ``1 / speedup`` of SB3's mean wall-clock to it (SAC's). At ``band_mark`` frames, each of the recipe's seeds
-    is placed against SB3's band (its lowest to highest seed there).
+    Passed: ours >= SB3 at every mark from ``from_mark`` on; with ``last_within``, within that fraction of SB3 or
+    above at the last mark; with ``speedup``, SB3's mean return at its last mark reached within ``1 / speedup`` of
+    SB3's wall-clock to it. At ``band_mark``, each of the recipe's seeds is placed against SB3's lowest to highest.
     """
     grids = {name: {seed: on_grid(r["curve"]) for seed, r in side.items()}
              for name, side in (("ours", ours), ("sb3", sb3))}
@@ -575,7 +535,7 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: 
              "90% interval over seeds |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {int(f)} | {ours_mean[f]:.0f} | {sb3_mean[f]:.0f} | {ours_mean[f] - sb3_mean[f]:+.0f} | "
               f"{interval(f)} |" for f in marks]
-    if band_mark in marks:  # each of the recipe's seeds against the spread of SB3's seeds there
+    if band_mark in marks:
         at = {name: at_mark(name, band_mark) for name in ("ours", "sb3")}
         low, high = min(at["sb3"].values()), max(at["sb3"].values())
         seeds = ", ".join(f"seed {seed} {value:.0f} ({'in or above' if value >= low else 'below'})"
@@ -642,8 +602,7 @@ def plot(path: Path, title: str, runs: dict[int, dict]) -> None:
         left.plot(frames, values, marker="o", markersize=3, label=f"seed {seed}")
         right.plot([elapsed_by(result, f) / 60 for f in frames], values, marker="o", markersize=3, label=f"seed {seed}")
     for ax, label in ((left, "frames"), (right, "wall-clock time (min)")):
-        ax.set_xlabel(label)
-        ax.set_ylabel("deterministic eval return")
+        ax.set(xlabel=label, ylabel="deterministic eval return")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
@@ -652,10 +611,7 @@ def plot(path: Path, title: str, runs: dict[int, dict]) -> None:
 
 
 def plot_sides(path: Path, title: str, sides: dict[str, dict[int, dict]]) -> None:
-    """Each side's mean eval return over seeds against frames, with the band from its lowest to its highest seed.
-
-    A side is a recipe or SB3 (``--suite td3``, ``sb3``), or one variant of a task (the ``robot`` suite's critics).
-    """
+    """Each side's (a recipe, SB3, a task's variant) mean eval return against frames, its seeds' range as a band."""
     with figure(path, title, "frames", "deterministic eval return", legend={}) as ax:
         for label, runs in sides.items():
             curves = [on_grid(r["curve"]) for r in runs.values()]
@@ -664,21 +620,6 @@ def plot_sides(path: Path, title: str, sides: dict[str, dict[int, dict]]) -> Non
             ax.plot(marks, [statistics.mean(v) for v in values], marker="o", markersize=3,
                     label=f"{label} (mean of {seed_count(runs)})" if len(runs) > 1 else f"{label} ({seed_count(runs)})")
             ax.fill_between(marks, [min(v) for v in values], [max(v) for v in values], alpha=0.2)
-
-
-def saved_runs(directory: Path, task: Task, seeds: list[int]) -> dict[int, dict]:
-    """The finished runs of ``task`` for ``seeds`` saved under another ``--out`` ``directory`` (``--reruns``).
-
-    Raises ``FileNotFoundError`` naming the first seed with no finished run of the task's frames there.
-    """
-    runs = {}
-    for seed in seeds:
-        run_dir = directory / "runs" / f"{task.name}_seed{seed}"
-        runs[seed] = load_result(run_dir, task.frames)
-        if runs[seed] is None:
-            raise FileNotFoundError(f"--reruns {directory}: no finished {task.frames}-frame run of {task.name} "
-                                    f"seed {seed} in {run_dir}")
-    return runs
 
 
 def write(path: Path, lines: list[str], show: bool = False) -> None:
@@ -690,21 +631,17 @@ def write(path: Path, lines: list[str], show: bool = False) -> None:
 
 def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dict[int, dict] | None,
                      sb3_saved: dict | None, minutes: float, algo: str = "sac") -> dict:
-    """The ``wallclock`` suite's table, plot and targets for one algorithm (SAC: ``wallclock.md``, ``.png``,
-    ``.json``; TD3: ``wallclock_td3.*``); returns its summary.
-
-    SB3's reference is its runs in this suite (``sb3_runs``), else a saved one (``sb3_saved``, from
-    :func:`sb3_references`).
-    """
+    """The ``wallclock`` suite's table, plot and targets for one algorithm (``wallclock.md/.png/.json`` for SAC,
+    ``wallclock_<algo>.*`` else); returns its summary. SB3's reference is its runs in this suite (``sb3_runs``), else
+    a saved one (``sb3_saved``, from :func:`sb3_references`)."""
     reference = sb3_saved
     if sb3_runs:
         reference = {**wallclock.sb3_reference(sb3_runs), "seeds": len(sb3_runs), "source": "this suite's runs"}
-    table, curves = {}, {}
     overrides = {task.label: [f"--config-name {task.config}"] * bool(task.config) + task.overrides
                  for task in SUITES["wallclock"] if task.algo == algo}
     stem = {"sac": "wallclock", "torchrl_sac": "wallclock_anchor"}.get(algo, f"wallclock_{algo}")
     against = SB3_COUNTERPART.get(algo, algo)
-    name = against.upper()
+    table, curves = {}, {}
     for label, runs in sides.items():
         per_seed = {}
         for seed, run in runs.items():
@@ -722,22 +659,22 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
             "curve": curve,
             "targets": reference and wallclock.wallclock_targets(curve, reference),
         }
+    points = {seed: wallclock.sb3_points(run) for seed, run in (sb3_runs or {}).items()}
     if sb3_runs:
-        curves[f"SB3 {name}, 100k frames"] = wallclock.mean_with_interval({seed: wallclock.value_at_minutes(
-            wallclock.sb3_points(run), math.ceil(max(r["elapsed_s"] for r in sb3_runs.values()) / 60))
-            for seed, run in sb3_runs.items()})
+        sb3_minutes = math.ceil(max(r["elapsed_s"] for r in sb3_runs.values()) / 60)
+        curves[f"SB3 {against.upper()}, 100k frames"] = wallclock.mean_with_interval(
+            {seed: wallclock.value_at_minutes(run, sb3_minutes) for seed, run in points.items()})
     lines = wallclock.markdown_table(table)
     if reference is not None:
-        lines += ["", f"SB3's {name}: mean return {reference['return']:.0f} at 100k frames after "
+        lines += ["", f"SB3's {against.upper()}: mean return {reference['return']:.0f} at 100k frames after "
                       f"{reference['minutes']:.1f} min ({reference['seeds']} seeds; {reference['source']})."]
     write(out / f"{stem}.md", lines, show=True)
-    title = TORCHRL_SCRIPTS.get(algo, algo.upper())
-    wallclock.plot_against_minutes(out / f"{stem}.png", f"{title} HalfCheetah-v5: return against wall-clock", curves,
-                                   reference)
-    points = {seed: wallclock.sb3_points(run) for seed, run in (sb3_runs or {}).items()}
-    scripts = {seed: {key: run[key] for key in ("command", "rl_commit", "setup_s")} | {
-        "evaluation_s": round(wallclock.evaluation_seconds(run["snapshots"]), 1)}
-        for runs in sides.values() for seed, run in runs.items() if "command" in run}
+    wallclock.plot_against_minutes(out / f"{stem}.png", f"{TORCHRL_SCRIPTS.get(algo, algo.upper())} HalfCheetah-v5: "
+                                   "return against wall-clock", curves, reference)
+    # TorchRL's script, per seed: its command, seconds to its main loop, its evaluations' seconds (not on its clock)
+    scripts = {seed: {key: run[key] for key in ("command", "rl_commit", "setup_s")}
+               | {"evaluation_s": round(wallclock.evaluation_seconds(run["snapshots"]), 1)}
+               for runs in sides.values() for seed, run in runs.items() if "command" in run}
     note = "one run after the other"
     if scripts:
         commits = sorted({run["rl_commit"] for run in scripts.values()})
@@ -746,8 +683,6 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
                  f"evaluation envs every {SB3_EVAL_EVERY} frames; on average "
                  f"{statistics.fmean(run['evaluation_s'] for run in scripts.values()):.0f} s a run)")
     summary = {**provenance("learning", note=note), "suite": "wallclock", "algo": algo, "sb3_algo": against,
-               # TorchRL's script, per seed: its command, seconds to its main loop, its evaluations' seconds (not on
-               # its clock)
                **({"script_runs": scripts} if scripts else {}),
                "task": "HalfCheetah-v5", "snapshot_every_s": wallclock.SNAPSHOT_EVERY_S, "reference": reference,
                # SB3's runs behind the reference, per seed: the return and minutes at each evaluation
@@ -766,9 +701,8 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
 
 
 def sb3_references(paths: list[Path]) -> dict[str, dict]:
-    """``--sb3-reference``'s files as SB3 references by algorithm (``"sac"``, ``"td3"``): a saved SB3 comparison's
-    runs (:func:`wallclock.sb3_reference_from_results`), or a saved ``wallclock`` report's reference (its suite's
-    SB3 runs), for screening runs against the finals' SB3 runs."""
+    """``--sb3-reference``'s files as SB3 references by algorithm: a saved SB3 comparison's runs
+    (:func:`wallclock.sb3_reference_from_results`) or a saved ``wallclock`` report's reference."""
     references = {}
     for path in paths:
         saved = json.loads(Path(path).read_text())
@@ -785,9 +719,8 @@ def sb3_references(paths: list[Path]) -> dict[str, dict]:
 
 
 def report_go1(out: Path, sides: dict[str, dict[int, dict]], minutes: float) -> dict:
-    """The ``go1_gpu`` suite's table (``go1_gpu.md``, ``go1_gpu.json``): per critic and minute, the mean over seeds
-    of the return, the velocity-tracking terms and the episode length, and the first minute the Go1 walks
-    (:data:`GO1_WALK_TRACKING`, :data:`GO1_WALK_LENGTH`)."""
+    """The ``go1_gpu`` suite's ``go1_gpu.md`` and ``.json``: per critic and minute, the mean over seeds of the return,
+    the velocity-tracking terms and the episode length, and the first minute the Go1 walks."""
     import torch
 
     keys = ("return", *GO1_WALK_TERMS, "episode_length")
@@ -826,10 +759,9 @@ def episode_lengths(run: dict) -> dict[float, float]:
 
 
 def report_robot(out: Path, by_env: dict[tuple[str, str], dict[str, dict[int, dict]]], note: str | None) -> dict:
-    """The ``robot`` suite's results file (``robot.json``, ``benchmarks/report.py``'s ``robot/learning.json``): per
-    task, its reference return (the suite's target), each run's return at every 10k mark and its minutes, each
-    variant's mean and, for a task with variants, the mean evaluation episode length from 30k frames on (how long
-    the robot stays up). ``note``: how the runs shared the machine."""
+    """The ``robot`` suite's ``robot.json`` (``report.py``'s ``robot/learning.json``): per task, its target, each
+    run's return at every 10k mark and minutes, each variant's mean and, with variants, the mean evaluation episode
+    length from 30k frames on (how long the robot stays up). ``note``: how the runs shared the machine."""
     frames = max(r["frames"] for sides in by_env.values() for runs in sides.values() for r in runs.values())
     marks = [float(m) for m in range(SB3_EVAL_EVERY, frames + 1, SB3_EVAL_EVERY)]
     references = {t.env: t.target for t in SUITES["robot"]}
@@ -877,13 +809,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--algo", nargs="+", default=None,
                         help="only the suite's tasks of these algos (e.g. td3 or sb3_td3); default: all of them")
     parser.add_argument("--task", nargs="+", default=None,
-                        help="only the suite's tasks of these labels (e.g. utd1), or whose name "
-                             "(algo_env_label, e.g. td3_Go1JoystickFlatTerrain-v1_symmetric) contains one of these; "
-                             "default: all of them")
+                        help="only the suite's tasks of these labels (e.g. utd1), or whose name (algo_env_label, "
+                             "e.g. td3_Go1JoystickFlatTerrain-v1_symmetric) holds one of these; default: all")
     parser.add_argument("--frames", type=int, default=None, help="frames per run instead of the suite's")
     parser.add_argument("--minutes", type=float, default=None,
-                        help="wallclock and go1_gpu suites: the wall-clock budget per recipe run instead of the "
-                             "suite's")
+                        help="wallclock and go1_gpu suites: the wall-clock budget per run instead of the suite's")
     parser.add_argument("--sb3-reference", type=Path, nargs="+", default=[], metavar="JSON",
                         help="wallclock suite without SB3 runs of its own: SB3's saved results as the reference, "
                              "one file per algorithm (benchmarks/results/learning/sac_vs_sb3.json, td3_vs_sb3.json)")
@@ -894,14 +824,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="take a run from its directory's result.json when it has the same frames")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
                         help="hydra overrides for every recipe run, after the suite's, and for the recipe config an "
-                             "SB3 run reads (sb3_config); e.g. optim.num_threads=1 for two suites side by side "
-                             "on 2 cores (one torch thread each from the start, SB3's too)")
+                             "SB3 run reads; e.g. optim.num_threads=1 for two suites side by side on 2 cores")
     parser.add_argument("--note", default=None,
                         help="robot suite: how the runs shared the machine (e.g. two side by side), for robot.json")
     parser.add_argument("--reruns", type=Path, nargs="+", default=[], metavar="DIR",
                         help="td3 and sb3 suites: --out directories of other runs of the same seeds; writes "
-                             "<algo>_reruns.md, the return targets for each run against SB3 and against each other "
-                             "run (the recipe against itself: the run-to-run spread)")
+                             "<algo>_reruns.md, the return targets of each run against SB3 and each other run")
     args = parser.parse_args(argv)
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     chosen = {suite: [task for task in SUITES[suite] if (not args.algo or task.algo in args.algo)

@@ -1,20 +1,16 @@
 """Main job: README's ``python recipes/sac.py``, timed on a fresh clone.
 
-Clones this repository's committed ``HEAD`` into a temporary directory (what a new user gets: no build
-outputs, no run directories), then runs ``python recipes/sac.py env.seed=S`` there once per seed, one after
-the other, with that clone's ``torchrl_unilab`` first on the path. Each run is timed from the command's start to
-its exit, start-up and the final evaluation and checkpoint included, and its final evaluation return is read
-from the line the recipe prints last. The clone, and the run directories in it, are removed afterwards.
-
-Run::
+Clones this repository's committed ``HEAD`` into a temporary directory (what a new user gets: no build outputs, no
+run directories) and runs ``python recipes/sac.py env.seed=S`` there once per seed, one after the other, with the
+clone's ``torchrl_unilab`` first on the path. Each run is timed from start to exit (start-up, the final evaluation and
+checkpoint included); its final return is read from the recipe's last line. The clone is removed afterwards.
 
     python benchmarks/main_job.py --seeds 0 1                       # writes benchmarks/results/main_job/sac.json
     python benchmarks/main_job.py --config-name sac_utd1 --seeds 0 1 --out /tmp/utd1.json
     python benchmarks/main_job.py --seeds 0 --set collector.total_frames=10000 --out /tmp/try.json   # a try
 
-It prints one JSON line and writes it to ``--out``: minutes and final return per seed, their means,
-``stated_minutes`` (README's "about N minutes": the mean, to one decimal) and the commit measured.
-``benchmarks/report.py`` takes README's main-job sentence and the recipes page's figures from it.
+Prints one JSON line and writes it to ``--out``: minutes and final return per seed, their means, ``stated_minutes``
+(README's "about N minutes", the mean to one decimal, for ``benchmarks/report.py``) and the commit measured.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +35,7 @@ FINAL_LINE = re.compile(r"(?P<env>\S+): final eval return (?P<ret>-?[\d.]+) afte
 
 def clone_head(repo: Path, into: Path) -> str:
     """``git clone`` of ``repo``'s committed ``HEAD`` into ``into``; returns its commit."""
-    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(repo), str(into)], check=True)
+    git(["clone", "--quiet", "--no-hardlinks", str(repo), str(into)])
     return git(["-C", str(into), "rev-parse", "--short", "HEAD"])
 
 
@@ -81,9 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
         **provenance("main_job", note="a fresh clone, one run after the other", argv=argv),
         "recipe_command": f"{command} env.seed=<seed>", "commit": commit,
         "task": runs[args.seeds[0]]["task"], "frames": runs[args.seeds[0]]["frames"],
-        "minutes": {str(s): r["minutes"] for s, r in runs.items()},
-        "final_return": {str(s): r["final_return"] for s, r in runs.items()},
-        "updates": {str(s): r["updates"] for s, r in runs.items()},
+        **{field: {str(s): r[field] for s, r in runs.items()} for field in ("minutes", "final_return", "updates")},
         "mean_minutes": round(minutes, 2),
         "mean_return": round(statistics.fmean(r["final_return"] for r in runs.values()), 1),
         "stated_minutes": round(minutes, 1),

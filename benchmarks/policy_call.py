@@ -1,20 +1,16 @@
 """Policy call in the worker loop: TensorDict call against the tensor-level fast path.
 
-What a collector worker does between two batches of MuJoCo steps: act for
-``--envs`` envs with the exploration policy (SAC: the TanhNormal actor and its
-action projection; TD3: the deterministic actor and per-env mixed noise), on
-HalfCheetah-v5 sizes (17-dim observation, 6-dim action) and the collector's
-default 512-wide LayerNorm actor, on one torch thread, under ``no_grad`` and
+What a collector worker does between two batches of MuJoCo steps: act for ``--envs`` envs with the exploration policy
+(SAC: the TanhNormal actor and its action projection; TD3: the deterministic actor and per-env mixed noise), on
+HalfCheetah-v5 sizes and the collector's default actor, on one torch thread, under ``no_grad`` and
 ``ExplorationType.RANDOM``:
 
 * ``tensordict``: ``policy(td)``, as TorchRL's collectors call it;
-* ``fast``: :func:`torchrl_unilab.modules._fast_policy.tensor_policy` on a dict
-  of tensors, what :class:`~torchrl_unilab.OffPolicyCollector`'s workers run.
+* ``fast``: :func:`torchrl_unilab.modules._fast_policy.tensor_policy` on a dict of tensors, what
+  :class:`~torchrl_unilab.OffPolicyCollector`'s workers run.
 
-``--cold`` evicts the caches between calls by touching a buffer as large as a
-worker's MuJoCo working set, as physics does between two policy calls. The
-variants alternate round by round; the median calls per second of each and
-their ratio are printed, then one JSON line.
+``--cold`` evicts the caches before each call by touching a buffer as large as a worker's MuJoCo working set. The
+variants alternate round by round; prints each one's median calls per second and their ratio, then one JSON line.
 
     python benchmarks/policy_call.py [--envs 16] [--rounds 7] [--seconds 1.0] [--cold]
 """
@@ -34,7 +30,7 @@ from torchrl.data import Bounded
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
+if str(ROOT) not in sys.path:  # this checkout's package, whatever the interpreter has installed
     sys.path.insert(0, str(ROOT))
 
 from torchrl_unilab import make_actor, make_exploration_policy  # noqa: E402

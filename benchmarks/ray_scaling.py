@@ -1,32 +1,23 @@
 """Collection through Ray against the local collector, on one machine: the overhead of the Ray path.
 
-Prints one JSON line with, on HalfCheetah-v5 with the recipes' SAC actor (256x256):
+One JSON line per batch size, on HalfCheetah-v5 with the recipes' SAC actor (256x256):
 
-* ``local_fps``: :class:`~torchrl_unilab.OffPolicyCollector` with ``2 x num_envs``
-  envs over 2 workers, writing into a shared buffer in this machine;
-* ``ray_fps``: :class:`~torchrl_unilab.collectors.ray_collector.RayOffPolicyCollector`
-  with the same total: 2 nodes (Ray actors) x 1 worker x ``num_envs``, whose
-  batches this process receives and extends into its own buffer;
+* ``local_fps``: :class:`~torchrl_unilab.OffPolicyCollector`, 2 workers x ``num_envs`` into a shared buffer;
+* ``ray_fps``: :class:`~torchrl_unilab.collectors.ray_collector.RayOffPolicyCollector` with the same total, 2 nodes
+  (Ray actors) x 1 worker x ``num_envs``, whose batches this process receives and extends into its own buffer;
 * ``ray_buffer_fps``: the same nodes writing straight into a ``RayReplayBuffer``;
 * ``ray_over_local`` / ``ray_buffer_over_local``: medians of per-round ratios (target >= 0.8);
-* ``bytes_per_frame``: tensor bytes of one transition, and ``serialized_bytes_per_frame``
-  as Ray pickles a batch (what crosses the network from a remote node);
-* ``receive_us_per_frame``: learner-side cost of one received frame (``ray.get``
-  of a finished batch and the ``extend`` into the local buffer), measured during the
-  ``ray`` rounds; ``receive_us_per_frame_1000d``: the same for a batch of
-  1,000-dim observations, fetched from another actor;
-* ``sample_ms_local`` / ``sample_ms_ray_buffer``: one 256-row ``sample()`` from the
-  learner's local buffer and from the ``RayReplayBuffer`` actor.
+* ``bytes_per_frame``: tensor bytes of one transition; ``serialized_bytes_per_frame``: as Ray pickles a batch;
+* ``receive_us_per_frame``: the learner's cost of a received frame (``ray.get`` of a finished batch and ``extend``)
+  in the ``ray`` rounds; ``receive_us_per_frame_1000d``: the same with 1,000-dim observations, from another actor;
+* ``sample_ms_local`` / ``sample_ms_ray_buffer``: one 256-row ``sample()`` from each buffer.
 
-The three collectors stay alive side by side and are measured in alternating
-rounds (local, ray, ray_buffer, local, ...), each held back between its rounds
-with ``allow_frames``, so a shared machine's drifts weigh on all alike. A round
-times ``--frames`` frames from a batch boundary (``wait_for_frames``); a node's batch
-in flight when a round starts counts in it, so rounds must be long against ``2 x frames_per_batch``.
+The three collectors stay alive side by side, measured in alternating rounds and held back between their rounds
+with ``allow_frames``. A round times ``--frames`` frames from a batch boundary; a node's batch in flight counts in
+it, so rounds must be long against ``2 x frames_per_batch``.
 
 Run: ``python benchmarks/ray_scaling.py [--rounds 5] [--frames 32768] [--num-envs 8] [--frames-per-batch 64 512]``
-(one JSON line per batch size, each on a Ray session of its own; ``--out FILE``: also the figures the docs
-show, as ``benchmarks/report.py`` reads them, :func:`results_file`)
+(each batch size on a Ray session of its own; ``--out FILE``: also the figures the docs show, :func:`results_file`)
 """
 
 from __future__ import annotations
@@ -37,12 +28,12 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import ray
 import torch
+from common import provenance
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter
 
@@ -52,8 +43,9 @@ from torchrl_unilab.modules.exploration import make_exploration_policy
 from torchrl_unilab.modules.models import make_actor
 
 ENV = "HalfCheetah-v5"
-FRAMES_PER_BATCH = 512  # the learner's cost is per batch: 64 gave 0.50 x local, 512 gave 0.80 x
-#: --out: the issue's target for ray_over_local
+#: the default and README's headline batch size: the learner's cost is per batch
+FRAMES_PER_BATCH = 512
+#: --out: the target for ray_over_local
 TARGET_RAY_OVER_LOCAL = 0.8
 
 
@@ -64,14 +56,11 @@ def sac_policy():
 
 def timed_round(collector, frames: int) -> float:
     """Frames per second over ``frames`` more frames, from a batch boundary."""
-    start_frames = collector.frames_written
-    target = start_frames + frames
-    start = time.perf_counter()
-    collector.allow_frames(target)
-    if not collector.wait_for_frames(target, timeout=600):
-        raise TimeoutError(f"{type(collector).__name__} did not reach {target} frames")
-    elapsed = time.perf_counter() - start
-    return (collector.frames_written - start_frames) / elapsed
+    start_frames, start = collector.frames_written, time.perf_counter()
+    collector.allow_frames(start_frames + frames)
+    if not collector.wait_for_frames(start_frames + frames, timeout=600):
+        raise TimeoutError(f"{type(collector).__name__} did not reach {start_frames + frames} frames")
+    return (collector.frames_written - start_frames) / (time.perf_counter() - start)
 
 
 def tensor_bytes(td) -> int:
@@ -154,34 +143,22 @@ def measure(fpb: int, rounds: int, frames: int, n: int) -> dict:
                 if before is not None:
                     ray_receive_s += collector.receive_s - before[0]
                     ray_frames += collector.frames_written - before[1]
+        over_local = {name: [remote / local for remote, local in zip(rates[name], rates["local"])]
+                      for name in ("ray", "ray_buffer")}
         batch = ray_rb[:fpb]
         return {
-            "benchmark": "ray_scaling",
-            "env": ENV,
-            "num_envs_per_worker": n,
-            "frames_per_batch": fpb,
-            "workers_total": 2,
-            "rounds": rounds,
-            "local_fps": statistics.median(rates["local"]),
-            "ray_fps": statistics.median(rates["ray"]),
-            "ray_buffer_fps": statistics.median(rates["ray_buffer"]),
-            "ray_over_local": statistics.median(remote / local for remote, local in zip(rates["ray"], rates["local"])),
-            "ray_buffer_over_local": statistics.median(
-                remote / local for remote, local in zip(rates["ray_buffer"], rates["local"])
-            ),
-            "ray_over_local_per_round": [
-                round(remote / local, 3) for remote, local in zip(rates["ray"], rates["local"])
-            ],
+            "benchmark": "ray_scaling", "env": ENV, "num_envs_per_worker": n, "frames_per_batch": fpb,
+            "workers_total": 2, "rounds": rounds, **{f"{name}_fps": statistics.median(r) for name, r in rates.items()},
+            "ray_over_local": statistics.median(over_local["ray"]),
+            "ray_buffer_over_local": statistics.median(over_local["ray_buffer"]),
+            "ray_over_local_per_round": [round(ratio, 3) for ratio in over_local["ray"]],
             "bytes_per_frame": tensor_bytes(batch) / fpb,
             "serialized_bytes_per_frame": len(ray.cloudpickle.dumps(batch.clone())) / fpb,
             "receive_us_per_frame": ray_receive_s / max(ray_frames, 1) * 1e6,
-            "receive_us_per_frame_17d": receive_cost(17, fpb),
-            "receive_us_per_frame_1000d": receive_cost(1000, fpb),
+            "receive_us_per_frame_17d": receive_cost(17, fpb), "receive_us_per_frame_1000d": receive_cost(1000, fpb),
             "bytes_per_frame_1000d": tensor_bytes(synthetic_batch(FRAMES_PER_BATCH, 1000)) / FRAMES_PER_BATCH,
-            "sample_ms_local": sample_ms(ray_rb),
-            "sample_ms_ray_buffer": sample_ms(ray_buffer),
-            "load_avg_1m": os.getloadavg()[0],
-            "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+            "sample_ms_local": sample_ms(ray_rb), "sample_ms_ray_buffer": sample_ms(ray_buffer),
+            "load_avg_1m": os.getloadavg()[0], "machine": f"{platform.machine()} {os.cpu_count()} cpus",
         }
     finally:
         for collector in collectors.values():
@@ -197,10 +174,8 @@ def results_file(results: list[dict]) -> dict:
     n = results[0]["num_envs_per_worker"]
     loads = ", ".join(f"{r['load_avg_1m']:.2f} after {r['frames_per_batch']} frames per batch" for r in results)
     return {
-        "benchmark": "ray_scaling", "date": time.strftime("%Y-%m-%d"),
-        "command": " ".join(["python benchmarks/ray_scaling.py", *sys.argv[1:]]),
-        "machine": f"{os.cpu_count()}-core {platform.machine()} CPU; load average {loads}",
-        "torch": torch.__version__, "workers": f"2 workers x {n} envs local, against 2 Ray nodes x 1 worker x {n} envs",
+        **provenance("ray_scaling", note=f"load average {loads}"),
+        "workers": f"2 workers x {n} envs local, against 2 Ray nodes x 1 worker x {n} envs",
         "task": results[0]["env"], "rounds": results[0]["rounds"],
         "by_frames_per_batch": {str(r["frames_per_batch"]): {
             "local_fps": round(r["local_fps"]), "ray_fps": round(r["ray_fps"]),
@@ -208,8 +183,7 @@ def results_file(results: list[dict]) -> dict:
             "ray_rounds": [round(min(r["ray_over_local_per_round"]), 2), round(max(r["ray_over_local_per_round"]), 2)],
             "ray_buffer_fps": round(r["ray_buffer_fps"]), "ray_buffer_over_local": round(r["ray_buffer_over_local"], 2),
             "receive_us_per_frame": round(r["receive_us_per_frame"]),
-            # as Ray pickles a batch: what crosses the network from a remote node
-            "wire_bytes_per_frame": round(r["serialized_bytes_per_frame"]),
+            "wire_bytes_per_frame": round(r["serialized_bytes_per_frame"]),  # as Ray pickles a batch
         } for r in results},
         "tensor_bytes_per_frame": round(results[0]["bytes_per_frame"]),
         "target_ray_over_local": TARGET_RAY_OVER_LOCAL,

@@ -1,15 +1,11 @@
 """Batch sampling: ``rb.sample()`` and ``BufferSampler`` (uniform and prioritized) against a bare gather.
 
-The recipes draw each batch with :class:`~torchrl_unilab.data.buffer_sampler.BufferSampler`:
-the buffer's own sampler picks the rows (``replay_buffer.prb=true``:
-prioritized), and only the keys the losses read are copied. The baseline is
-the lower bound: ``torch.randint`` and one ``index_select`` per key into
-tensors allocated once, under the buffer's lock. On a full buffer of
-``--rows`` rows (100,000 by default; the SAC recipe's buffer holds 1,000,000)
-with the collector's keys (HalfCheetah-v5 sizes), batches of ``--batch-size``
-(256), one torch thread, in alternating blocks (median). ``prb`` includes the
-``update_priority`` of the batch that a prioritized update adds. Prints one
-JSON line.
+The recipes draw each batch with :class:`~torchrl_unilab.data.buffer_sampler.BufferSampler`: the buffer's own
+sampler picks the rows (``replay_buffer.prb=true``: prioritized) and only the keys the losses read are copied. The
+baseline is the lower bound: ``torch.randint`` and one ``index_select`` per key into tensors allocated once, under the
+buffer's lock. A full buffer of ``--rows`` rows (the SAC recipe's holds 1,000,000) with the collector's keys
+(HalfCheetah-v5 sizes), one torch thread, alternating blocks (medians); the ``prb_`` variants include the batch's
+``update_priority``. Prints one JSON line.
 
     python benchmarks/sampling.py [--blocks 15] [--block-samples 50] [--rows 100000] [--batch-size 256]
 """
@@ -17,6 +13,7 @@ JSON line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -80,6 +77,7 @@ def gather(rb, batch: int):
 
 
 def prioritized(sample, rb, batch: int):
+    """A prioritized ``sample()`` and the ``update_priority`` of its rows that a prioritized update adds."""
     def step():
         _, info = sample()
         rb.update_priority(info["index"], torch.rand(batch))
@@ -98,7 +96,7 @@ def main() -> None:
     uniform, prb = filled(rows, batch), filled(rows, batch, SharedPrioritizedSampler(rows, alpha=0.7, beta=0.5))
     variants = {"gather": gather(uniform, batch), "rb_sample": uniform.sample,
                 "buffer_sampler": BufferSampler(uniform, batch),
-                "prb_rb_sample_and_update": prioritized(lambda: prb.sample(return_info=True), prb, batch),
+                "prb_rb_sample_and_update": prioritized(functools.partial(prb.sample, return_info=True), prb, batch),
                 "prb_buffer_sampler_and_update": prioritized(BufferSampler(prb, batch), prb, batch)}
     times = {name: [] for name in variants}
     for _ in range(args.blocks):

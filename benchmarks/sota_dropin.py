@@ -1,10 +1,10 @@
 """TorchRL's own off-policy scripts and trainers, run with ``OffPolicyCollector`` swapped in.
 
 Given a pytorch/rl checkout, this runs the off-policy scripts of its ``sota-implementations`` and its
-``sac``/``td3``/``ddpg`` trainers (:data:`SCRIPTS`, named in ``--help``) for a few thousand frames, with the collector
-class replaced by :class:`torchrl_unilab.OffPolicyCollector` in a temporary copy (never in the checkout, never copied
-into this project), each in a subprocess of its own with a timeout: ``ok``, or the first error. ``--stock`` runs
-the same commands without the swap, a control that tells TorchRL's own failures from ours.
+``sac``/``td3``/``ddpg`` trainers (:data:`SCRIPTS`) for a few thousand frames, with the collector class replaced in
+a temporary copy (:func:`prepare` lists every substitution), each in a subprocess with a timeout (:func:`run_one`):
+``ok``, or the first error. ``--stock`` runs the same commands without the swap, a control that tells TorchRL's
+own failures from ours. The exit code is 0 only if every script passed.
 
 Run::
 
@@ -13,16 +13,11 @@ Run::
     python benchmarks/sota_dropin.py --rl-root ~/src/rl --only sac,td3,sac_trainer --frames 3000 -v
     python benchmarks/sota_dropin.py --rl-root ~/src/rl --only td3 --frames 40000 --set logger.eval_iter=10000 --keep
 
-``--set`` takes hydra overrides applied after the budget's; ``--keep`` keeps the logs. It prints the torchrl
-version, the checkout's commit and the ``torchrl_unilab`` under test, one line per script, then one JSON line
-(results go to ``benchmarks/results/dropin/``)::
+It prints one line per script, then one JSON line (``--out``: a results file in ``benchmarks/results/dropin/``)::
 
     sac/sac.py: ok (95 s)
     ddpg/ddpg.py: FAILED: ValueError: ... (the exception line of the last traceback)
     {"benchmark": "sota_dropin", "torchrl": "0.14.1", "commit": "...", "results": {...}}
-
-The exit code is 0 only if every script passed. What is substituted in each script is in :func:`prepare`'s
-docstring, how the subprocesses run in :func:`run_one`'s.
 """
 
 from __future__ import annotations
@@ -56,12 +51,8 @@ SWAP_MARK = "  # sota_dropin: collector swapped"
 # ------------------------------------------------------------------ the swap
 def swap_collector_imports(source: str, target: str = SWAP_TARGET) -> tuple[str, list[str]]:
     """``source`` (a Python file's text) made to build ``target`` (``"module.Class"``) wherever it builds one of
-    TorchRL's collectors, and one description per swapped name (none: nothing to swap).
-
-    Each ``from torchrl.collectors import`` of names of :data:`COLLECTOR_CLASSES` is followed, on its own last
-    line, by an import of ``target`` under those names; each ``from torchrl.trainers.helpers import`` of
-    :data:`HELPERS` by a rebinding of them to ``torchrl.trainers.helpers.collectors._make_collector`` with
-    ``target`` as the class. Line numbers are kept, so tracebacks point at the checkout's lines.
+    TorchRL's collectors, and one description per swapped name. Line numbers are kept, so tracebacks point at the
+    checkout's lines.
 
     Examples:
         >>> new, swapped = swap_collector_imports(
@@ -118,18 +109,7 @@ class TextEdit:
     why: str
 
     def apply(self, folder: Path) -> str | None:
-        """Applies the edit in ``folder``; returns its description, or ``None`` if ``old`` is absent.
-
-        Examples:
-            >>> import tempfile, pathlib
-            >>> with tempfile.TemporaryDirectory() as tmp:
-            ...     folder = pathlib.Path(tmp)
-            ...     _ = (folder / "a.py").write_text('x = "cuda:1"\\n')
-            ...     print(TextEdit("a.py", '"cuda:1"', '"cpu"', "no GPU").apply(folder))
-            ...     print((folder / "a.py").read_text(), end="")
-            a.py: '"cuda:1"' -> '"cpu"' x1 (no GPU)
-            x = "cpu"
-        """
+        """Applies the edit in ``folder``; returns its description, or ``None`` if ``old`` is absent."""
         path = folder / self.file
         text = path.read_text()
         count = text.count(self.old)
@@ -322,46 +302,27 @@ class Result:
 def prepare(script: Script, sota: Path, workdir: Path, stock: bool) -> tuple[Path, list[str], list[str]]:
     """Copies the script's folder under ``workdir`` and substitutes there: ``(folder, swaps, edits)``.
 
-    These are the only changes to TorchRL's code, made in that temporary copy (never in the checkout, never copied
-    into this project); ``--stock`` makes all but the collector swap.
+    These are the only changes to TorchRL's code, all in that temporary copy; ``--stock`` makes all but the swap.
 
-    * **The collector class** (:func:`swap_collector_imports`): each ``from torchrl.collectors import`` of a class
-      that builds a collector (:data:`COLLECTOR_CLASSES`: ``Collector``, ``AsyncCollector``, ``MultiSyncCollector``,
-      ``MultiAsyncCollector`` and their legacy names) gets ``; from torchrl_unilab import OffPolicyCollector as
-      <name>`` on the same line: the script's own constructor call builds our collector with its own arguments,
-      and tracebacks keep the checkout's line numbers. Names used only as types (``BaseCollector``) are left alone.
-      REDQ's ``torchrl.trainers.helpers`` (:data:`HELPERS`, which pick TorchRL's class inside TorchRL's package)
-      are rebound on their import line in ``redq/utils.py`` to that module's ``_make_collector`` with
-      ``OffPolicyCollector`` as the class: the helpers' argument handling is kept.
-    * **The trainers** (``*_trainer/train.py``) take no code change but a hydra override (:func:`command_for`):
-      ``collector._target_=torchrl_unilab.OffPolicyCollector``, or with ``--trainer-collector NAME`` (no dot) the
-      config-store option ``collector=NAME``, which hydra finds when TorchRL or a ``hydra_plugins`` module
-      registers it; a name that only an import registers takes ``--trainer-import MODULE``, imported before
-      :func:`runpy.run_path` runs the script.
-    * **Fixes of TorchRL's bugs that no override reaches** (:class:`TextEdit`, printed when applied). In
-      ``sac/sac-async.py`` (:data:`SAC_ASYNC_EDITS`): its exploration policy's hard-coded ``"cuda:1"`` stays where
-      the machine has two GPUs, ``"cpu"`` elsewhere; ``compile_mode_collector``, set only when ``compile.compile``
-      is true (an ``UnboundLocalError`` otherwise; compiling would cost a CPU run minutes), is set to ``None``
-      with ``compile_mode``; ``total_iter = 1000`` (``1000 * 1000`` updates whatever the config says) becomes
-      ``total_iter = 1`` (1,000 updates; the collector stops at ``collector.total_frames``); the seeded
-      ``ParallelEnv`` that ``_, eval_env = make_environment(...)`` discards, whose processes the interpreter waits
-      for at exit, forever, whichever collector ran, is closed on the same line.
-      For ``sac_prb`` (:data:`SAC_PRB_EDITS`): ``update_priority(sampled_tensordict)``, which takes ``(index,
-      priority)`` (a ``TypeError`` with TorchRL's own collector too), becomes ``update_tensordict_priority``.
+    * The collector class (:func:`swap_collector_imports`): each ``from torchrl.collectors import`` of a class of
+      :data:`COLLECTOR_CLASSES` gets ``; from torchrl_unilab import OffPolicyCollector as <name>`` on the same
+      line (names used only as types, like ``BaseCollector``, stay). REDQ's collector helpers (:data:`HELPERS`) are
+      rebound to ``torchrl.trainers.helpers.collectors._make_collector`` with our class, keeping their arguments.
+    * The trainers take no code change but a hydra override (:func:`command_for`):
+      ``collector._target_=torchrl_unilab.OffPolicyCollector``, or ``collector=NAME`` with ``--trainer-collector
+      NAME`` (a config-store name; ``--trainer-import MODULE`` for one that only an import registers).
+    * TorchRL's bugs that no override reaches (:class:`TextEdit`, printed with its reason when applied): in
+      ``sac-async.py`` (:data:`SAC_ASYNC_EDITS`) its hard-coded ``"cuda:1"`` (kept on a machine with two GPUs),
+      ``total_iter = 1000`` (made 1), the unset ``compile_mode_collector`` and the discarded ``ParallelEnv`` left
+      open; in ``sac.py``'s prb path (:data:`SAC_PRB_EDITS`) ``update_priority``, made ``update_tensordict_priority``.
 
     Everything else is a hydra override (:data:`SCRIPTS`; ``-v`` prints each command line): ``--frames`` frames
-    in all (a third of them random, batches of a sixth), the logger off (``logger.backend=``;
-    ``trainer.logger=null`` for the trainers), a replay buffer of twice the frames, evaluation at half the frames
-    (so that each script's eval path runs), ``--utd`` updates per frame, batched envs of at most ``--envs``
-    workers where the stock config asks for more (8 or 16 env processes do not fit a 2-core machine), and
-    ``env.library=gymnasium`` where it says ``gym`` (``crossq``, ``discrete_sac``: ``gym`` is not a TorchRL
-    dependency; gymnasium runs the same tasks). ``sac-async``'s ``collector.device=cuda:1`` is emptied, so that
-    the script's own choice runs. REDQ keeps its stock prioritized buffer and ``sac_prb`` asks for one: both
-    sample on TorchRL's C++ segment trees (which load with the torch this package pins). REDQ's recorder env
-    renders pixels whatever ``logger.video`` says, so REDQ runs with ``MUJOCO_GL=egl`` unless ``MUJOCO_GL`` is set
-    (Debian: ``apt-get install libegl1``; or ``libosmesa6`` with ``MUJOCO_GL=osmesa``). Devices and compile are
-    the scripts' own (``cuda:0`` where CUDA is available, else ``cpu``; ``--compile`` turns on each script's
-    ``compile.compile``), but for the ``td3_trainer``'s stock ``mps`` network device, made ``cpu``.
+    (a third random, batches of a sixth), the logger off, a buffer of twice the frames, evaluation at half the
+    frames, ``--utd`` updates per frame, at most ``--envs`` envs per batched env (8 or 16 env processes do not fit
+    2 cores), and ``env.library=gymnasium`` where it says ``gym``. Devices and compile are the scripts' own
+    (``--compile`` turns on ``compile.compile``), but for the ``td3_trainer``'s stock ``mps``, made ``cpu``. REDQ's
+    recorder renders pixels whatever its config says, so it runs with ``MUJOCO_GL=egl`` (Debian: ``libegl1``)
+    unless ``MUJOCO_GL`` is set (e.g. ``osmesa``, with ``libosmesa6``).
     """
     folder = workdir / script.name
     shutil.copytree(sota / script.folder, folder)
@@ -407,19 +368,14 @@ def command_for(script: Script, budget: Budget, trainer_collector: str, trainer_
 
 def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: float, *,
             trainer_collector: str, trainer_import: str | None, stock: bool, extra: Sequence[str] = (),
-            hide_gpus: bool = False, exit_within: float | None = None) -> Result:
-    """Runs one script in its own process group, its output into ``<workdir>/<name>/sota_dropin.log``; never raises
-    for the script's failures.
+            exit_within: float | None = None) -> Result:
+    """Runs one script in its own process group (:func:`common.run_in_own_group`), its output into
+    ``<workdir>/<name>/sota_dropin.log``; never raises for the script's failures.
 
-    A subprocess, because each script is a hydra program that expects to own its process (``hydra.main`` changes
-    directory, parses ``sys.argv`` and exits on error), TorchRL's stock pieces can hang at exit, and a crash or a
-    leaked worker must not take the benchmark with it. :func:`common.run_in_own_group` dumps the group's stacks
-    into the log at ``timeout`` and kills it, and kills what is left of it 10 s after the script exits (reported).
-    An entry of ``/dev/shm`` made during the run that no live process holds is reported, not removed (on a shared
-    machine another job may have made it); this script itself writes nothing there. ``hide_gpus=True`` sets
-    ``CUDA_VISIBLE_DEVICES=`` (a CPU run on a GPU machine). ``exit_after_output_s`` is the time from the script's
-    last output (its progress bar writes at every update) to its exit; a run that takes more than ``exit_within``
-    fails.
+    A subprocess, because a hydra program expects to own its process, TorchRL's pieces can hang at exit, and a
+    crash must not take the benchmark with it. A ``/dev/shm`` entry left by the run is reported, not removed
+    (another job may have made it). A run whose exit comes more than ``exit_within`` seconds after its last output
+    (its progress bar writes at every update) fails.
     """
     try:
         folder, swaps, edits = prepare(script, sota, workdir, stock)
@@ -427,8 +383,6 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
         return Result("failed", 0.0, error=f"{type(err).__name__}: {err}")
     cmd = command_for(script, budget, trainer_collector, trainer_import, stock, extra)
     env = dict(os.environ, HYDRA_FULL_ERROR="1", WANDB_MODE="disabled", PYTHONFAULTHANDLER="1")
-    if hide_gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ""
     if script.renders:  # headless: EGL unless the user chose a GL backend
         env.setdefault("MUJOCO_GL", "egl")
         env.setdefault("PYOPENGL_PLATFORM", env["MUJOCO_GL"])

@@ -1,11 +1,10 @@
 """TorchRL's own collector tests, run with ``OffPolicyCollector`` in place of ``MultiAsyncCollector``.
 
 Runs the tests of a pytorch/rl checkout's ``test/test_collectors.py`` that use ``MultiAsyncCollector`` (copied into
-a temporary directory, never into this project; :func:`select_tests` picks them, :func:`is_left_out` drops their
-``MultiSyncCollector`` cases) with TorchRL's class (``stock``) and with :class:`torchrl_unilab.OffPolicyCollector`
-bound to its name by this module as a pytest plugin (``ours``, :func:`pytest_configure`), and compares them case by
-case. Each test function runs in a pytest process of its own, one at a time, killed with its stacks dumped after
-``--timeout-per-function`` (300 s): a crash or a hang costs one function.
+a temporary directory; :func:`select_tests`, less the ``MultiSyncCollector`` cases: :func:`is_left_out`) with
+TorchRL's class (``stock``) and with ours bound to its name by this module as a pytest plugin (``ours``), and
+compares them case by case. Each test function runs in a pytest process of its own, killed with its stacks dumped
+after ``--timeout-per-function``: a crash or a hang costs one function.
 
 Run::
 
@@ -16,15 +15,9 @@ Run::
         --stock-results benchmarks/results/conformance/stock_ae9719f17.json \
         --out benchmarks/results/conformance/ours_2026-01-01.json
 
-It prints a progress line per function on stderr, then one JSON line::
-
-    {"benchmark": "torchrl_conformance", "torchrl": "0.14.1", "commit": "...", "unilab_commit": "...",
-     "stock": {"passed": n, "failed": n, "skipped": n, "crashed": [node ids], "seconds": wall time},
-     "ours": {...}, "crashed": [...], "pass_stock_not_ours": [...], "pass_ours_not_stock": [...]}
-
-``--out FILE`` saves it with each case's outcome and error per side, which ``--stock-results`` reads back.
-The exit code is 0 when nothing crashed and no case passes with stock but not with ours.
-``benchmarks/README.md`` says more.
+It prints a progress line per function on stderr, then one JSON line (``benchmarks/README.md`` lists its keys);
+``--out FILE`` saves it with each case's outcome and error per side, which ``--stock-results`` reads back. The
+exit code is 0 when nothing crashed and no case passes with stock but not with ours.
 """
 
 from __future__ import annotations
@@ -90,10 +83,9 @@ def _names_target(nodes: Iterable[ast.AST]) -> bool:
 def select_tests(source: str) -> dict[str, str]:
     """The tests of ``source`` that use the class under test: ``{"Class::test" or "test": why}``.
 
-    A test is a module-level ``test*`` function or a ``test*`` method of a ``Test*`` class (pytest's defaults),
-    selected when its code, decorators included, names the class (``"function"``) or its class's decorators do
-    (``"class decorator"``). Names count, and strings that are exactly the name (a parameter naming the class);
-    not words in other strings, docstrings or comments.
+    A test (a module-level ``test*`` function or a ``test*`` method of a ``Test*`` class) is selected when its
+    code, decorators included, names the class (``"function"``) or its class's decorators do (``"class
+    decorator"``); words in other strings, docstrings or comments do not count.
     """
     selected: dict[str, str] = {}
 
@@ -112,10 +104,8 @@ def select_tests(source: str) -> dict[str, str]:
 
 
 def rebind_targets(source: str) -> tuple[list[str], list[str]]:
-    """Where ``source`` takes the class under test from: ``(["module:name", ...], [bound names])``.
-
-    ``torchrl.collectors:MultiAsyncCollector`` is always among the first (code may reach it as an attribute);
-    the second are the names the module binds (``as`` names included), which the plugin checks.
+    """Where ``source`` takes the class under test from (``"module:name"``, ``torchrl.collectors``'s always), and
+    the names it binds at module level, which the plugin checks.
 
     Examples:
         >>> rebind_targets("from torchrl.collectors import Collector, MultiAsyncCollector as MAC\\n"
@@ -156,23 +146,20 @@ def local_imports(source: str, available: Iterable[str]) -> set[str]:
     return names & set(available)
 
 
-def _left_out(value: Any) -> bool:
-    if isinstance(value, str):
-        return value in LEFT_OUT_NAMES
-    if isinstance(value, functools.partial):
-        return _left_out(value.func)
-    if inspect.isclass(value):
-        return any(cls.__name__ in LEFT_OUT_NAMES for cls in value.__mro__)
-    if isinstance(value, (tuple, list)):
-        return any(_left_out(item) for item in value)
-    return False
-
-
 def is_left_out(params: dict[str, Any]) -> bool:
     """Whether a case's parameters make it a ``MultiSyncCollector`` variant (left out of the comparison): a
     parameter that is the class, a subclass, a ``functools.partial`` of one, its name, or a tuple or list holding
     one."""
-    return any(_left_out(value) for value in params.values())
+    def left_out(value: Any) -> bool:
+        if isinstance(value, str):
+            return value in LEFT_OUT_NAMES
+        if isinstance(value, functools.partial):
+            return left_out(value.func)
+        if inspect.isclass(value):
+            return any(cls.__name__ in LEFT_OUT_NAMES for cls in value.__mro__)
+        return isinstance(value, (tuple, list)) and any(left_out(item) for item in value)
+
+    return any(left_out(value) for value in params.values())
 
 
 def canonical_nodeid(nodeid: str) -> str:
@@ -183,10 +170,10 @@ def canonical_nodeid(nodeid: str) -> str:
 
 
 # ------------------------------------------------------------------ the plugin
-# Each hook does nothing outside the runner, which sets ENV_SIDE.
+# Its hooks record events only in a pytest process that the runner started (ENV_SIDE set).
 def _event(**fields: Any) -> None:
     path = os.environ.get(ENV_LOG)
-    if path:
+    if path and os.environ.get(ENV_SIDE):
         # One open per event: what was written survives a segfault or a kill.
         with open(path, "a", encoding="utf-8") as log:
             log.write(json.dumps(fields) + "\n")
@@ -199,13 +186,11 @@ def _ours() -> type:
 
 
 def pytest_configure(config: Any) -> None:
-    """Plugin hook: on the ``ours`` side, binds our class to the class under test's names, before any test module
-    is imported (its ``from torchrl.collectors import MultiAsyncCollector`` then binds our class)."""
-    if os.environ.get(ENV_SIDE) != "ours":
-        return
-    ours = _ours()
-    specs = _rebind(ours)
-    _event(event="rebind", specs=specs, target=f"{ours.__module__}.{ours.__qualname__}")
+    """Plugin hook: on the ``ours`` side, binds our class to the class under test's names before any test module
+    is imported (whose ``from torchrl.collectors import MultiAsyncCollector`` then binds our class)."""
+    if os.environ.get(ENV_SIDE) == "ours":
+        ours = _ours()
+        _event(event="rebind", specs=_rebind(ours), target=f"{ours.__module__}.{ours.__qualname__}")
 
 
 def _rebind(ours: type) -> list[str]:
@@ -242,12 +227,11 @@ class _RebindAfterImport(importlib.abc.MetaPathFinder):
 
 
 def install_script_hook() -> bool:
-    """On the ``ours`` side, in a ``python -c`` script a test runs, makes ``torchrl.collectors`` hold our class.
+    """On the ``ours`` side, in a ``python -c`` script a test runs (``test_env_that_waits``), makes
+    ``torchrl.collectors`` hold our class; returns whether it did.
 
-    Some tests run a script under ``python -c`` (``test_env_that_waits``), which the plugin in the pytest process
-    cannot reach: the runner puts a ``sitecustomize`` calling this on the ``ours`` side's ``PYTHONPATH``. It acts
-    in ``python -c`` processes only, not in multiprocessing's (spawn, forkserver), whose ``-c`` code names
-    ``multiprocessing``: worker processes import nothing extra. Returns whether it installed the hook.
+    The runner's ``sitecustomize`` calls it. multiprocessing's ``-c`` processes (spawn, forkserver) are left
+    alone: their code names ``multiprocessing``.
 
     Examples:
         >>> install_script_hook()  # outside the runner's ours side
@@ -305,14 +289,13 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list) -> Non
 
 def pytest_collectreport(report: Any) -> None:
     """Plugin hook: records a collection error (an import error of the test module, say)."""
-    if os.environ.get(ENV_SIDE) and report.failed:
+    if report.failed:
         _event(event="collect_error", nodeid=report.nodeid, error=_exception_line(str(report.longrepr)))
 
 
 def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
     """Plugin hook: records that a case started (a crash or hang is then blamed on it)."""
-    if os.environ.get(ENV_SIDE):
-        _event(event="start", nodeid=nodeid)
+    _event(event="start", nodeid=nodeid)
 
 
 def _exception_line(text: str) -> str:
@@ -329,13 +312,11 @@ def _exception_line(text: str) -> str:
 
 
 def _first_error(message: str) -> str:
-    """The first line of a failure's message; for a failed comparison (``assert a == b``, whose first line shows
-    both sides cut short) with the lines pytest adds to say what differs, joined with `` | ``."""
+    """The first line of a failure's message; for a failed ``assert a == b`` also the lines pytest adds to say
+    what differs, joined with `` | ``."""
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    if not lines:
-        return ""
     shown = lines[:1]
-    if lines[0].startswith("AssertionError: assert "):  # the explanation, up to the full diff
+    if lines and lines[0].startswith("AssertionError: assert "):  # the explanation, up to the full diff
         for line in lines[1:5]:
             if line.startswith(("Full diff", "Use -v", "Omitting")):
                 break
@@ -345,8 +326,6 @@ def _first_error(message: str) -> str:
 
 def pytest_runtest_logreport(report: Any) -> None:
     """Plugin hook: records each phase's outcome, with the error or the skip reason."""
-    if not os.environ.get(ENV_SIDE):
-        return
     error = None
     if report.failed:
         crash = getattr(report.longrepr, "reprcrash", None)
@@ -359,15 +338,13 @@ def pytest_runtest_logreport(report: Any) -> None:
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     """Plugin hook: records that pytest finished (a process that never gets here died or hung)."""
-    if os.environ.get(ENV_SIDE):
-        _event(event="finish", exitstatus=int(exitstatus))
+    _event(event="finish", exitstatus=int(exitstatus))
 
 
 # ---------------------------------------------------------------- the checkout
 def open_tests(rl_root: Path, workdir: Path) -> tuple[Path, str]:
     """Copies the test file, the ``test/`` modules it needs and ``pytest.ini`` of ``rl_root`` (a pytorch/rl work
-    tree or bare git repository) under ``workdir``: ``(root, commit)``, ``root`` laid out as the checkout,
-    ``commit`` ``unknown`` for a work tree without ``.git``."""
+    tree or bare git repository) into ``workdir / "rl"``, laid out as the checkout: ``(that root, commit)``."""
     root = workdir / "rl"
     (root / "test").mkdir(parents=True)
     checkout = open_rl(rl_root, TEST_FILE)
@@ -414,12 +391,11 @@ def read_events(path: Path) -> list[dict]:
 
 
 def outcomes_from_events(events: list[dict], cases: Iterable[str], crash: str | None) -> tuple[dict, dict]:
-    """``(outcomes, errors)`` per case from the plugin's events.
+    """``(outcomes, errors)`` per case (keyed by :func:`canonical_nodeid`) from the plugin's events.
 
-    A case fails if any phase failed (a strict xpass included); it is skipped if it was skipped or xfailed; it
-    passed if its call passed. A case that started but did not finish takes ``crash`` as its error; one that never
-    started, too, with ``not run: `` before it (or the collection error, if there was one). Cases are keyed by
-    :func:`canonical_nodeid`.
+    A case fails if any phase failed (a strict xpass included), is skipped if it was skipped or xfailed, and
+    passed if its call passed. A case that did not finish takes ``crash`` as its error, with ``not run: `` before
+    it if it never started (or the collection error, if there was one).
     """
     reports: dict[str, list[dict]] = {}
     started = {canonical_nodeid(e["nodeid"]) for e in events if e["event"] == "start"}
@@ -474,8 +450,8 @@ def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout
     ``rundir/pytest.log``: ``(events, crash, seconds, notes)``, ``crash`` as :func:`_crash` says."""
     rundir.mkdir(parents=True)
     log_path, events_path = rundir / "pytest.log", rundir / "events.jsonl"
-    # What the tests leave in the temporary directory goes with it. Short: multiprocessing's sockets live
-    # there, and an AF_UNIX path has at most 107 bytes (a deeper one broke TorchRL's own workers).
+    # The tests' temporary files go with this directory. Short: multiprocessing's sockets live there, and an
+    # AF_UNIX path has at most 107 bytes.
     tmp = Path(tempfile.mkdtemp(prefix="tcf_"))
     env = dict(os.environ, PYTHONFAULTHANDLER="1", TMPDIR=str(tmp))
     site = ""
@@ -490,7 +466,7 @@ def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout
                 ENV_VERIFY: ",".join(verify)})
     ini = ["-c", str(root / "pytest.ini")] if (root / "pytest.ini").is_file() else []
     command = [sys.executable, "-m", "pytest", *ini, "--rootdir", str(root), "-p", PLUGIN, "-p", "no:cacheprovider",
-           "-q", *args]
+               "-q", *args]
     notes: list[str] = []
     shm_before = shm_entries()
     run = run_in_own_group(command, root, env, log_path, timeout)

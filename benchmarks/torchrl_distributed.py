@@ -1,26 +1,19 @@
 """TorchRL's torch.distributed collectors with ``collector_class=OffPolicyCollector``, on one machine over gloo.
 
-``DistributedCollector``, ``RPCCollector`` and ``DistributedSyncCollector`` (``torchrl.collectors.distributed``)
-take a ``collector_class``: the collector each node runs. This runs each of them with our class, and with
-TorchRL's ``MultiAsyncCollector`` as the control, one node of one worker on Pendulum-v1, launched by TorchRL's
-own ``launcher="mp"`` on this machine. Each run collects batches of 64 frames; after the second, the learner
-zeroes its policy's weights, sets the bias to 0.5 and calls ``update_policy_weights_()``; a later batch whose
-actions all equal ``tanh(0.5)`` shows that the weights reached the node's workers.
-``DistributedSyncCollector.update_policy_weights_`` raises ``NotImplementedError`` in TorchRL itself, so that
-collector is run without the update.
-
-Each run is a subprocess in its own process group with a timeout (``common.run_in_own_group``): a hang
-is reported as one, and leaves nothing running.
+Runs ``DistributedCollector``, ``RPCCollector`` and ``DistributedSyncCollector`` with our class on their node, and
+with TorchRL's ``MultiAsyncCollector`` as the control: one node of one worker on Pendulum-v1, launched by TorchRL's
+``launcher="mp"``, each run a subprocess in its own process group with a timeout (a hang is reported as one).
+Each run collects batches of 64 frames; after the second, the learner sets its policy's weights to 0 and its bias
+to 0.5 and calls ``update_policy_weights_()``: a later batch whose actions all equal ``tanh(0.5)`` shows that the
+weights reached the node's workers. ``DistributedSyncCollector`` runs without the update (TorchRL's raises
+``NotImplementedError``).
 
 Run::
 
     python benchmarks/torchrl_distributed.py [--only dist,rpc,sync] [--classes ours,torchrl] [--timeout 150]
 
-It prints one line per run, then one JSON line::
-
-    dist with OffPolicyCollector: ok (batches 9, weights reached, 7 s)
-    {"benchmark": "torchrl_distributed", "results": {"dist": {"ours": {...}, "torchrl": {...}}, ...}}
-
+It prints one line per run (``dist with OffPolicyCollector: ok (batches 9, weights reached, 7 s)``), then one
+JSON line ``{"benchmark": "torchrl_distributed", "results": {"dist": {"ours": {...}, "torchrl": {...}}, ...}}``.
 The exit code is 0 when every run of our class did what the same run of TorchRL's class did.
 """
 
@@ -39,6 +32,7 @@ from common import first_error, run_in_own_group
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("dist", "rpc", "sync")
 CLASSES = ("ours", "torchrl")
+LABELS = {"ours": "OffPolicyCollector", "torchrl": "MultiAsyncCollector"}
 FRAMES_PER_BATCH, BATCHES, UPDATE_AFTER = 64, 9, 2
 
 
@@ -130,18 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"{name}: unknown {unknown}; accepted: {', '.join(accepted)}")
     results: dict[str, dict[str, dict]] = {}
+    weights = {True: "weights reached", None: "no update (TorchRL's collector has none)"}
     with tempfile.TemporaryDirectory(prefix="torchrl_distributed_") as tmp:
         for kind in kinds:
             for class_name in classes:
                 result = run(kind, class_name, args.timeout, Path(tmp))
                 results.setdefault(kind, {})[class_name] = result
-                label = "OffPolicyCollector" if class_name == "ours" else "MultiAsyncCollector"
-                if result["status"] == "ok":
-                    weights = {True: "weights reached", None: "no update (TorchRL's collector has none)"}
-                    print(f"{kind} with {label}: ok (batches {result['batches']}, "
-                          f"{weights[result['weights_reached']]}, {result['seconds']:.0f} s)", flush=True)
-                else:
-                    print(f"{kind} with {label}: FAILED: {result.get('error') or result}", flush=True)
+                outcome = (f"ok (batches {result['batches']}, {weights[result['weights_reached']]}, "
+                           f"{result['seconds']:.0f} s)" if result["status"] == "ok"
+                           else f"FAILED: {result.get('error') or result}")
+                print(f"{kind} with {LABELS[class_name]}: {outcome}", flush=True)
     print(json.dumps({"benchmark": "torchrl_distributed", "results": results}), flush=True)
     ours_ok = all(r["ours"]["status"] == "ok" or r.get("torchrl", {}).get("status") == "failed"
                   for r in results.values() if "ours" in r)

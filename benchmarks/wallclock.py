@@ -1,20 +1,9 @@
 """Return against wall-clock minutes: snapshot evaluation, mean curves with 90 % intervals, the two targets.
 
-``benchmarks/learning.py --suite wallclock`` runs each recipe configuration for
-a fixed wall-clock budget (``max_minutes``) with ``logger.snapshot_every_s=60``:
-the learner saves its policy's weights, frames and updates every minute
-(:meth:`RecipeRun.save_snapshot <torchrl_unilab.trainers.run.RecipeRun.save_snapshot>`),
-and nothing is evaluated during the run. After it, :func:`evaluate_snapshots`
-runs each snapshot on the recipe's ``EvalRunner`` (5 deterministic episodes
-from fixed seeds), so the evaluation takes none of the run's clock. SB3's runs
-(``learning.run_sb3``) are read at their evaluations every 10k frames
-(:func:`sb3_points`), whose time their clock includes.
-
-The analysis is over seeds at whole minutes: a run's return at minute ``m``
-is that of its last snapshot taken by then (:func:`value_at_minutes`); the
-mean curve has a percentile-bootstrap 90 % interval of the mean
-(:func:`mean_with_interval`); :func:`wallclock_targets` checks the two
-targets against SB3's runs.
+``benchmarks/learning.py --suite wallclock`` runs each recipe configuration for a wall-clock budget, saving a
+snapshot of its policy every minute; :func:`evaluate_snapshots` evaluates them afterwards, off the run's clock. SB3's
+runs are read at their evaluations every 10k frames, whose time their clock includes. The curves are over seeds at
+whole minutes.
 """
 
 from __future__ import annotations
@@ -35,13 +24,9 @@ RETURN_RATIO_TARGET = 1.3
 
 
 def evaluate_snapshots(run_dir: Path, cfg, algo: str, info_keys: tuple[str, ...] = ()) -> list[dict]:
-    """Evaluates every snapshot a recipe run saved in ``run_dir/snapshots``, oldest first.
-
-    Each becomes ``{"elapsed_s", "frames", "updates", "return", "episode_length"}``, ``return``
-    the mean of ``logger.num_eval_envs`` deterministic episodes on the recipe's ``EvalRunner``
-    (the seeds a recipe's own evaluations use: ``env.seed + 10_000 + i``), with each of
-    ``info_keys`` (EnvPool info entries, e.g. Go1's reward terms) as its mean per step.
-    """
+    """The snapshots in ``run_dir/snapshots``, oldest first, as ``{"elapsed_s", "frames", "updates", "return",
+    "episode_length", *info_keys}``: the mean of ``logger.num_eval_envs`` deterministic episodes on the recipe's
+    ``EvalRunner`` from its evaluation seeds, each of ``info_keys`` (EnvPool info entries) as its mean per step."""
     import torch
 
     from torchrl_unilab.trainers.recipes_utils import EvalRunner, env_info, env_kwargs, make_networks
@@ -65,7 +50,7 @@ def evaluate_snapshots(run_dir: Path, cfg, algo: str, info_keys: tuple[str, ...]
 
 
 def value_at_minutes(points: list[dict], minutes: int, key: str = "return") -> list[float | None]:
-    """A run's ``key`` (its return) at minutes ``1 .. minutes``: its last snapshot's by then, ``None`` before the first.
+    """A run's ``key`` at minutes ``1 .. minutes``: its last snapshot's by then, ``None`` before the first.
 
     Examples:
         >>> value_at_minutes([{"elapsed_s": 100.0, "return": 5.0}, {"elapsed_s": 120.4, "return": 9.0}], 3)
@@ -80,9 +65,8 @@ def value_at_minutes(points: list[dict], minutes: int, key: str = "return") -> l
 
 
 def clock_minutes(points: list[dict], budget_minutes: float) -> int:
-    """The whole minutes a run's clock reached in a wall-clock budget: all of them for a recipe run (stopped at its
-    budget), fewer for a TorchRL script's (stopped at its budget in wall-clock, its evaluations' seconds, each
-    point's ``eval_s``, left off its clock).
+    """The whole minutes a run's clock reached in its budget: all of them for a recipe run, fewer for a TorchRL
+    script's, whose clock leaves off its evaluations' seconds (:func:`evaluation_seconds`).
 
     Examples:
         >>> clock_minutes([{"elapsed_s": 30.0}], 12.5), clock_minutes([{"elapsed_s": 30.0, "eval_s": 45.0}] * 2, 20)
@@ -103,42 +87,26 @@ def evaluation_seconds(points: list[dict]) -> float:
 
 
 def mean_with_interval(runs: dict[int, list[float | None]]) -> list[dict]:
-    """Per minute over seeds: ``{"minute", "mean", "low", "high", "seeds"}`` (the 90 % interval of the mean).
-
-    A minute counts the seeds with a return by then; the interval is ``None`` below 3 of them.
+    """Per minute over the seeds with a return by then: ``{"minute", "mean", "low", "high", "seeds"}``, the 90 %
+    interval of the mean (``None`` below 3 seeds).
 
     Examples:
         >>> mean_with_interval({0: [None, 2.0], 1: [1.0, 4.0]})
         [{'minute': 1, 'mean': 1.0, 'low': None, 'high': None, 'seeds': 1}, \
 {'minute': 2, 'mean': 3.0, 'low': None, 'high': None, 'seeds': 2}]
     """
-    length = max(len(curve) for curve in runs.values())
     out = []
-    for idx in range(length):
+    for idx in range(max(len(curve) for curve in runs.values())):
         values = [curve[idx] for curve in runs.values() if idx < len(curve) and curve[idx] is not None]
-        if not values:
-            continue
-        interval = bootstrap_interval(values)
-        out.append({"minute": idx + 1, "mean": statistics.fmean(values), "low": interval and interval[0],
-                    "high": interval and interval[1], "seeds": len(values)})
+        if values:
+            interval = bootstrap_interval(values)
+            out.append({"minute": idx + 1, "mean": statistics.fmean(values), "low": interval and interval[0],
+                        "high": interval and interval[1], "seeds": len(values)})
     return out
 
 
-def first_minute_reaching(curve: list[dict], value: float) -> int | None:
-    """The first minute at which a mean curve (:func:`mean_with_interval`) reaches ``value``; ``None`` if never.
-
-    Examples:
-        >>> first_minute_reaching([{"minute": 1, "mean": 3.0}, {"minute": 2, "mean": 7.0}], 5.0)
-        2
-    """
-    return next((point["minute"] for point in curve if point["mean"] >= value), None)
-
-
 def sb3_reference(sb3_runs: dict[int, dict], frames: int = 100_000) -> dict[str, float]:
-    """SB3's mean return at ``frames`` and its mean wall-clock minutes to get there, over its seeds.
-
-    ``sb3_runs``: seed -> a run of ``learning.run_sb3`` (``curve`` of ``(frames, return)``,
-    ``elapsed_at`` frames -> seconds).
+    """SB3's mean return at ``frames`` and its mean wall-clock minutes to it, over ``learning.run_sb3``'s runs.
 
     Examples:
         >>> sb3_reference({0: {"curve": [(100000.0, 10.0)], "elapsed_at": {100000.0: 600.0}},
@@ -151,11 +119,8 @@ def sb3_reference(sb3_runs: dict[int, dict], frames: int = 100_000) -> dict[str,
 
 
 def sb3_reference_from_results(saved: dict, source: str, algo: str = "sac") -> dict[str, float]:
-    """:func:`sb3_reference` from a saved SB3 comparison's contents (``benchmarks/results/learning/sac_vs_sb3.json``,
-    ``td3_vs_sb3.json`` with ``algo="td3"``), read from ``source``.
-
-    Its ``sb3_<algo>`` holds, per seed, the returns at its ``marks`` and the run's minutes (SB3's
-    clock at its last mark, its evaluations included).
+    """:func:`sb3_reference` from a saved SB3 comparison (``sac_vs_sb3.json``, ``td3_vs_sb3.json`` with
+    ``algo="td3"``): its ``sb3_<algo>`` holds per seed the returns at its marks and the minutes to the last.
 
     Examples:
         >>> saved = {"date": "2026-12-02", "torch": "2.13.0", "sb3_sac": {"0": {"returns": [1.0, 5.0], "minutes": 40.0},
@@ -193,10 +158,8 @@ def sb3_points(run: dict) -> list[dict]:
 def wallclock_targets(curve: list[dict], reference: dict[str, float]) -> dict:
     """The two targets for one configuration's mean curve against SB3's ``reference`` (:func:`sb3_reference`).
 
-    * ``time_share``: the first minute the mean curve reaches SB3's mean 100k return, over SB3's
-      minutes to it (target ``<=`` :data:`TIME_SHARE_TARGET`; ``None`` if never reached within the budget);
-    * ``return_ratio_at_half``: the mean return at half of SB3's minutes over SB3's mean return
-      (target ``>= 1.3``), and whether the interval's lower end lies above SB3's mean.
+    ``time_share``: the first minute the curve reaches SB3's mean return over SB3's minutes to it (``None`` if
+    never); ``return_ratio_at_half``: the mean return at half of SB3's minutes over SB3's, its interval's low end above.
 
     Examples:
         >>> curve = [{"minute": m, "mean": 100.0 * m, "low": 90.0 * m, "high": 110.0 * m, "seeds": 5}
@@ -205,7 +168,7 @@ def wallclock_targets(curve: list[dict], reference: dict[str, float]) -> dict:
         >>> targets["time_share"], targets["return_ratio_at_half"], targets["low_above_sb3_at_half"]
         (0.2, 2.5, True)
     """
-    reached = first_minute_reaching(curve, reference["return"])
+    reached = next((point["minute"] for point in curve if point["mean"] >= reference["return"]), None)
     half = math.floor(reference["minutes"] / 2)
     at_half = next((point for point in curve if point["minute"] == half), None)
     ratio = None if at_half is None else at_half["mean"] / reference["return"]
