@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import kill_now, provenance, scalar_rows, shm_entries
+from common import kill_now, provenance, scalar_rows
 from tensordict import TensorDict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from torchrl_unilab import make_replay_buffer  # noqa: E402
-from torchrl_unilab._residue import command_line, live_processes, multiprocessing_helpers, running, worker_processes  # noqa: E402
+from torchrl_unilab._residue import (  # noqa: E402
+    command_line,
+    left_by,
+    live_processes,
+    multiprocessing_helpers,
+    running,
+    worker_processes,
+)
 
 CTX = mp.get_context("spawn")
 #: buffer_kills: rows of each writer's batch, and the longest ``sample()`` it allows (a longer one ends the case)
@@ -288,14 +295,8 @@ def worker_kills(kills: int, *, seed: int = 0, deadline: float | None = None) ->
             "longest_sample_s": round(longest_sample, 4), "torn_rows": torn}
 
 
-def _left_by(pid: int) -> tuple[set[str], set[str]]:
-    """The /dev/shm blocks and temp dirs named after process ``pid`` (its weights' and its buffers')."""
-    return ({e for e in shm_entries() if e.startswith(f"tul_w_{pid}_")},
-            {e for e in os.listdir(tempfile.gettempdir()) if e.startswith(f"torchrl_unilab_rb_{pid}_")})
-
-
 def _residue_of_pid(pid: int) -> int:
-    return sum(map(len, _left_by(pid)))
+    return sum(map(len, left_by(pid).values()))
 
 
 def residue_snapshot() -> dict:
@@ -303,10 +304,10 @@ def residue_snapshot() -> dict:
     gc.collect()
     mp.active_children()
     me = os.getpid()
-    shm, tmp = _left_by(me)
-    return {"shm": shm, "fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
+    left = left_by(me)
+    return {"shm": set(left["shm"]), "fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
             "children": live_processes(parent=me) - multiprocessing_helpers(),  # the helpers are not ours
-            "tmp": tmp}
+            "tmp": set(left["tmp"])}
 
 
 def residue_since(before: dict, settle_s: float = 5.0) -> dict:

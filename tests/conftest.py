@@ -32,7 +32,7 @@ from torchrl.envs import (
 )
 
 from torchrl_unilab import BatchedGymEnv, SharedWeights, layout_of, make_replay_buffer
-from torchrl_unilab._residue import live_processes, multiprocessing_helpers
+from torchrl_unilab._residue import left_by, live_processes, multiprocessing_helpers
 from torchrl_unilab.worker import CollectorProcess, init_offpolicy_storage, make_collector_actor
 
 #: The task of the function-level API tests (``learner_side``, ``collector_process``).
@@ -54,12 +54,13 @@ def shm_entries() -> set[str]:
     entries = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     if os.environ.get("CI"):
         return entries
-    return {e for e in entries if e.startswith(f"tul_w_{os.getpid()}_")}
+    return set(left_by(os.getpid())["shm"])
 
 
 def tmp_entries() -> set[str]:
-    prefix = "torchrl_unilab" if os.environ.get("CI") else f"torchrl_unilab_rb_{os.getpid()}_"
-    return {e for e in os.listdir(tempfile.gettempdir()) if e.startswith(prefix)}
+    if os.environ.get("CI"):
+        return {e for e in os.listdir(tempfile.gettempdir()) if e.startswith("torchrl_unilab")}
+    return set(left_by(os.getpid())["tmp"])
 
 
 def wait_until(predicate, timeout: float = 5.0) -> bool:

@@ -18,7 +18,7 @@ import torch
 from conftest import FUNCTION_API_ENV, collector_process, learner_side, wait_until  # noqa: E402
 
 from torchrl_unilab import make_replay_buffer  # noqa: E402
-from torchrl_unilab._residue import live_processes  # noqa: E402
+from torchrl_unilab._residue import WEIGHTS_PREFIX, left_by, live_processes  # noqa: E402
 from torchrl_unilab.modules.normalization import ObservationNormalizer  # noqa: E402
 
 
@@ -291,13 +291,7 @@ def _session_pids(sid: int) -> set[int]:
 
 
 def _residue_of(pid: int) -> dict:
-    import tempfile
-
-    return {
-        "tmp": [e for e in os.listdir(tempfile.gettempdir()) if e.startswith(f"torchrl_unilab_rb_{pid}_")],
-        "shm": [e for e in os.listdir("/dev/shm") if e.startswith(f"tul_w_{pid}_")],
-        "processes": sorted(_session_pids(pid)),
-    }
+    return {**left_by(pid), "processes": sorted(_session_pids(pid))}
 
 
 def test_sigterm_saves_a_checkpoint_leaves_no_residue_and_the_run_resumes(tmp_path, no_leaks):
@@ -344,7 +338,7 @@ def test_startup_sweeps_what_a_killed_process_left(no_leaks):
         os._exit(0)
     try:
         name = os.read(read, 100).decode()
-        assert name.startswith(f"tul_w_{pid}_")
+        assert name.startswith(f"{WEIGHTS_PREFIX}{pid}_")
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

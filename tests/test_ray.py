@@ -38,7 +38,15 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter  # no
 from torchrl.envs import GymEnv, Transform, TransformedEnv  # noqa: E402
 
 from torchrl_unilab import BatchedGymEnv, OffPolicyCollector, make_replay_buffer  # noqa: E402
-from torchrl_unilab._residue import multiprocessing_helpers, running, sweep_stale  # noqa: E402
+from torchrl_unilab._residue import (  # noqa: E402
+    SCRATCH_PREFIX,
+    SHM_DIR,
+    WEIGHTS_PREFIX,
+    left_by,
+    multiprocessing_helpers,
+    running,
+    sweep_stale,
+)
 from torchrl_unilab.collectors.ray_collector import NodeError, RayOffPolicyCollector  # noqa: E402
 from torchrl_unilab.weight_update.weight_sync import sweep_stale_blocks  # noqa: E402
 
@@ -214,9 +222,9 @@ def test_torchrl_ray_collector_runs_our_class_and_updates_its_weights():
     # the next block created on the machine (or sweep_stale_blocks) removes it
     assert wait_until(lambda: gone(pids), timeout=15)
     left = shm_entries() - before
-    assert all(any(entry.startswith(f"tul_w_{pid}_") for pid in pids) for entry in left), left
+    assert left <= {entry for pid in pids for entry in left_by(pid)["shm"]}, left
     sweep_stale_blocks()
-    assert not [entry for entry in os.listdir("/dev/shm") for pid in pids if entry.startswith(f"tul_w_{pid}_")]
+    assert not [entry for pid in pids for entry in left_by(pid)["shm"]]
 
 
 def test_a_node_built_in_the_learners_process_keeps_its_fork_server():
@@ -323,8 +331,8 @@ def test_nodes_write_to_a_ray_replay_buffer_and_lost_nodes_are_reported():
 def reap_killed_nodes(pids: list[int]) -> None:
     """The killed node actors' processes are gone; what they could not remove is swept, as the next collector does."""
     assert wait_until(lambda: gone(pids), timeout=15), "a lost node's processes outlived it"
-    sweep_stale(tempfile.gettempdir(), "torchrl_unilab_rb_")
-    sweep_stale("/dev/shm", "tul_w_")
+    sweep_stale(tempfile.gettempdir(), SCRATCH_PREFIX)
+    sweep_stale(SHM_DIR, WEIGHTS_PREFIX)
 
 
 @pytest.mark.timeout(600)  # its own waits (a cold cluster, a replacement node's start) add up past the suite's 300 s
@@ -567,7 +575,7 @@ def test_a_node_killed_mid_batch_at_shutdown_leaves_nothing_behind():
     assert any(e.startswith(mine) for e in os.listdir(tempfile.gettempdir()))
     collector.shutdown(timeout=1)
     assert not any(e.startswith(mine) for e in os.listdir(tempfile.gettempdir()))
-    assert not any(e.startswith(f"tul_w_{pid}_") for e in os.listdir("/dev/shm"))
+    assert not left_by(pid)["shm"]
 
 
 def test_sac_recipe_runs_with_the_ray_backend(tmp_path):

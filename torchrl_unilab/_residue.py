@@ -11,12 +11,19 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 __all__ = [
-    "command_line", "live_processes", "multiprocessing_helpers", "pid_alive", "running", "sweep_stale",
-    "worker_processes",
+    "SCRATCH_PREFIX", "SHM_DIR", "WEIGHTS_PREFIX", "command_line", "left_by", "live_processes",
+    "multiprocessing_helpers", "pid_alive", "running", "sweep_stale", "worker_processes",
 ]
+
+#: Weight blocks in :data:`SHM_DIR` are named ``{WEIGHTS_PREFIX}{pid}_...`` after the process that created them.
+WEIGHTS_PREFIX = "tul_w_"
+SHM_DIR = "/dev/shm"
+#: A replay buffer's temporary scratch directories are named ``{SCRATCH_PREFIX}{pid}_...`` after their creator.
+SCRATCH_PREFIX = "torchrl_unilab_rb_"
 
 
 def pid_alive(pid: int) -> bool:
@@ -174,3 +181,20 @@ def sweep_stale(directory: str | os.PathLike, prefix: str) -> list[str]:
             continue  # another process swept it first, or it is not ours to remove
         removed.append(entry.name)
     return removed
+
+
+def left_by(pid: int) -> dict[str, list[str]]:
+    """What is named after process ``pid``: its weight blocks (``"shm"``, in :data:`SHM_DIR`) and its buffers'
+    scratch directories (``"tmp"``, in the temp directory). Once ``pid`` has exited, all of it is residue.
+
+    Examples:
+        >>> left_by(2**22 + 1)  # above Linux's pid_max: no such process
+        {'shm': [], 'tmp': []}
+    """
+    def named_after(directory: str, prefix: str) -> list[str]:
+        try:
+            return sorted(e for e in os.listdir(directory) if e.startswith(f"{prefix}{pid}_"))
+        except OSError:
+            return []
+
+    return {"shm": named_after(SHM_DIR, WEIGHTS_PREFIX), "tmp": named_after(tempfile.gettempdir(), SCRATCH_PREFIX)}

@@ -25,15 +25,13 @@ from torchrl.data import LazyMemmapStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 from torchrl.data.replay_buffers.writers import TensorDictMaxValueWriter, TensorDictRoundRobinWriter
 
-from torchrl_unilab._residue import sweep_stale
+from torchrl_unilab._residue import SCRATCH_PREFIX, sweep_stale
 from torchrl_unilab.data.buffer_writer import CommitWriter
 
 __all__ = ["buffer_lock", "holds_row", "make_replay_buffer", "init_storage", "prepare_storage", "storage_keys",
            "owned_scratch_dir", "writer_keys"]
 
 _OWNED_DIR_ATTR = "_torchrl_unilab_owned_dir"
-#: Temporary scratch directories are named ``{prefix}{pid}_...`` after their creator.
-SCRATCH_PREFIX = "torchrl_unilab_rb_"
 
 
 def make_replay_buffer(

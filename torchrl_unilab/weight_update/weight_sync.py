@@ -44,15 +44,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchrl_unilab._residue import sweep_stale
+from torchrl_unilab._residue import SHM_DIR, WEIGHTS_PREFIX, sweep_stale
 from torchrl_unilab.weight_update._staging import HostStaging
 
 __all__ = ["SharedWeights", "WeightLayout", "layout_of", "sweep_stale_blocks"]
 
 _HEADER_BYTES = 64  # seq (int64), version (int64), padding to keep tensors aligned
-#: Blocks are named ``{prefix}{pid}_...`` after their creator, so blocks of killed processes can be swept.
-_NAME_PREFIX = "tul_w_"
-_SHM_DIR = "/dev/shm"
 _ALIGN = 64
 
 #: ``(name, shape, dtype)`` for each tensor of a ``state_dict``, in order.
@@ -116,7 +113,7 @@ def _own_mapping(shm: shared_memory.SharedMemory) -> mmap.mmap:
 
 def sweep_stale_blocks() -> list[str]:
     """Removes the weight blocks that dead processes left in ``/dev/shm``; returns their names."""
-    return sweep_stale(_SHM_DIR, _NAME_PREFIX)
+    return sweep_stale(SHM_DIR, WEIGHTS_PREFIX)
 
 
 class SharedWeights:
@@ -195,7 +192,7 @@ class SharedWeights:
         _, size = _offsets(layout)
         if name is None:
             sweep_stale_blocks()
-            name = f"{_NAME_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
+            name = f"{WEIGHTS_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
         shm = shared_memory.SharedMemory(name=name, create=True, size=size)
         try:
             self = cls(shm, layout, owner=True, lock=lock)
