@@ -182,8 +182,11 @@ def sota_exit_table(res: Results) -> str:
 
 
 def conformance_table(res: Results) -> str:
-    """torchrl_conformance: passed/failed/skipped per side, or 'not yet measured' without a results file."""
+    """torchrl_conformance: passed/failed/skipped per side, or 'not yet measured' without a results file; a case
+    that fails in the latest run shows how often each side passed it where a ``--repeat`` run repeated it."""
     runs = topic(res, "conformance")
+    repeated = [run for run in runs if "repeats" in run]
+    runs = [run for run in runs if "repeats" not in run]
     if not runs:
         return (f"TorchRL's own collector tests (``test/test_collectors.py``) with ``OffPolicyCollector`` in place of "
                 f"``MultiAsyncCollector``: **{NOT_MEASURED}** (``python benchmarks/torchrl_conformance.py --rl-root "
@@ -213,8 +216,18 @@ def conformance_table(res: Results) -> str:
         out += "\nCases TorchRL's class passes and ours does not, with the first error:\n\n"
         for node in failing:
             error = " ".join(str(errors.get(node, "")).split())[:160].replace("`", "'")
-            out += f"* ``{node.split('::', 1)[-1]}``" + (f": {error}" if error else "") + "\n"
+            out += f"* ``{node.split('::', 1)[-1]}``" + (f": {error}" if error else "") + repeat_note(repeated, node)
     return out
+
+
+def repeat_note(repeated: list[dict], node: str) -> str:
+    """How often each side passed case ``node`` in the latest ``--repeat`` run that ran it, as a sentence."""
+    for run in reversed(repeated):
+        runs, passed = run["repeats"]["runs"], run["repeats"]["passed"]
+        if all(node in passed.get(side, {}) for side in ("stock", "ours")):
+            return (f". Run {runs} times on each side, alternating ({run['date'][:10]}): TorchRL's class passed it "
+                    f"{passed['stock'][node]} times, ours {passed['ours'][node]}\n")
+    return "\n"
 
 
 def learning_table(data: dict, algo: str) -> str:

@@ -593,9 +593,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--first-errors", action="store_true",
                         help="add each failing case of ours with its exception line")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (each run's pytest.log)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the selection this many times on each side, alternating; the JSON adds each "
+                             "case's passes (a race in a test shows as passes below the runs)")
     args = parser.parse_args(argv)
     if not args.timeout_per_function > 0:
         parser.error(f"--timeout-per-function must be > 0, got {args.timeout_per_function}")
+    if args.repeat < 1:
+        parser.error(f"--repeat must be >= 1, got {args.repeat}")
     saved = None
     if args.stock_results is not None:
         if args.side == "stock":
@@ -651,12 +656,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         results: dict[str, dict[str, FunctionRun]] = {}
         wall: dict[str, float] = {}
-        for side in sides:
+        passes: dict[str, dict[str, int]] = {side: {} for side in sides}
+        for number, side in [(number, side) for number in range(args.repeat) for side in sides]:
             results[side], start = {}, time.monotonic()
             for test in tests:
-                run = run_function(root, test, side, cases[test], workdir, args.timeout_per_function,
+                run = run_function(root, test, side, cases[test], workdir / f"run{number}", args.timeout_per_function,
                                    rebind=rebind, verify=verify, plugin_dir=plugin_dir)
                 results[side][test] = run
+                for case, outcome in run.outcomes.items():
+                    passes[side][case] = passes[side].get(case, 0) + (outcome == "passed")
                 c = counts(run.outcomes)
                 print(f"[{side}] {test}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped "
                       f"({run.seconds:.0f} s)" + (f" CRASHED: {run.crashed}" if run.crashed else "")
@@ -667,6 +675,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.out.write_text(json.dumps(partial | {"complete": False}, indent=1) + "\n")
 
         summary, full = _summary(args, head, tests, cases, results, wall, saved)
+        if args.repeat > 1:  # the outcomes above are the last run's
+            summary["repeats"] = full["repeats"] = {"runs": args.repeat, "passed": passes}
         print(json.dumps(summary), flush=True)
         if args.out is not None:
             args.out.write_text(json.dumps(full, indent=1) + "\n")

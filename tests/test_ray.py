@@ -457,7 +457,9 @@ def test_a_node_lost_to_its_batch_call_and_its_ping_is_replaced_once():
     try:
         collector.allow_frames(1)  # one batch, then hold: both nodes' next batches wait, and the nodes are pinged
         assert collector.wait_for_frames(64, timeout=120)
-        assert wait_until(lambda: len(collector._pings) == 2 and "pid" in collector.node_hosts[1], timeout=60)  # noqa: SLF001
+        # both nodes have a finished batch waiting and are pinged: the second node's start-up (its worker's torch
+        # import) can take minutes on a loaded machine
+        assert wait_until(lambda: len(collector._pings) == 2 and "pid" in collector.node_hosts[1], timeout=180)  # noqa: SLF001
         lost = collector.remote_collectors[1]
         # the collection thread checks its nodes under its pacing lock: the order of the two failures is the test's
         with collector._delivered._cond:  # noqa: SLF001

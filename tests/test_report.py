@@ -90,6 +90,16 @@ def test_topics_not_measured_yet_say_so(results_copy):
     table = report.outputs(results_copy)[report.GENERATED / "conformance.rst"]
     assert report.NOT_MEASURED not in table
     assert "     - 88\n     - 2\n     - 53\n     - 0\n     - 2\n" in table
+    # a --repeat run of one case is not a row of the table: it says how often each side passed that case
+    (results_copy / "conformance" / "repeat.json").write_text(json.dumps({
+        "date": "2026-12-06T19:00:00+00:00", "commit": "ae9719f17b15", "torchrl": "0.14.1",
+        "stock": {"passed": 2, "failed": 0, "skipped": 0, "crashed": []},
+        "ours": {"passed": 2, "failed": 0, "skipped": 0, "crashed": []}, "pass_stock_not_ours": [],
+        "repeats": {"runs": 10, "passed": {"stock": {"a": 9}, "ours": {"a": 10}}}}))
+    repeated = report.outputs(results_copy)[report.GENERATED / "conformance.rst"]
+    assert repeated.count("     - 88\n") == 1 and repeated.count("   * - ") == table.count("   * - ")
+    assert ("* ``a``. Run 10 times on each side, alternating (2026-12-06): TorchRL's class passed it 9 times, ours 10\n"
+            in repeated) and "* ``b``\n" in repeated
 
 
 def test_gpu_results_fill_the_gpu_table(results_copy):

@@ -239,3 +239,38 @@ def test_saved_stock_results_of_another_checkout_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         tc.main(["--rl-root", str(root), "--side", "ours", "--stock-results", str(saved)])
     assert "--stock-results must be a file written by --out of a stock run" in capsys.readouterr().err
+
+
+def test_a_repeated_run_counts_each_sides_passes_of_a_case_that_passes_only_sometimes(tmp_path, capsys):
+    import json
+    import os
+
+    import pytest
+
+    # the test fails on its second run only: stock, ours, stock, ours
+    root = _checkout(tmp_path, """
+        import os
+        from pathlib import Path
+
+        from torchrl.collectors import MultiAsyncCollector
+
+        def test_sometimes():
+            assert MultiAsyncCollector is not None  # what makes it one of the selected tests
+            counter = Path(os.environ["RUN_COUNTER"])
+            runs = int(counter.read_text() or 0) + 1 if counter.exists() else 1
+            counter.write_text(str(runs))
+            assert runs != 2, "the second run fails"
+    """)
+    with pytest.raises(SystemExit):
+        tc.main(["--rl-root", str(root), "--repeat", "0"])
+    assert "--repeat must be >= 1, got 0" in capsys.readouterr().err
+    os.environ["RUN_COUNTER"] = str(tmp_path / "runs")
+    try:
+        tc.main(["--rl-root", str(root), "--repeat", "2", "--out", str(tmp_path / "out.json")])
+    finally:
+        del os.environ["RUN_COUNTER"]
+    saved = json.loads((tmp_path / "out.json").read_text())
+    case = f"{tc.TEST_FILE}::test_sometimes"
+    assert saved["repeats"] == {"runs": 2, "passed": {"stock": {case: 2}, "ours": {case: 1}}}
+    assert saved["outcomes"] == {"stock": {case: "passed"}, "ours": {case: "passed"}}  # the last run's
+
