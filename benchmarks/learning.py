@@ -93,6 +93,7 @@ WALLCLOCK_CANDIDATES: dict[str, list[str]] = {
     "buffer100k": ["replay_buffer.size=100000"],  # sac_utd1's buffer size, at 4 frames per update
     "nstep3": ["collector.multi_step=3"],  # n-step returns (TorchRL's MultiStep in the workers)
     "layernorm": ["network.use_layer_norm=true"],  # in every hidden layer, as BRO and SimBa, without their residuals
+    "bf16": ["optim.matmul_dtype=bf16"],  # the tensor-level loss's matmuls in bf16 (native on AVX512-BF16 / AMX)
 }
 
 #: CrossQ (``recipes/crossq.py``) screened at these critic widths (``network.critic_hidden_sizes``, two layers).

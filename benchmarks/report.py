@@ -216,7 +216,8 @@ def conformance_table(res: Results) -> str:
         out += "\nCases TorchRL's class passes and ours does not, with the first error:\n\n"
         for node in failing:
             error = " ".join(str(errors.get(node, "")).split())[:160].replace("`", "'")
-            out += f"* ``{node.split('::', 1)[-1]}``" + (f": {error}" if error else "") + repeat_note(repeated, node)
+            out += f"* ``{node.split('::', 1)[-1]}``" + (f": {error}" if error else "")
+            out += repeat_note(repeated, node) + "\n"
     return out
 
 
@@ -226,8 +227,8 @@ def repeat_note(repeated: list[dict], node: str) -> str:
         runs, passed = run["repeats"]["runs"], run["repeats"]["passed"]
         if all(node in passed.get(side, {}) for side in ("stock", "ours")):
             return (f". Run {runs} times on each side, alternating ({run['date'][:10]}): TorchRL's class passed it "
-                    f"{passed['stock'][node]} times, ours {passed['ours'][node]}\n")
-    return "\n"
+                    f"{passed['stock'][node]} times, ours {passed['ours'][node]}")
+    return ""
 
 
 def learning_table(data: dict, algo: str) -> str:
@@ -352,7 +353,8 @@ def ab_table(res: Results, key: str, what: str) -> str:
 #: its screening runs, one file per machine and session, each with its own run of the defaults.
 WALLCLOCK = {"sac": {"learning/wallclock.json": "Finalists", "learning/wallclock_screen.json": "Screening",
                      "learning/wallclock_screen_batch.json": "Screening: batch size, learning rate and buffer size",
-                     "learning/wallclock_crossq_screen.json": "Screening: CrossQ (recipes/crossq.py)"},
+                     "learning/wallclock_crossq_screen.json": "Screening: CrossQ (recipes/crossq.py)",
+                     "learning/wallclock_bf16_screen.json": "Screening: bf16 matmuls in the learner"},
              "td3": {"learning/wallclock_td3.json": "Finalists", "learning/wallclock_td3_screen.json": "Screening"}}
 #: The TorchRL script each algorithm's wall-clock suite is anchored to (``--algo torchrl_sac``): its file and title.
 WALLCLOCK_ANCHOR = {"sac": ("learning/wallclock_anchor.json", "TorchRL's own sota-implementations/sac/sac.py, its "
