@@ -706,6 +706,12 @@ AB_TABLES = {
                                 "benchmark script measuring both"),
     "dropin_torch_versions.rst": ("dropin/torch_2.13_vs_2.14.1.json",
                                   "Pattern 1's frames/s on torch 2.13.0 (CPU build) and 2.14.1"),
+    "collector_spec_core.rst": ("collector/before_after_84f3456_fc20456.json", "Each collector's env steps per "
+                                "second before and after the collector was split into a spec, set-up steps and one "
+                                "pacing core shared with the Ray collector"),
+    **{f"dropin_spec_core_{n}.rst": (f"dropin/before_after_84f3456_{b}.json", "Our collector's frames/s in the "
+                                     "three configurations of ``dropin_speedup.py`` before and after that split")
+       for n, b in ((1, "fc20456"), (2, "22a342e"))},
 }
 DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "collector.rst": collector_tables, "dropin.rst": dropin_tables, "sota_dropin.rst": sota_table,
