@@ -457,15 +457,23 @@ def test_a_node_lost_to_its_batch_call_and_its_ping_is_replaced_once():
     try:
         collector.allow_frames(1)  # one batch, then hold: both nodes' next batches wait, and the nodes are pinged
         assert collector.wait_for_frames(64, timeout=120)
-        # both nodes have a finished batch waiting and are pinged: the second node's start-up (its worker's torch
-        # import) can take minutes on a loaded machine
-        assert wait_until(lambda: len(collector._pings) == 2 and "pid" in collector.node_hosts[1], timeout=180)  # noqa: SLF001
+        # both nodes have a finished batch waiting, so each is pinged in turn (an idle node's ping is in flight
+        # every other pass, so the two need not be in flight at once): the second node's start-up (its worker's
+        # torch import) can take minutes on a loaded machine
+        pinged: set[int] = set()
+
+        def both_nodes_pinged() -> bool:
+            pinged.update(idx for idx, _ in list(collector._pings.values()))  # noqa: SLF001
+            return pinged == {0, 1} and "pid" in collector.node_hosts[1]
+
+        assert wait_until(both_nodes_pinged, timeout=180)
         lost = collector.remote_collectors[1]
         # the collection thread checks its nodes under its pacing lock: the order of the two failures is the test's
         with collector._delivered._cond:  # noqa: SLF001
-            ray.wait(list(collector._pings), num_returns=2, timeout=60)  # noqa: SLF001
-            collector._watch_nodes()  # noqa: SLF001  the live nodes' answers: no ping left in flight
-            assert not collector._pings and collector.node_restarts == [0, 0]  # noqa: SLF001
+            pings = collector._pings  # noqa: SLF001
+            ray.get(list(pings), timeout=60)  # both nodes are alive: they answer what is in flight
+            pings.clear()  # taken here, so no ping is left in flight when node 1 is killed
+            assert collector.node_restarts == [0, 0]
             os.kill(actor_pid(collector.node_hosts[1]), signal.SIGKILL)
             collector._watch_nodes()  # noqa: SLF001  pings both nodes; node 1's answer is not in yet
             batch_call = lost.next.remote()  # what the learner asks a node for after taking its batch
