@@ -216,6 +216,19 @@ def run_captured(cmd: Sequence[str], *, timeout: float, cwd: Path | None = None,
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def with_pythonpath(*paths: str | Path, **env: str) -> dict[str, str]:
+    """``os.environ`` with ``paths`` ahead of its ``PYTHONPATH`` (this checkout's torchrl_unilab before an editable
+    install of another one), updated with ``env``.
+
+    Example::
+
+        >>> with_pythonpath("/repo", MUJOCO_GL="egl")["PYTHONPATH"].split(os.pathsep)[0]
+        '/repo'
+    """
+    entries = [str(p) for p in paths if p] + [os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, **env, "PYTHONPATH": os.pathsep.join(e for e in entries if e)}
+
+
 # --------------------------------------------------------------- the checkout
 def git(args: Sequence[str], **kwargs) -> str:
     """``git *args``'s output, stripped; raises :class:`subprocess.CalledProcessError` when it fails."""

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import kill_now, provenance
+from common import kill_now, provenance, with_pythonpath
 from tensordict.nn import TensorDictModule
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.data import LazyTensorStorage, ReplayBuffer
@@ -150,7 +150,7 @@ def run_in_subprocess(name: str, args: argparse.Namespace) -> tuple[dict | None,
                str(args.workers), "--envs", str(args.envs), "--frames-per-batch", str(args.frames_per_batch)]
     # The child imports the torchrl_unilab this process imported (a checkout, not another install).
     package_root = os.path.dirname(os.path.dirname(torchrl_unilab.__file__))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    env = with_pythonpath(package_root)
     stderr = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
                             env=env)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import sys
@@ -25,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import git, provenance, run_captured
+from common import git, provenance, run_captured, with_pythonpath
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The recipe's last line (trainers/run.py ``RecipeRun.finish``).
@@ -41,7 +40,7 @@ def clone_head(repo: Path, into: Path) -> str:
 
 def run_recipe(clone: Path, config_name: str, seed: int, overrides: list[str], timeout: float) -> dict:
     """One ``python recipes/sac.py`` in ``clone``: its wall-clock minutes, final return, frames and updates."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(clone), os.environ.get("PYTHONPATH")]))}
+    env = with_pythonpath(clone)
     command = [sys.executable, "recipes/sac.py", *(["--config-name", config_name] if config_name != "sac" else []),
                f"env.seed={seed}", *overrides]
     start = time.perf_counter()

@@ -27,14 +27,13 @@ import ast
 import dataclasses
 import importlib.metadata
 import json
-import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from common import first_error, open_rl, provenance, run_in_own_group, shm_entries, shm_left
+from common import first_error, open_rl, provenance, run_in_own_group, shm_entries, shm_left, with_pythonpath
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SWAP_TARGET = "torchrl_unilab.OffPolicyCollector"
@@ -382,12 +381,10 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     except (OSError, RuntimeError, SyntaxError) as err:
         return Result("failed", 0.0, error=f"{type(err).__name__}: {err}")
     cmd = command_for(script, budget, trainer_collector, trainer_import, stock, extra)
-    env = dict(os.environ, HYDRA_FULL_ERROR="1", WANDB_MODE="disabled", PYTHONFAULTHANDLER="1")
+    env = with_pythonpath(REPO_ROOT, HYDRA_FULL_ERROR="1", WANDB_MODE="disabled", PYTHONFAULTHANDLER="1")
     if script.renders:  # headless: EGL unless the user chose a GL backend
         env.setdefault("MUJOCO_GL", "egl")
         env.setdefault("PYOPENGL_PLATFORM", env["MUJOCO_GL"])
-    # This repository's torchrl_unilab first, ahead of any editable install of another checkout.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     # What the scripts leave in the temporary directory (multiprocessing's pymp-* folders, sac-async's memmapped
     # buffer) goes with the work directory.
     env["TMPDIR"] = str(folder / "tmp")

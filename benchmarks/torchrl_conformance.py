@@ -50,7 +50,7 @@ from typing import Any
 # that the benchmarks' own module names shadow nothing.
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
-from common import GroupRun, git, open_rl, run_in_own_group, shm_entries, shm_left  # noqa: E402
+from common import GroupRun, git, open_rl, run_in_own_group, shm_entries, shm_left, with_pythonpath  # noqa: E402
 
 BENCHMARKS = Path(__file__).resolve().parent
 REPO_ROOT = BENCHMARKS.parent
@@ -453,17 +453,13 @@ def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout
     # The tests' temporary files go with this directory. Short: multiprocessing's sockets live there, and an
     # AF_UNIX path has at most 107 bytes.
     tmp = Path(tempfile.mkdtemp(prefix="tcf_"))
-    env = dict(os.environ, PYTHONFAULTHANDLER="1", TMPDIR=str(tmp))
     site = ""
     if side == "ours":  # the rebinding in the scripts the tests run (install_script_hook)
         (tmp / "site").mkdir()
         (tmp / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
         site = str(tmp / "site")
-    # This repository's torchrl_unilab first (ahead of an editable install elsewhere), and the plugin.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), str(plugin_dir), site,
-                                                    os.environ.get("PYTHONPATH", "")) if p)
-    env.update({ENV_SIDE: side, ENV_LOG: str(events_path), ENV_REBIND: ",".join(rebind),
-                ENV_VERIFY: ",".join(verify)})
+    env = with_pythonpath(REPO_ROOT, plugin_dir, site, PYTHONFAULTHANDLER="1", TMPDIR=str(tmp), **{
+        ENV_SIDE: side, ENV_LOG: str(events_path), ENV_REBIND: ",".join(rebind), ENV_VERIFY: ",".join(verify)})
     ini = ["-c", str(root / "pytest.ini")] if (root / "pytest.ini").is_file() else []
     command = [sys.executable, "-m", "pytest", *ini, "--rootdir", str(root), "-p", PLUGIN, "-p", "no:cacheprovider",
                "-q", *args]

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 import tempfile
 from pathlib import Path
 
-from common import first_error, run_in_own_group
+from common import first_error, run_in_own_group, with_pythonpath
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("dist", "rpc", "sync")
@@ -93,8 +92,7 @@ def run(kind: str, class_name: str, timeout: float, workdir: Path) -> dict:
     """One run in its own process group: the child's figures, or how it failed."""
     log = workdir / f"{kind}_{class_name}.log"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, class_name, str(free_port())]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH"))
-                                                      if p))
+    env = with_pythonpath(REPO_ROOT)
     outcome = run_in_own_group(cmd, workdir, env, log, timeout)
     output = log.read_text(errors="replace")
     lines = [line for line in output.splitlines() if line.startswith("{")]
