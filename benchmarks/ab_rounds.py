@@ -1,15 +1,11 @@
 """One benchmark on two builds, in alternating rounds: another torch, or the code before a change.
 
-A side is an interpreter and a checkout of this repository (``PYTHON`` or ``PYTHON@REPO``; the repository defaults
-to this one). Each round runs the benchmark script once per side, in alternating order (A B, B A, ...), so that load
-on the machine weighs on both alike. Prints one JSON line: each side's torch version and commit, each compared key's
-median over its rounds (``<key>_a``, ``<key>_b``), and ``ratio_<key>``, the median over rounds of B over A within the
-round, with ``ratios_<key>`` (each round's) and, from 3 rounds, ``ratio_<key>_interval``: a 90 % percentile-bootstrap
-interval of that median. ``--out FILE`` also writes the line to ``FILE`` (``benchmarks/results/<topic>/``).
+Run::
 
-    # dropin_speedup.py before (a clone in /tmp/before) and after a change, with B's script (A's lacks --configs)
-    python benchmarks/ab_rounds.py --a python@/tmp/before --b python --benchmark dropin_speedup --script-from b \\
-        --keys p2_offpolicy_fps,fast_path_fps -- --rounds 1 --configs p2_offpolicy fast_path
+    python benchmarks/ab_rounds.py --a PYTHON[@REPO] --b PYTHON[@REPO] --benchmark NAME --keys KEY,... [--out FILE] \\
+        -- BENCHMARK_ARGS
+
+See ``benchmarks/README.md``, section "One benchmark on two builds".
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Collection throughput on HalfCheetah-v5: the simulators, TorchRL, and OffPolicyCollector on both engines.
 
-Env steps per second, in alternating rounds (every collector alive and paused between its rounds, windows on batch
-boundaries) so that a shared machine's drifts weigh on all alike:
-
-* ``raw``: a single-process gymnasium loop with random actions, the row every ratio is to;
-* ``bare_mujoco``, ``envpool``, ``envpool_env``: 16 ``MjData`` in a Python loop, EnvPool alone (one thread), our
-  :class:`~torchrl_unilab.EnvPoolEnv` alone, random actions;
-* ``torchrl_collector``: TorchRL's ``Collector`` over ``GymEnv(num_envs=16)``;
-* ``offpolicy_*``: ``OffPolicyCollector`` with the 512-wide LayerNorm SAC actor writing into a shared buffer: 1 worker
-  x 16 envs on gymnasium, on EnvPool with 16 and 64 envs, with ``lanes=2``, and 2 workers x 16 envs;
-* ``actor_us_per_env``: the actor alone right after an EnvPool step and warm, per env.
-
-``--task ID`` (``Go1JoystickFlatTerrain-v1``, ``CheetahRun-v1``) measures EnvPool alone, ``EnvPoolEnv`` alone and one
-worker x 16 envs on that task, and one worker x 64 envs in two lanes against EnvPool alone on 64 envs.
-
 Run::
 
     python benchmarks/collector_throughput.py [--rounds 5] [--seconds 3] [--group all|lanes] [--task ID]
     python benchmarks/collector_throughput.py --out benchmarks/results/collector/halfcheetah.json
 
-One JSON line (``benchmarks/README.md`` lists its keys): rates are medians over rounds, ratios medians of per-round
-ratios. ``--out FILE`` also writes the figures the docs show (:func:`results_file`).
+See ``benchmarks/README.md``, section "Collection throughput". ``--out`` writes :func:`results_file`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """Drop-in speed-up: TorchRL's collectors against OffPolicyCollector, with TorchRL's own env stack.
 
-TorchRL's SAC scripts' two usage patterns on HalfCheetah-v5, with the sota env stack (``SerialEnv`` of ``GymEnv`` +
-``InitTracker``, ``StepCounter``, ``DoubleToFloat``, ``RewardSum``) and the sota actor (256x256 MLP, TanhNormal),
-``MultiAsyncCollector`` against ``OffPolicyCollector`` (which runs the stack on EnvPool, ``engine="auto"``):
+Run: ``python benchmarks/dropin_speedup.py [--rounds 3] [--seconds 6] [--workers 2] [--envs 4] [--engine-torchrl]``
 
-* pattern 1 (``sac.py``): iterate and get batches (target >= 3x);
-* pattern 2 (``sac-async.py``): after ``start()`` the workers write into a shared ``ReplayBuffer(LazyTensorStorage,
-  shared=True)`` (target >= 4x);
-* ``fast_path``: pattern 2 with ``OffPolicyCollector("HalfCheetah-v5", ...)``, our gymnasium-id env;
-* ``--engine-torchrl`` adds ``p2_offpolicy_torchrl_engine``: pattern 2 with the stack as given (``engine="torchrl"``).
-
-Frames per second over a window that starts after the first batch. Each configuration runs in a subprocess of its
-own, killed after ``--timeout`` s: ``MultiAsyncCollector`` can hang at interpreter exit, and a hung or failed run is
-recorded under ``"problems"`` (a run that hangs after reporting its rate keeps it). Alternating rounds; rates are
-medians over rounds, ratios medians of per-round ratios.
-
-Run: ``python benchmarks/dropin_speedup.py [--rounds 3] [--seconds 6] [--workers 2] [--envs 4]``
-(``--configs p2_offpolicy fast_path``: only those, e.g. for ``ab_rounds.py``;
-``--out benchmarks/results/dropin/dropin_speedup.json``: also the figures the docs show, :func:`results_file`)
+See ``benchmarks/README.md``, section "Drop-in speed-up". ``--out`` writes :func:`results_file`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Faults survived: real SIGKILLs and SIGTERMs against the buffer, the collector and the recipe.
 
-* ``buffer_kills``: a process extending the full shared buffer with id-stamped batches is SIGKILLed at random
-  moments, again and again, while the learner samples: kills inside a write, the longest ``sample()``, torn rows.
-* ``worker_kills``: an ``OffPolicyCollector`` worker is SIGKILLed at a random moment while the learner samples:
-  the longest time until the learner gets the ``WorkerError``, the longest ``sample()``, torn rows.
-* ``cycles``: create / collect / shutdown cycles; the residue left (``/dev/shm`` entries, file descriptors,
-  threads, child processes, temp dirs).
-* ``learner_kill``: the learner is SIGKILLed during collection; the time until all its workers are gone, and the
-  residue once the next collector starts.
-* ``recipe_sigterm``: ``recipes/sac.py`` gets SIGTERM; exit time, checkpoint, residue, and whether ``resume=``
-  restores the buffer exactly.
-* ``recipe_soak`` (``--soak-minutes``, ``--ray-soak-minutes``): the SAC recipe with restarts on, a worker (or a
-  Ray node actor) SIGKILLed again and again, an undisturbed run beside it; kills, restarts, frames lost, torn
-  rows, the learner's longest stall, both final returns.
+Run ``python benchmarks/faults.py`` (the CI variant), ``--minutes 60`` (a soak of the kill cases) or
+``--soak-minutes 20 --ray-soak-minutes 10`` (the recipe's soaks).
 
-Run ``python benchmarks/faults.py`` (CI variant, about 2 minutes), ``--minutes 60`` for a soak (the kill cases
-repeat until the time is spent), or ``--soak-minutes 20 --ray-soak-minutes 10`` for the recipe's. The last line
-printed is one JSON object; ``--out FILE`` also writes its figures as ``benchmarks/report.py`` reads them:
-``faults/faults.json`` (:func:`results_file`), or with both soaks ``faults/soak.json`` (:func:`soak_results_file`).
+See ``benchmarks/README.md``, section "Faults survived". ``--out`` writes :func:`results_file`, or with both soaks
+:func:`soak_results_file`.
 """
 
 from __future__ import annotations
@@ -523,11 +510,8 @@ def _summary(proc, run_dir: Path, log: Path, size: int, frames: int) -> dict:
 def recipe_soak(minutes: float, *, frames: int | None = None, seed: int = 0, backend: str = "local") -> dict:
     """The SAC recipe on HalfCheetah-v5, a worker (``backend="ray"``: a node actor) SIGKILLed again and again.
 
-    Local: 2 workers, a kill every 20-40 s, and an undisturbed run at the same settings and seed beside it
-    (concurrently, so both share the machine alike). Ray: 2 node actors of 1 worker on a local cluster, a node
-    actor killed every 60 s, no run beside it. ``frames`` defaults to what a 2-core machine collects in ``minutes``
-    at the recipe's defaults: 430 frames/s for each of two runs side by side, 400 on Ray. Torn rows are counted
-    in the final buffer, which holds every row ever sampled (it never wraps).
+    ``frames`` defaults to what 2 cores collect in ``minutes`` (430 frames/s a run, 400 on Ray). The settings and
+    the figures returned: ``benchmarks/README.md``, section "Faults survived" (``recipe_soak``, ``ray_soak``).
     """
     ray = backend == "ray"
     frames = -(-(frames or int(minutes * 60 * (400 if ray else 430))) // 1024) * 1024  # whole batches of every worker

@@ -1,18 +1,9 @@
 """One command that turns a GPU machine (one GPU, 16 cores) into figures.
 
-Within about 8 minutes (``--budget-s``) it runs the other benchmarks' functions as parts, each a key of its one
-JSON line: ``machine``, ``learner_ups``, ``sample_ms``, ``publish_ms``, ``e2e_fps``, ``collector_scaling``,
-``dropin_sac_cuda`` (given ``--rl-root``), ``collector_lanes`` (last, in what the budget leaves), and ``parts``
-(each part's status and seconds); ``benchmarks/README.md`` describes each key. Each part runs in a process forked
-from this one (which never touches CUDA), in its own session and with its own timeout, after which its process
-group is killed. A part writes its figures as it gets them, so one that fails or times out keeps what it measured.
-
     python benchmarks/gpu_check.py [--rl-root ~/src/rl] [--out h200_2026-12-04.json]
     python benchmarks/gpu_check.py --device cpu --quick
 
-``--device cpu --quick`` runs every part on CPU in tiny sizes (the compiled variants are built, not run), so that
-the script's own bugs show without a GPU. ``--out FILE`` also writes the JSON to ``benchmarks/results/gpu/FILE``
-(a path with a directory is taken as it is).
+See ``benchmarks/README.md``, section "The GPU machine's first command".
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Learner throughput: the recipe's SAC update against TorchRL's loop and the machine's limit, and end to end.
 
-Gradient updates per second (batch 256, 256x256 networks, HalfCheetah-v5 sizes, one torch thread unless a key
-says ``_2t``), the variants in alternating blocks (median block rate): TorchRL's sota SAC loop, the SAC recipe's
-update (with ``SACLoss``, with its tensor-level loss, compiled), the TD3 recipe's; the machine's limit (an
-update's matrix products at the best ``torch.mm`` rate); ``recipes/sac.py`` end to end at ``utd_ratio=1``
-against Stable-Baselines3's SAC (needs the ``bench`` extra). ``--device cuda`` measures a learner on a GPU
-(collection stays on CPU workers): eager, compiled and CUDA-graph updates, pinned sampling, a weight publish,
-the recipe end to end, beside LeanRL's H100 figures.
-
 Run::
 
-    python benchmarks/learner_throughput.py [--blocks 12] [--block-updates 20] [--e2e-frames 3000]
-                                            [--e2e-rounds 2] [--no-compile] [--no-sb3] [--prefetch] [--profile]
+    python benchmarks/learner_throughput.py [--blocks 12] [--block-updates 20] [--e2e-frames 3000] [--no-compile]
     python benchmarks/learner_throughput.py --device cuda [--block-updates 200] [--e2e-frames 20000]
     python benchmarks/learner_throughput.py --batch-sizes 256 512 1024 2048 [--buffer-rows 1000000]
-    python benchmarks/learner_throughput.py --matmul-dtype bf16 --e2e-frames 0 --no-compile --no-sb3
-    python benchmarks/learner_throughput.py --crossq-widths 256 512 1024 --e2e-frames 0 --no-sb3
 
-It prints one JSON line; ``benchmarks/README.md`` lists every key and option.
+See ``benchmarks/README.md``, section "Learner throughput". It lists every key and option.
 """
 
 from __future__ import annotations

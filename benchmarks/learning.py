@@ -1,27 +1,10 @@
 """Learning benchmark: seeded trainings of the recipes, their evaluation returns, tables and learning curves.
 
-Each run is ``recipes/<algo>.py`` called in-process with Hydra overrides, Stable-Baselines3's SAC or TD3 (the
-``sb3_*`` tasks; the ``bench`` extra) or TorchRL's own ``sac.py`` (``torchrl_sac``, from ``--rl-root``), evaluated on
-deterministic episodes from fixed seeds. Suites (:data:`SUITES`): ``pendulum`` and ``halfcheetah`` (returns against
-a target), ``robot`` (CheetahRun, WalkerWalk, Go1 with the privileged and the symmetric critic), ``td3`` and ``sb3``
-(the recipe against SB3 on HalfCheetah-v5, 100k frames; :data:`SB3_TARGETS`), ``wallclock`` (return against minutes,
-SB3 the reference: ``wallclock.py``) and ``go1_gpu`` (Go1 on one GPU and 16 cores: when it walks, per critic). The
-100k-frame suites take hours on 2 CPU cores.
-
 Run::
 
     python benchmarks/learning.py --suite pendulum [--seeds 0 1 2]
-    python benchmarks/learning.py --suite td3 --algo td3 --seeds 0       # one side, one seed (--algo sb3_td3)
-    python benchmarks/learning.py --suite td3 --reuse --reruns DIR2 DIR3 # the tables from the runs done, and
-                                                                         # their targets against other runs
-    python benchmarks/learning.py --suite robot --task CheetahRun --seeds 0 --set optim.num_threads=1
-    python benchmarks/learning.py --suite wallclock --algo sac --task defaults utd1 --seeds 0 1 2 3 4 --minutes 23 \
-        --reuse --sb3-reference benchmarks/results/learning/sac_vs_sb3.json
-    python benchmarks/learning.py --suite go1_gpu --minutes 5               # on the GPU machine
 
-It prints one JSON line per task and writes to ``--out``: ``results.md``/``.csv``, the learning curves (``*.png``),
-per-seed tables (``*_table.rst``) and each suite's report (``<algo>_vs_sb3.md``, ``robot.json``, ``wallclock*``,
-``go1_gpu*``), which ``benchmarks/report.py`` reads from ``benchmarks/results/``.
+See ``benchmarks/README.md``, section "Learning". It lists the suites (:data:`SUITES`), options and output files.
 """
 
 from __future__ import annotations
@@ -338,12 +321,10 @@ def run_sb3(task: Task, seed: int) -> dict:
 
 
 def run_torchrl_script(task: Task, seed: int, run_dir: Path) -> dict:
-    """TorchRL's own script (:data:`TORCHRL_SCRIPTS`, in ``task.rl_root``) as its user runs it, for ``task.minutes``
-    of its main loop, its process group killed then: its defaults but the env, the seed, the csv logger
-    (:data:`TORCHRL_CSV_BOOT`), an evaluation every :data:`SB3_EVAL_EVERY` frames and ``task.overrides``.
-
-    Its evaluations (``eval/reward``) are timed as their rows reach its csv log, on a clock from its main loop's start
-    (its first progress bar) less its evaluation rollouts (``time/eval``), as a recipe's clock leaves out its own.
+    """TorchRL's own script (:data:`TORCHRL_SCRIPTS`, in ``task.rl_root``) run for ``task.minutes`` of its main loop,
+    with the csv logger (:data:`TORCHRL_CSV_BOOT`) and an evaluation every :data:`SB3_EVAL_EVERY` frames; returns a
+    run's result (``final_return``, ``curve``, ``snapshots``, ...) on its own clock, which leaves out its
+    evaluations. How it is run and timed: ``benchmarks/README.md``, section "Learning".
     """
     from omegaconf import OmegaConf
 

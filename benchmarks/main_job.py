@@ -1,16 +1,8 @@
 """Main job: README's ``python recipes/sac.py``, timed on a fresh clone.
 
-Clones this repository's committed ``HEAD`` into a temporary directory (what a new user gets: no build outputs, no
-run directories) and runs ``python recipes/sac.py env.seed=S`` there once per seed, one after the other, with the
-clone's ``torchrl_unilab`` first on the path. Each run is timed from start to exit (start-up, the final evaluation and
-checkpoint included); its final return is read from the recipe's last line. The clone is removed afterwards.
-
     python benchmarks/main_job.py --seeds 0 1                       # writes benchmarks/results/main_job/sac.json
-    python benchmarks/main_job.py --config-name sac_utd1 --seeds 0 1 --out /tmp/utd1.json
-    python benchmarks/main_job.py --seeds 0 --set collector.total_frames=10000 --out /tmp/try.json   # a try
 
-Prints one JSON line and writes it to ``--out``: minutes and final return per seed, their means, ``stated_minutes``
-(README's "about N minutes", the mean to one decimal, for ``benchmarks/report.py``) and the commit measured.
+See ``benchmarks/README.md``, section "The main job".
 """
 
 from __future__ import annotations

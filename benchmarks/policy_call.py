@@ -1,18 +1,8 @@
 """Policy call in the worker loop: TensorDict call against the tensor-level fast path.
 
-What a collector worker does between two batches of MuJoCo steps: act for ``--envs`` envs with the exploration policy
-(SAC: the TanhNormal actor and its action projection; TD3: the deterministic actor and per-env mixed noise), on
-HalfCheetah-v5 sizes and the collector's default actor, on one torch thread, under ``no_grad`` and
-``ExplorationType.RANDOM``:
-
-* ``tensordict``: ``policy(td)``, as TorchRL's collectors call it;
-* ``fast``: :func:`torchrl_unilab.modules._fast_policy.tensor_policy` on a dict of tensors, what
-  :class:`~torchrl_unilab.OffPolicyCollector`'s workers run.
-
-``--cold`` evicts the caches before each call by touching a buffer as large as a worker's MuJoCo working set. The
-variants alternate round by round; prints each one's median calls per second and their ratio, then one JSON line.
-
     python benchmarks/policy_call.py [--envs 16] [--rounds 7] [--seconds 1.0] [--cold]
+
+See ``benchmarks/README.md``, section "Policy call in the worker loop".
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Collection through Ray against the local collector, on one machine: the overhead of the Ray path.
 
-One JSON line per batch size, on HalfCheetah-v5 with the recipes' SAC actor (256x256):
-
-* ``local_fps``: :class:`~torchrl_unilab.OffPolicyCollector`, 2 workers x ``num_envs`` into a shared buffer;
-* ``ray_fps``: :class:`~torchrl_unilab.collectors.ray_collector.RayOffPolicyCollector` with the same total, 2 nodes
-  (Ray actors) x 1 worker x ``num_envs``, whose batches this process receives and extends into its own buffer;
-* ``ray_buffer_fps``: the same nodes writing straight into a ``RayReplayBuffer``;
-* ``ray_over_local`` / ``ray_buffer_over_local``: medians of per-round ratios (target >= 0.8);
-* ``bytes_per_frame``: tensor bytes of one transition; ``serialized_bytes_per_frame``: as Ray pickles a batch;
-* ``receive_us_per_frame``: the learner's cost of a received frame (``ray.get`` of a finished batch and ``extend``)
-  in the ``ray`` rounds; ``receive_us_per_frame_1000d``: the same with 1,000-dim observations, from another actor;
-* ``sample_ms_local`` / ``sample_ms_ray_buffer``: one 256-row ``sample()`` from each buffer.
-
-The three collectors stay alive side by side, measured in alternating rounds and held back between their rounds
-with ``allow_frames``. A round times ``--frames`` frames from a batch boundary; a node's batch in flight counts in
-it, so rounds must be long against ``2 x frames_per_batch``.
-
 Run: ``python benchmarks/ray_scaling.py [--rounds 5] [--frames 32768] [--num-envs 8] [--frames-per-batch 64 512]``
-(each batch size on a Ray session of its own; ``--out FILE``: also the figures the docs show, :func:`results_file`)
+
+See ``benchmarks/README.md``, section "Ray scaling", for the JSON line's keys. ``--out`` writes
+:func:`results_file`.
 """
 
 from __future__ import annotations
@@ -116,7 +102,8 @@ def sample_ms(buffer, repeats: int = 50) -> float:
 
 
 def measure(fpb: int, rounds: int, frames: int, n: int) -> dict:
-    """One batch size of ``fpb`` frames, on a Ray session of its own: the JSON line's figures (the module docstring)."""
+    """One batch size of ``fpb`` frames, on a Ray session of its own: the JSON line's figures (``benchmarks/README.md``,
+    section "Ray scaling")."""
     ray.init(num_cpus=2, include_dashboard=False)
     common = dict(frames_per_batch=fpb, total_frames=-1, seed=0)
     local_rb, ray_rb = make_replay_buffer(1_000_000), make_replay_buffer(1_000_000)

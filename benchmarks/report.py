@@ -1,16 +1,11 @@
 """Turn the saved results (``benchmarks/results/<topic>/*.json``) into README's and the docs' tables and plots.
 
-Each figure lives in one results file, with the date, command, machine and torch version of the run that measured
-it. This script is the only writer of README.md's marked blocks (``<!-- report:headline -->``, the headline table,
-and ``report:main-job``, its main-job sentence), of ``docs/results/generated/*.rst`` (the tables the results pages
-include, and ``figures.rst``: substitutions such as ``|main_job_minutes|`` for any page) and of the learning curves
-and bar charts in ``docs/_static/results/``. Topics not measured yet (``gpu/``, ``conformance/``) render as
-"not yet measured"; ``tests/test_report.py`` fails on a stale file.
-
 Run::
 
     python benchmarks/report.py           # rewrite them all
     python benchmarks/report.py --check   # exit 1 and name each stale file; writes nothing
+
+See ``benchmarks/README.md``, section "Results files and the report".
 
 Examples:
     >>> sorted(p.name for p in outputs() if p.suffix == ".md")

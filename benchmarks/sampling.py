@@ -1,13 +1,8 @@
 """Batch sampling: ``rb.sample()`` and ``BufferSampler`` (uniform and prioritized) against a bare gather.
 
-The recipes draw each batch with :class:`~torchrl_unilab.data.buffer_sampler.BufferSampler`: the buffer's own
-sampler picks the rows (``replay_buffer.prb=true``: prioritized) and only the keys the losses read are copied. The
-baseline is the lower bound: ``torch.randint`` and one ``index_select`` per key into tensors allocated once, under the
-buffer's lock. A full buffer of ``--rows`` rows (the SAC recipe's holds 1,000,000) with the collector's keys
-(HalfCheetah-v5 sizes), one torch thread, alternating blocks (medians); the ``prb_`` variants include the batch's
-``update_priority``. Prints one JSON line.
-
     python benchmarks/sampling.py [--blocks 15] [--block-samples 50] [--rows 100000] [--batch-size 256]
+
+See ``benchmarks/README.md``, section "Batch sampling".
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """TorchRL's own off-policy scripts and trainers, run with ``OffPolicyCollector`` swapped in.
 
-Given a pytorch/rl checkout, this runs the off-policy scripts of its ``sota-implementations`` and its
-``sac``/``td3``/``ddpg`` trainers (:data:`SCRIPTS`) for a few thousand frames, with the collector class replaced in
-a temporary copy (:func:`prepare` lists every substitution), each in a subprocess with a timeout (:func:`run_one`):
-``ok``, or the first error. ``--stock`` runs the same commands without the swap, a control that tells TorchRL's
-own failures from ours. The exit code is 0 only if every script passed.
-
 Run::
 
     python benchmarks/sota_dropin.py --rl-root ~/src/rl                      # a work tree of pytorch/rl
-    python benchmarks/sota_dropin.py --rl-root /path/to/rl.git               # a bare git dir: HEAD is used
     python benchmarks/sota_dropin.py --rl-root ~/src/rl --only sac,td3,sac_trainer --frames 3000 -v
-    python benchmarks/sota_dropin.py --rl-root ~/src/rl --only td3 --frames 40000 --set logger.eval_iter=10000 --keep
 
-It prints one line per script, then one JSON line (``--out``: a results file in ``benchmarks/results/dropin/``)::
-
-    sac/sac.py: ok (95 s)
-    ddpg/ddpg.py: FAILED: ValueError: ... (the exception line of the last traceback)
-    {"benchmark": "sota_dropin", "torchrl": "0.14.1", "commit": "...", "results": {...}}
+See ``benchmarks/README.md``, section "TorchRL's own scripts, collector swapped". It lists every substitution and
+override (:func:`prepare`, :data:`SCRIPTS`).
 """
 
 from __future__ import annotations
@@ -301,27 +290,10 @@ class Result:
 def prepare(script: Script, sota: Path, workdir: Path, stock: bool) -> tuple[Path, list[str], list[str]]:
     """Copies the script's folder under ``workdir`` and substitutes there: ``(folder, swaps, edits)``.
 
-    These are the only changes to TorchRL's code, all in that temporary copy; ``--stock`` makes all but the swap.
-
-    * The collector class (:func:`swap_collector_imports`): each ``from torchrl.collectors import`` of a class of
-      :data:`COLLECTOR_CLASSES` gets ``; from torchrl_unilab import OffPolicyCollector as <name>`` on the same
-      line (names used only as types, like ``BaseCollector``, stay). REDQ's collector helpers (:data:`HELPERS`) are
-      rebound to ``torchrl.trainers.helpers.collectors._make_collector`` with our class, keeping their arguments.
-    * The trainers take no code change but a hydra override (:func:`command_for`):
-      ``collector._target_=torchrl_unilab.OffPolicyCollector``, or ``collector=NAME`` with ``--trainer-collector
-      NAME`` (a config-store name; ``--trainer-import MODULE`` for one that only an import registers).
-    * TorchRL's bugs that no override reaches (:class:`TextEdit`, printed with its reason when applied): in
-      ``sac-async.py`` (:data:`SAC_ASYNC_EDITS`) its hard-coded ``"cuda:1"`` (kept on a machine with two GPUs),
-      ``total_iter = 1000`` (made 1), the unset ``compile_mode_collector`` and the discarded ``ParallelEnv`` left
-      open; in ``sac.py``'s prb path (:data:`SAC_PRB_EDITS`) ``update_priority``, made ``update_tensordict_priority``.
-
-    Everything else is a hydra override (:data:`SCRIPTS`; ``-v`` prints each command line): ``--frames`` frames
-    (a third random, batches of a sixth), the logger off, a buffer of twice the frames, evaluation at half the
-    frames, ``--utd`` updates per frame, at most ``--envs`` envs per batched env (8 or 16 env processes do not fit
-    2 cores), and ``env.library=gymnasium`` where it says ``gym``. Devices and compile are the scripts' own
-    (``--compile`` turns on ``compile.compile``), but for the ``td3_trainer``'s stock ``mps``, made ``cpu``. REDQ's
-    recorder renders pixels whatever its config says, so it runs with ``MUJOCO_GL=egl`` (Debian: ``libegl1``)
-    unless ``MUJOCO_GL`` is set (e.g. ``osmesa``, with ``libosmesa6``).
+    ``swaps``: the collector imports swapped (:func:`swap_collector_imports`; none with ``stock`` or for a trainer,
+    which swaps through :func:`command_for`'s override); ``edits``: the :class:`TextEdit` descriptions applied.
+    :class:`RuntimeError` if a script's folder has no collector import to swap. Every substitution is listed in
+    ``benchmarks/README.md``, section "TorchRL's own scripts, collector swapped".
     """
     folder = workdir / script.name
     shutil.copytree(sota / script.folder, folder)
@@ -371,10 +343,8 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     """Runs one script in its own process group (:func:`common.run_in_own_group`), its output into
     ``<workdir>/<name>/sota_dropin.log``; never raises for the script's failures.
 
-    A subprocess, because a hydra program expects to own its process, TorchRL's pieces can hang at exit, and a
-    crash must not take the benchmark with it. A ``/dev/shm`` entry left by the run is reported, not removed
-    (another job may have made it). A run whose exit comes more than ``exit_within`` seconds after its last output
-    (its progress bar writes at every update) fails.
+    A run whose exit comes more than ``exit_within`` seconds after its last output fails; a ``/dev/shm`` entry it
+    leaves is reported in the result's notes, not removed.
     """
     try:
         folder, swaps, edits = prepare(script, sota, workdir, stock)

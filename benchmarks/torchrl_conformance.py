@@ -1,23 +1,11 @@
 """TorchRL's own collector tests, run with ``OffPolicyCollector`` in place of ``MultiAsyncCollector``.
 
-Runs the tests of a pytorch/rl checkout's ``test/test_collectors.py`` that use ``MultiAsyncCollector`` (copied into
-a temporary directory; :func:`select_tests`, less the ``MultiSyncCollector`` cases: :func:`is_left_out`) with
-TorchRL's class (``stock``) and with ours bound to its name by this module as a pytest plugin (``ours``), and
-compares them case by case. Each test function runs in a pytest process of its own, killed with its stacks dumped
-after ``--timeout-per-function``: a crash or a hang costs one function.
-
 Run::
 
     python benchmarks/torchrl_conformance.py --rl-root ~/src/rl                  # a work tree of pytorch/rl
-    python benchmarks/torchrl_conformance.py --rl-root /path/to/rl.git           # a bare git dir: HEAD is used
-    python benchmarks/torchrl_conformance.py --rl-root ~/src/rl --only output_keys,reloading --side both
-    python benchmarks/torchrl_conformance.py --rl-root ~/src/rl --side ours --first-errors \
-        --stock-results benchmarks/results/conformance/stock_ae9719f17.json \
-        --out benchmarks/results/conformance/ours_2026-01-01.json
 
-It prints a progress line per function on stderr, then one JSON line (``benchmarks/README.md`` lists its keys);
-``--out FILE`` saves it with each case's outcome and error per side, which ``--stock-results`` reads back. The
-exit code is 0 when nothing crashed and no case passes with stock but not with ours.
+See ``benchmarks/README.md``, section "TorchRL's own collector tests, class rebound". It lists the options and the JSON
+line's keys.
 """
 
 from __future__ import annotations
@@ -391,11 +379,9 @@ def read_events(path: Path) -> list[dict]:
 
 
 def outcomes_from_events(events: list[dict], cases: Iterable[str], crash: str | None) -> tuple[dict, dict]:
-    """``(outcomes, errors)`` per case (keyed by :func:`canonical_nodeid`) from the plugin's events.
-
-    A case fails if any phase failed (a strict xpass included), is skipped if it was skipped or xfailed, and
-    passed if its call passed. A case that did not finish takes ``crash`` as its error, with ``not run: `` before
-    it if it never started (or the collection error, if there was one).
+    """``(outcomes, errors)`` per case (keyed by :func:`canonical_nodeid`) from the plugin's events; ``crash``: the
+    error of a case that did not finish. The rules: ``benchmarks/README.md``, section "TorchRL's own collector tests,
+    class rebound".
     """
     reports: dict[str, list[dict]] = {}
     started = {canonical_nodeid(e["nodeid"]) for e in events if e["event"] == "start"}

@@ -1,20 +1,10 @@
 """TorchRL's torch.distributed collectors with ``collector_class=OffPolicyCollector``, on one machine over gloo.
 
-Runs ``DistributedCollector``, ``RPCCollector`` and ``DistributedSyncCollector`` with our class on their node, and
-with TorchRL's ``MultiAsyncCollector`` as the control: one node of one worker on Pendulum-v1, launched by TorchRL's
-``launcher="mp"``, each run a subprocess in its own process group with a timeout (a hang is reported as one).
-Each run collects batches of 64 frames; after the second, the learner sets its policy's weights to 0 and its bias
-to 0.5 and calls ``update_policy_weights_()``: a later batch whose actions all equal ``tanh(0.5)`` shows that the
-weights reached the node's workers. ``DistributedSyncCollector`` runs without the update (TorchRL's raises
-``NotImplementedError``).
-
 Run::
 
     python benchmarks/torchrl_distributed.py [--only dist,rpc,sync] [--classes ours,torchrl] [--timeout 150]
 
-It prints one line per run (``dist with OffPolicyCollector: ok (batches 9, weights reached, 7 s)``), then one
-JSON line ``{"benchmark": "torchrl_distributed", "results": {"dist": {"ours": {...}, "torchrl": {...}}, ...}}``.
-The exit code is 0 when every run of our class did what the same run of TorchRL's class did.
+See ``benchmarks/README.md``, section "TorchRL's torch.distributed collectors, our class on the node".
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Return against wall-clock minutes: snapshot evaluation, mean curves with 90 % intervals, the two targets.
 
-``benchmarks/learning.py --suite wallclock`` runs each recipe configuration for a wall-clock budget, saving a
-snapshot of its policy every minute; :func:`evaluate_snapshots` evaluates them afterwards, off the run's clock. SB3's
-runs are read at their evaluations every 10k frames, whose time their clock includes. The curves are over seeds at
-whole minutes.
+For ``benchmarks/learning.py --suite wallclock``. See ``benchmarks/README.md``, section "Learning".
 """
 
 from __future__ import annotations
