@@ -213,11 +213,13 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("torchrl_scheme", [False, True], ids=["default-scheme", "torchrl-shared-mem-scheme"])
-def test_a_script_that_ends_without_shutdown_exits_within_10s(torchrl_scheme, tmp_path):
+def test_a_script_that_ends_without_shutdown_exits_within_30s(torchrl_scheme, tmp_path):
     """A user-initialised SharedMemWeightSyncScheme's own __del__, left to the interpreter's final garbage
-    collection, started a queue feeder thread that could not run then: the script hung for minutes after its
-    last line. The collector now shuts the scheme down with itself, at exit while threads still run."""
+    collection, starts a queue feeder thread that cannot run then, and the script would hang after its last line:
+    the collector shuts the scheme down with itself, at exit while threads still run. Its exit takes
+    a few seconds (workers stopped within 2 s, then the interpreter's teardown); 30 s leaves room for a loaded
+    machine and still tells a hang."""
     out, exited = _run_script(tmp_path, SAC_ASYNC_SHAPE.format(torchrl_scheme=torchrl_scheme), timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     last = float(out.stdout.split("last call at")[-1].split()[0])
-    assert exited - last < 10, f"exited {exited - last:.1f}s after the script's last call"
+    assert exited - last < 30, f"exited {exited - last:.1f}s after the script's last call"
