@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Sized
 from pathlib import Path
 
 
@@ -365,6 +365,12 @@ def bootstrap_interval(values: list[float], *, statistic: Callable[[list[float]]
     if len(values) < 3:
         return None
     return percentile_interval(lambda rng: statistic(rng.choices(values, k=len(values))), level=level, draws=draws)
+
+
+def seed_count(runs: Sized | int) -> str:
+    """``"1 seed"``, ``"3 seeds"``: how many runs ``runs`` holds (or is)."""
+    count = runs if isinstance(runs, int) else len(runs)
+    return f"{count} seed" + "s" * (count != 1)
 
 
 def scalar_rows(path: Path) -> list[tuple[float, float]]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import sota_dropin
 import wallclock
-from common import figure, kill_group, list_table, percentile_interval, provenance, scalar_rows
+from common import figure, kill_group, list_table, percentile_interval, provenance, scalar_rows, seed_count
 from hydra import compose, initialize_config_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -380,11 +380,6 @@ def run_torchrl_script(task: Task, seed: int, run_dir: Path) -> dict:
             "elapsed_at": {float(p["frames"]): p["elapsed_s"] for p in snapshots}, "snapshots": snapshots,
             "command": " ".join([TORCHRL_SCRIPTS[task.algo], *overrides]), "rl_commit": commit,
             "setup_s": round(loop_start - launched, 1)}
-
-
-def seed_count(runs) -> str:
-    """``"1 seed"``, ``"3 seeds"``: how many runs ``runs`` holds."""
-    return f"{len(runs)} seed" + "s" * (len(runs) != 1)
 
 
 def on_grid(curve: list[tuple[float, float]], every: int = SB3_EVAL_EVERY) -> dict[float, float]:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import wallclock
-from common import figure, list_table
+from common import figure, list_table, seed_count
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -68,9 +68,10 @@ def provenance_line(data: dict) -> str:
             f"Data: ``benchmarks/results/{data['_file']}``.\n")
 
 
-def with_note(table: str, note: str, data: dict) -> str:
-    """A table, a paragraph on its figures, and the :func:`provenance_line` of the run that measured them."""
-    return f"{table}\n{note}\n\n" + provenance_line(data)
+def with_provenance(table: str, data: dict, note: str | None = None) -> str:
+    """A table, a paragraph on its figures (``note``, if any), and the :func:`provenance_line` of the run that
+    measured them."""
+    return f"{table}\n" + (f"{note}\n\n" if note else "") + provenance_line(data)
 
 
 def side_mean(data: dict, key: str) -> list[float]:
@@ -119,7 +120,7 @@ def collector_tables(res: Results) -> str:
     labels = {key: label for key, label, _ in COLLECTOR_ROWS}
     rows = [[labels[k]] + [fmt(v.get(phase, 0.0), 1) for phase in phases]
             for k, v in data["breakdown_us_per_step"].items()]
-    return (out + "\n" + provenance_line(data) + "\n"
+    return (with_provenance(out, data) + "\n"
             + "A worker's time per batched step, in microseconds (``breakdown_us_per_step``):\n\n"
             + list_table(["configuration", "env step", "policy", "buffer write", "weight sync", "pack", "other"], rows))
 
@@ -140,9 +141,8 @@ def dropin_tables(res: Results) -> str:
             low, high = speed["ratio_rounds"][key]
             ratio += f" (target {speed['targets'][key]}; rounds {low:.2f} to {high:.2f})"
         rows.append([label, fmt(speed["fps"][key]["torchrl"]), fmt(speed["fps"][key]["ours"]), ratio])
-    out = list_table(["pattern", "TorchRL ``MultiAsyncCollector`` frames/s", "``OffPolicyCollector`` frames/s",
-                      "ratio"], rows, [40, 18, 18, 24])
-    return out + "\n" + provenance_line(speed)
+    return with_provenance(list_table(["pattern", "TorchRL ``MultiAsyncCollector`` frames/s",
+                                       "``OffPolicyCollector`` frames/s", "ratio"], rows, [40, 18, 18, 24]), speed)
 
 
 def sota_table(res: Results) -> str:
@@ -245,7 +245,7 @@ def sac_tables(res: Results) -> str:
     note = (f"SB3's mean return at 100k frames, {fmt(t['sb3_return_100k'])}, is reached by the recipe's mean curve at "
             f"{t['recipe_frames'] // 1000}k frames in {t['recipe_min']} min, against SB3's {t['sb3_min']} min "
             f"(**{t['ratio']:.2f}** of SB3's wall-clock; target at most {data['targets']['time_ratio_at_most']}).")
-    return with_note(learning_table(data, "sac"), note, data)
+    return with_provenance(learning_table(data, "sac"), data, note)
 
 
 def td3_tables(res: Results) -> str:
@@ -261,14 +261,9 @@ def td3_tables(res: Results) -> str:
                         f"SB3 mean ({len(data['sb3_td3'])} seeds)", "recipe - SB3", "90 % interval over seeds"], rows)
     pooled = data["pooled_seeds_0_2"]
     (low, high), at = pooled["from_30k_to_90k"], pooled["at_100k"]
-    return with_note(table, f"Seeds 0-2, three runs pooled ({pooled['runs']} runs): {signed(low)} to {signed(high)} "
-                            f"against SB3 from 30k to 90k, {fmt(at['recipe'])} against {fmt(at['sb3'])} at 100k "
-                            f"({at['percent']:+.1f} %).", data)
-
-
-def td3_seeds_table(res: Results) -> str:
-    """TD3 against SB3: each seed's return at every mark."""
-    return learning_table(res["learning/td3_vs_sb3.json"], "td3")
+    return with_provenance(table, data, f"Seeds 0-2, three runs pooled ({pooled['runs']} runs): {signed(low)} to "
+                                        f"{signed(high)} against SB3 from 30k to 90k, {fmt(at['recipe'])} against "
+                                        f"{fmt(at['sb3'])} at 100k ({at['percent']:+.1f} %).")
 
 
 def learner_table(res: Results) -> str:
@@ -294,10 +289,10 @@ def learner_table(res: Results) -> str:
          f"{d['sb3_fps']} (the recipe: {d['e2e_auto_over_sb3']:.2f}x)"],
     ]
     p = d["profile_ms"]
-    return with_note(list_table(["figure (updates/s unless said)", "JSON key", "value"], rows, [56, 24, 20]),
-                     f"One update's {p['total']} ms (``--profile``): loss forward {p['loss_forward']}, backward "
-                     f"{p['backward']}, optimiser {p['optimizer']}, target update {p['target_update']}, sampling "
-                     f"{p['sample']}; matrix products {p['matmul']} of it.", d)
+    return with_provenance(list_table(["figure (updates/s unless said)", "JSON key", "value"], rows, [56, 24, 20]), d,
+                           f"One update's {p['total']} ms (``--profile``): loss forward {p['loss_forward']}, backward "
+                           f"{p['backward']}, optimiser {p['optimizer']}, target update {p['target_update']}, "
+                           f"sampling {p['sample']}; matrix products {p['matmul']} of it.")
 
 
 def learner_batch_table(res: Results) -> str:
@@ -393,10 +388,9 @@ def wallclock_table(data: dict) -> str:
                       f"time share (<= {wallclock.TIME_SHARE_TARGET})",
                       f"ratio at half (>= {wallclock.RETURN_RATIO_TARGET})", "interval above SB3 at half"], rows) + "\n"
     if ref:
-        seeds = f"{ref['seeds']} seed{'s' * (ref['seeds'] != 1)}"
         out += (f"SB3's {algo}: mean return {fmt(ref['return'])} at 100k frames after {fmt(ref['minutes'], 1)} min "
-                f"({seeds}; {ref['source']}). *Time share*: the first minute the mean curve reaches it, over SB3's "
-                "minutes; *ratio at half*: the mean return at half of SB3's minutes over SB3's.\n\n")
+                f"({seed_count(ref['seeds'])}; {ref['source']}). *Time share*: the first minute the mean curve reaches "
+                "it, over SB3's minutes; *ratio at half*: the mean return at half of SB3's minutes over SB3's.\n\n")
     if data.get("sb3_runs"):  # what sets the pace on a CPU: gradient updates per minute on each side
         ours = ", ".join(f"``{label}`` {fmt(c['updates'] / c['minutes'])}" for label, c in data["configs"].items())
         sb3 = statistics.mean(run["updates"] / run["minutes"][-1] for run in data["sb3_runs"].values())
@@ -470,9 +464,9 @@ def robot_speed_table(res: Results) -> str:
                      f"**{t['ratio_offpolicy_over_envpool']:.2f}** (target {t['target']})",
                      "" if lanes is None else f"**{lanes:.2f}**",
                      f"{b['env_step']} / {b['policy']} / {b['buffer_write']}"])
-    out = list_table(["task", "EnvPool alone", "``EnvPoolEnv`` alone", "collector", "collector / EnvPool",
-                      "64 envs in 2 lanes / EnvPool on 64", "us per env step: physics / policy / buffer"], rows)
-    return out + "\n" + provenance_line(data)
+    return with_provenance(list_table(["task", "EnvPool alone", "``EnvPoolEnv`` alone", "collector",
+                                       "collector / EnvPool", "64 envs in 2 lanes / EnvPool on 64",
+                                       "us per env step: physics / policy / buffer"], rows), data)
 
 
 RESIDUE = {"dev_shm": "``/dev/shm`` blocks", "fds": "file descriptors", "threads": "threads",
@@ -506,7 +500,7 @@ def fault_tables(res: Results) -> str:
          + ("restores the buffer exactly" if st.get("resume_buffer_exact", True)
             else "**does not restore the buffer**")],
     ]
-    out = list_table(["fault", "result"], rows, [50, 50]) + "\n" + provenance_line(f) + "\n"
+    out = with_provenance(list_table(["fault", "result"], rows, [50, 50]), f) + "\n"
     s = res["faults/soak.json"]
     r, y = s["recipe_soak"], s["ray_soak"]
     rows = [
@@ -520,7 +514,7 @@ def fault_tables(res: Results) -> str:
     out += "The SAC recipe with a worker (or a Ray node actor) SIGKILLed again and again, restarts on:\n\n"
     out += list_table(["soak", "kills / restarts", "frames lost", "torn rows", "longest learner stall", "final return",
                        "residue"], rows)
-    return out + "\n" + provenance_line(s)
+    return with_provenance(out, s)
 
 
 def ray_table(res: Results) -> str:
@@ -530,11 +524,10 @@ def ray_table(res: Results) -> str:
              f"**{r['ray_over_local']:.2f}** (rounds {r['ray_rounds'][0]:.2f}-{r['ray_rounds'][1]:.2f})",
              f"{r['ray_buffer_over_local']:.2f}", str(r["receive_us_per_frame"]), str(r["wire_bytes_per_frame"])]
             for fpb, r in d["by_frames_per_batch"].items()]
-    out = list_table(["``--frames-per-batch``", "local frames/s", "Ray frames/s (learner receives)",
-                      f"Ray / local (target {d['target_ray_over_local']})",
-                      "Ray, nodes write a ``RayReplayBuffer``, / local", "learner receive, us/frame",
-                      "bytes/frame on the wire"], rows)
-    return out + "\n" + provenance_line(d)
+    return with_provenance(list_table(["``--frames-per-batch``", "local frames/s", "Ray frames/s (learner receives)",
+                                       f"Ray / local (target {d['target_ray_over_local']})",
+                                       "Ray, nodes write a ``RayReplayBuffer``, / local", "learner receive, us/frame",
+                                       "bytes/frame on the wire"], rows), d)
 
 
 def flatten(data: dict, prefix: str = "") -> list[tuple[str, object]]:
@@ -714,7 +707,8 @@ AB_TABLES = {
 DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "collector.rst": collector_tables, "dropin.rst": dropin_tables, "sota_dropin.rst": sota_table,
     "sota_exit.rst": sota_exit_table, "conformance.rst": conformance_table,
-    "sac_vs_sb3.rst": sac_tables, "td3_vs_sb3.rst": td3_tables, "td3_seeds.rst": td3_seeds_table,
+    "sac_vs_sb3.rst": sac_tables, "td3_vs_sb3.rst": td3_tables,
+    "td3_seeds.rst": lambda res: learning_table(res["learning/td3_vs_sb3.json"], "td3"),  # each seed at every mark
     "learner.rst": learner_table, "learner_batch_sizes.rst": learner_batch_table,
     **{name: functools.partial(ab_table, key=key, what=what) for name, (key, what) in AB_TABLES.items()},
     "wallclock.rst": wallclock_tables, "wallclock_td3.rst": functools.partial(wallclock_tables, algo="td3"),
