@@ -407,21 +407,27 @@ def list_table(header: list[str], rows: list[list], widths: list[int] | None = N
 
 
 @contextlib.contextmanager
-def figure(path: Path, title: str, xlabel: str, ylabel: str | None = None, *, size: tuple[float, float] = (6, 4),
-           dpi: int = 100, grid_axis: str = "both", legend: dict | None = None) -> Iterator:
+def figure(path: Path, title: str, xlabel: str | Sequence[str], ylabel: str | None = None, *,
+           size: tuple[float, float] = (6, 4), dpi: int = 100, grid_axis: str = "both", legend: dict | None = None,
+           ncols: int = 1) -> Iterator:
     """Yields the axes of a new figure (matplotlib's Agg canvas, no pyplot state); then labels it, draws its grid
-    and legend (``legend``: its keyword arguments; ``None``: no legend) and saves it to ``path``, its folder made."""
+    and legend (``legend``: its keyword arguments; ``None``: no legend) and saves it to ``path``, its folder made.
+
+    With ``ncols`` > 1 it yields that many axes side by side, ``xlabel`` one label for each, ``title`` above them all.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=size)
     FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    yield ax
-    ax.set(title=title, xlabel=xlabel, **({"ylabel": ylabel} if ylabel else {}))
-    ax.grid(alpha=0.3, axis=grid_axis)
-    if legend is not None:
-        ax.legend(**legend)
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    yield axes[0] if ncols == 1 else tuple(axes)
+    for ax, label in zip(axes, [xlabel] if ncols == 1 else xlabel, strict=True):
+        ax.set(xlabel=label, **({"ylabel": ylabel} if ylabel else {}))
+        ax.grid(alpha=0.3, axis=grid_axis)
+        if legend is not None:
+            ax.legend(**legend)
+    (axes[0].set_title if ncols == 1 else fig.suptitle)(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, metadata={"Software": None})

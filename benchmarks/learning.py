@@ -568,23 +568,13 @@ def rst_table(sides: dict[str, dict[int, dict]]) -> list[str]:
 
 def plot(path: Path, title: str, runs: dict[int, dict]) -> None:
     """Each seed's eval return against frames (left) and against wall-clock minutes (right)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    left, right = fig.subplots(1, 2)
-    for seed, result in runs.items():
-        frames, values = [f for f, _ in result["curve"]], [v for _, v in result["curve"]]
-        left.plot(frames, values, marker="o", markersize=3, label=f"seed {seed}")
-        right.plot([elapsed_by(result, f) / 60 for f in frames], values, marker="o", markersize=3, label=f"seed {seed}")
-    for ax, label in ((left, "frames"), (right, "wall-clock time (min)")):
-        ax.set(xlabel=label, ylabel="deterministic eval return")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path)
+    with figure(path, title, ("frames", "wall-clock time (min)"), "deterministic eval return", size=(10, 4),
+                legend={}, ncols=2) as (left, right):
+        for seed, result in runs.items():
+            frames, values = [f for f, _ in result["curve"]], [v for _, v in result["curve"]]
+            left.plot(frames, values, marker="o", markersize=3, label=f"seed {seed}")
+            right.plot([elapsed_by(result, f) / 60 for f in frames], values, marker="o", markersize=3,
+                       label=f"seed {seed}")
 
 
 def plot_sides(path: Path, title: str, sides: dict[str, dict[int, dict]]) -> None:
