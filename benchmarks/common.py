@@ -74,6 +74,16 @@ def _only_trackers(members: dict[int, str]) -> bool:
     return all(_is_resource_tracker(cmd) for cmd in members.values())
 
 
+def wait_until(check: Callable[[], object], timeout: float, poll: float = 0.05) -> bool:
+    """Whether ``check()`` came true within ``timeout`` seconds (called every ``poll`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return True
+
+
 def _wait_for(pgid: int, seconds: float, done: Callable[[dict[int, str]], bool]) -> dict[int, str]:
     deadline = time.monotonic() + seconds
     members = group_members(pgid)

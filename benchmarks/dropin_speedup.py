@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import kill_now, provenance, with_pythonpath
+from common import kill_now, provenance, wait_until, with_pythonpath
 from tensordict.nn import TensorDictModule
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.data import LazyTensorStorage, ReplayBuffer
@@ -94,9 +94,7 @@ def pattern2(cls, args: argparse.Namespace, fast_path: bool = False, **options) 
                                    postproc=flatten, no_cuda_sync=True, **options)
     try:
         collector.start()
-        deadline = time.monotonic() + 300
-        while rb.write_count < args.frames_per_batch and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: rb.write_count >= args.frames_per_batch, 300, poll=0.01)
         first, start = rb.write_count, time.perf_counter()
         time.sleep(args.seconds)
         return (rb.write_count - first) / (time.perf_counter() - start), engine_of(collector)
@@ -148,9 +146,7 @@ def run_in_subprocess(name: str, args: argparse.Namespace) -> tuple[dict | None,
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    deadline = time.monotonic() + args.timeout
-    while not result and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: result or proc.poll() is not None, args.timeout, poll=0.1)
     problem = None
     if not result and proc.poll() is None:
         problem = "hang at run"

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import kill_now, provenance, scalar_rows
+from common import kill_now, provenance, scalar_rows, wait_until
 from tensordict import TensorDict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,12 +147,7 @@ def writer_forker(replay_buffer, rows: int):
 
 def wait_gone_all(pids_now, timeout: float, poll: float = 0.05) -> bool:
     """Whether ``pids_now()`` returned nothing within ``timeout`` seconds (checked every ``poll`` seconds)."""
-    deadline = time.monotonic() + timeout
-    while pids_now():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(poll)
-    return True
+    return wait_until(lambda: not pids_now(), timeout, poll)
 
 
 class TimedSampler:
@@ -394,9 +389,7 @@ def recipe_sigterm() -> dict:
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             logged = run_dir / "Pendulum-v1_SAC" / "scalars" / "utd" / "achieved.csv"
-            deadline = time.monotonic() + 180
-            while not (logged.exists() and logged.stat().st_size > 0) and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_until(lambda: logged.exists() and logged.stat().st_size > 0, 180, poll=0.2)
             proc.send_signal(signal.SIGTERM)
             sent = time.monotonic()
             out, _ = proc.communicate(timeout=120)
