@@ -18,6 +18,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence, Sized
 from pathlib import Path
@@ -237,6 +238,20 @@ def with_pythonpath(*paths: str | Path, **env: str) -> dict[str, str]:
     """
     entries = [str(p) for p in paths if p] + [os.environ.get("PYTHONPATH", "")]
     return {**os.environ, **env, "PYTHONPATH": os.pathsep.join(e for e in entries if e)}
+
+
+@contextlib.contextmanager
+def work_dir(prefix: str, keep: bool) -> Iterator[Path]:
+    """A new temporary directory (``prefix`` its name's start), removed at the end unless ``keep`` (``--keep``):
+    then its path goes to stderr."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        if keep:
+            print(f"kept {path}", file=sys.stderr)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 # --------------------------------------------------------------- the checkout

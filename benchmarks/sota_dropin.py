@@ -18,11 +18,10 @@ import importlib.metadata
 import json
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from common import first_error, open_rl, provenance, run_in_own_group, shm_entries, shm_left, with_pythonpath
+from common import first_error, open_rl, provenance, run_in_own_group, shm_entries, shm_left, with_pythonpath, work_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SWAP_TARGET = "torchrl_unilab.OffPolicyCollector"
@@ -441,9 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
 
     budget = Budget(args.frames, args.envs, args.utd, compile=args.compile)
-    workdir = Path(tempfile.mkdtemp(prefix="sota_dropin_"))
     results: dict[str, Result] = {}
-    try:
+    with work_dir("sota_dropin_", args.keep) as workdir:
         try:
             sota, commit = open_checkout(args.rl_root.expanduser().resolve(), workdir)
         except ValueError as err:
@@ -474,11 +472,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.out is not None:  # with the run's provenance (date, command, machine, torch), where report.py reads
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({**provenance("sota_dropin"), **summary}, indent=1) + "\n")
-    finally:
-        if args.keep:
-            print(f"kept {workdir}", file=sys.stderr)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
     return 0 if results and all(r.status == "ok" for r in results.values()) else 1
 
 

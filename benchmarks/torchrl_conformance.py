@@ -38,7 +38,7 @@ from typing import Any
 # that the benchmarks' own module names shadow nothing.
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
-from common import GroupRun, git, open_rl, run_in_own_group, shm_entries, shm_left, with_pythonpath  # noqa: E402
+from common import GroupRun, git, open_rl, run_in_own_group, shm_entries, shm_left, with_pythonpath, work_dir  # noqa: E402
 
 BENCHMARKS = Path(__file__).resolve().parent
 REPO_ROOT = BENCHMARKS.parent
@@ -597,8 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torchrl_version = importlib.metadata.version("torchrl")
     unilab_commit, unilab_dirty = _unilab_state()
-    workdir = Path(tempfile.mkdtemp(prefix="torchrl_conformance_"))
-    try:
+    with work_dir("torchrl_conformance_", args.keep) as workdir:
         try:
             root, commit = open_tests(args.rl_root.expanduser().resolve(), workdir)
         except ValueError as err:
@@ -662,11 +661,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(summary), flush=True)
         if args.out is not None:
             args.out.write_text(json.dumps(full, indent=1) + "\n")
-    finally:
-        if args.keep:
-            print(f"kept {workdir}", file=sys.stderr)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
     return 0 if not summary["crashed"] and not summary["pass_stock_not_ours"] else 1
 
 
