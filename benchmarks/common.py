@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import os
 import platform
 import random
@@ -321,6 +322,25 @@ def open_rl(rl_root: Path, holding: str) -> Checkout:
         raise ValueError(f"--rl-root must be a pytorch/rl work tree (holding {holding}) or a bare git "
                          f"repository of it, got {str(rl_root)!r}") from None
     return Checkout(rl_root, True, git(["--git-dir", str(rl_root), "rev-parse", "HEAD"]))
+
+
+# ------------------------------------------------------------- the recipes
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+def recipe_config(name: str, overrides: list[str]):
+    """``recipes/config/<name>.yaml`` composed with ``overrides``, as the recipe's command line would."""
+    from hydra import compose, initialize_config_dir  # here, so that a script's --help need not load hydra
+
+    with initialize_config_dir(config_dir=str(RECIPES / "config"), version_base="1.3"):
+        return compose(config_name=name, overrides=overrides)
+
+
+def recipe_script(name: str):
+    """``recipes/<name>.py``, imported as a module."""
+    if str(RECIPES) not in sys.path:
+        sys.path.insert(0, str(RECIPES))
+    return importlib.import_module(name)
 
 
 # ------------------------------------------------------- results and figures

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import json
 import math
 import os
 import signal
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -28,8 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from common import provenance, scalar_rows
-from hydra import compose, initialize_config_dir
+from common import provenance, recipe_config, recipe_script, scalar_rows
 from omegaconf import OmegaConf
 from sampling import collector_rows
 from torchrl.objectives import SACLoss, SoftUpdate
@@ -174,18 +171,10 @@ def td3_loop(rb, *, device: torch.device | str = "cpu", compile: bool = False, c
 
 def crossq_loop(rb, width: int):
     """The update of recipes/crossq.py with its defaults (TorchRL's ``CrossQLoss``), its critics ``width`` wide."""
-    with initialize_config_dir(config_dir=str(ROOT / "recipes" / "config"), version_base="1.3"):
-        cfg = compose(config_name="crossq", overrides=[f"network.critic_hidden_sizes=[{width},{width}]"])
+    cfg = recipe_config("crossq", [f"network.critic_hidden_sizes=[{width},{width}]"])
     loss, _ = make_loss_module(cfg, "crossq", networks("cpu", cfg, "crossq"))
     update = recipe_script("crossq").make_update(loss, make_optimizer(cfg, loss))
     return delayed_actor_step(update, cfg, rb, torch.device("cpu"))
-
-
-def recipe_script(name: str):
-    """``recipes/<name>.py``, imported as a module."""
-    if str(ROOT / "recipes") not in sys.path:
-        sys.path.insert(0, str(ROOT / "recipes"))
-    return importlib.import_module(name)
 
 
 def delayed_actor_step(update, cfg, rb, device: torch.device, batch_size: int | None = None):
@@ -453,13 +442,12 @@ def end_to_end(frames: int, threads: int | str, overrides: list[str] | tuple[str
 
     measured_from = start_frames + (2 * log_every if seconds is not None else log_every)
     with tempfile.TemporaryDirectory() as tmp:
-        with initialize_config_dir(config_dir=str(ROOT / "recipes" / "config"), version_base="1.3"):
-            cfg = compose(config_name=recipe, overrides=[
-                f"collector.total_frames={frames if seconds is None else 10**12}",
-                f"collector.init_random_frames={start_frames}", "optim.utd_ratio=1.0", f"optim.num_threads={threads}",
-                f"logger.log_dir={tmp}", f"logger.log_every={log_every}", "logger.eval_iter=0",
-                "logger.checkpoint_every=0", "logger.progress_bar=false", "logger.num_eval_envs=1", *overrides,
-            ])
+        cfg = recipe_config(recipe, [
+            f"collector.total_frames={frames if seconds is None else 10**12}",
+            f"collector.init_random_frames={start_frames}", "optim.utd_ratio=1.0", f"optim.num_threads={threads}",
+            f"logger.log_dir={tmp}", f"logger.log_every={log_every}", "logger.eval_iter=0",
+            "logger.checkpoint_every=0", "logger.progress_bar=false", "logger.num_eval_envs=1", *overrides,
+        ])
         exp = Path(tmp) / cfg.logger.exp_name / "scalars"
         finished = threading.Event()
         if seconds is not None:

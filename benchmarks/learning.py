@@ -24,8 +24,17 @@ from pathlib import Path
 
 import sota_dropin
 import wallclock
-from common import figure, kill_group, list_table, percentile_interval, provenance, scalar_rows, seed_count
-from hydra import compose, initialize_config_dir
+from common import (
+    figure,
+    kill_group,
+    list_table,
+    percentile_interval,
+    provenance,
+    recipe_config,
+    recipe_script,
+    scalar_rows,
+    seed_count,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -187,12 +196,6 @@ def selected(task: Task, parts: list[str], suite: list[Task]) -> bool:
     return any(part == task.label if part in labels else part in task.name for part in parts)
 
 
-def recipe_config(name: str, overrides: list[str]):
-    """``recipes/config/<name>.yaml`` composed with ``overrides``, as the recipe's command line would."""
-    with initialize_config_dir(config_dir=str(ROOT / "recipes" / "config"), version_base="1.3"):
-        return compose(config_name=name, overrides=overrides)
-
-
 def load_result(run_dir: Path, frames: int) -> dict | None:
     """The finished run saved in ``run_dir/result.json`` if it ran ``frames`` frames, else ``None``."""
     saved = run_dir / "result.json"
@@ -241,8 +244,7 @@ def run(task: Task, seed: int, run_dir: Path) -> dict:
         return run_sb3(task, seed)
     if task.algo in TORCHRL_SCRIPTS:
         return run_torchrl_script(task, seed, run_dir)
-    sys.path.insert(0, str(ROOT / "recipes"))
-    recipe = __import__(task.algo)  # recipes/sac.py or recipes/td3.py
+    recipe = recipe_script(task.algo)  # recipes/sac.py or recipes/td3.py
     # a budgeted run is evaluated from its snapshots afterwards: no evaluation takes its clock
     budget = [] if task.minutes is None else [f"max_minutes={task.minutes}", "logger.eval_iter=0",
                                               f"logger.snapshot_every_s={wallclock.SNAPSHOT_EVERY_S}"]
