@@ -159,22 +159,25 @@ class Script:
         return f"{self.path} ({self.variant})" if self.variant else self.path
 
 
+def _frames(b: Budget) -> list[str]:
+    """The first overrides of the off-policy scripts: the frames in all, the random ones, those of a batch."""
+    return [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
+            f"collector.frames_per_batch={b.frames_per_batch}"]
+
+
 def _off_policy(b: Budget, *, envs: bool = False, eval_key: str = "eval_iter",
                 extra: Sequence[str] = ()) -> list[str]:
     """The overrides of a plain off-policy script; ``envs``: its stock config batches several envs (a single env
     stays single); ``eval_key``: its ``logger.`` key of the evaluation interval."""
-    return [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
-            f"collector.frames_per_batch={b.frames_per_batch}", f"optim.utd_ratio={b.utd}", "logger.backend=",
-            *b.compile_overrides, *([f"collector.env_per_collector={b.envs}"] if envs else []),
-            f"replay_buffer.size={b.buffer}", f"logger.{eval_key}={b.eval_every}", *extra]
+    return [*_frames(b), f"optim.utd_ratio={b.utd}", "logger.backend=", *b.compile_overrides,
+            *([f"collector.env_per_collector={b.envs}"] if envs else []), f"replay_buffer.size={b.buffer}",
+            f"logger.{eval_key}={b.eval_every}", *extra]
 
 
 def _sac_async(b: Budget) -> list[str]:
     # log_freq counts updates (1,000 in all once total_iter is 1): two evals; update_freq: four weight pushes.
     # collector.device: its config's "cuda:1" emptied, so that the script's own device choice runs.
-    return [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
-            f"collector.frames_per_batch={b.frames_per_batch}", "collector.device=",
-            f"collector.env_per_collector={b.envs}", "collector.update_freq=250",
+    return [*_frames(b), "collector.device=", f"collector.env_per_collector={b.envs}", "collector.update_freq=250",
             f"replay_buffer.size={b.buffer}", "logger.backend=", "logger.log_freq=500", *b.compile_overrides]
 
 
@@ -182,10 +185,9 @@ def _redq(b: Budget) -> list[str]:
     # steps_per_batch is REDQ's updates per batch; record_frames the length of its eval rollouts (10,000 steps
     # each in its config, run once at start-up too, rendering pixels); init_env_steps the observation-statistics
     # rollout. Its stock buffer is prioritized (buffer.prb=1), on TorchRL's C++ segment trees: kept.
-    return [f"collector.total_frames={b.frames}", f"collector.init_random_frames={b.random_frames}",
-            f"collector.frames_per_batch={b.frames_per_batch}",
-            f"optim.steps_per_batch={max(int(b.frames_per_batch * b.utd), 1)}", f"buffer.size={b.buffer}",
-            "env.init_env_steps=1000", "logger.backend=", "logger.record_frames=250", "logger.record_interval=2"]
+    return [*_frames(b), f"optim.steps_per_batch={max(int(b.frames_per_batch * b.utd), 1)}",
+            f"buffer.size={b.buffer}", "env.init_env_steps=1000", "logger.backend=", "logger.record_frames=250",
+            "logger.record_interval=2"]
 
 
 def _trainer(b: Budget, *extra: str) -> list[str]:
