@@ -58,7 +58,8 @@ def test_the_batch_size_sweep_gives_each_batch_size_on_one_and_two_threads():
             # updates per second are rounded to 0.1 and rows per second to 1, each from the same unrounded rate
             assert row[f"rows_per_s_{threads}"] == pytest.approx(row[f"ups_{threads}"] * int(batch),
                                                                  abs=0.05 * int(batch) + 0.5)
-        rounding = 0.05 / row["ups_1t"] + 0.05 / row["ups_2t"] + 0.001
+        # each rate's rounding, and the gain's own (to 0.001: relatively more when two threads are slower)
+        rounding = 0.05 / row["ups_1t"] + 0.05 / row["ups_2t"] + 0.0006 * row["ups_1t"] / row["ups_2t"] + 0.001
         assert row["two_threads_gain"] == pytest.approx(row["ups_2t"] / row["ups_1t"], rel=rounding)
         assert row["fraction_of_limit_1t"] > 0 and row["fraction_of_limit_2t"] > 0
         # the share is one sample's milliseconds against one update's, each measured on its own (how they compare
