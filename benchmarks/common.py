@@ -77,7 +77,13 @@ def _only_trackers(members: dict[int, str]) -> bool:
 
 
 def wait_until(check: Callable[[], object], timeout: float, poll: float = 0.05) -> bool:
-    """Whether ``check()`` came true within ``timeout`` seconds (called every ``poll`` seconds)."""
+    """Whether ``check()`` came true within ``timeout`` seconds (called every ``poll`` seconds).
+
+    Example::
+
+        >>> wait_until(lambda: True, 1.0), wait_until(lambda: False, 0.1)
+        (True, False)
+    """
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -244,7 +250,15 @@ def with_pythonpath(*paths: str | Path, **env: str) -> dict[str, str]:
 @contextlib.contextmanager
 def work_dir(prefix: str, keep: bool) -> Iterator[Path]:
     """A new temporary directory (``prefix`` its name's start), removed at the end unless ``keep`` (``--keep``):
-    then its path goes to stderr."""
+    then its path goes to stderr.
+
+    Example::
+
+        >>> with work_dir("example_", keep=False) as path:
+        ...     _ = (path / "log").write_text("x")
+        >>> path.exists()
+        False
+    """
     path = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         yield path
@@ -329,7 +343,13 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
 def recipe_config(name: str, overrides: list[str]):
-    """``recipes/config/<name>.yaml`` composed with ``overrides``, as the recipe's command line would."""
+    """``recipes/config/<name>.yaml`` composed with ``overrides``, as the recipe's command line would.
+
+    Example::
+
+        >>> recipe_config("sac", ["optim.batch_size=512"]).optim.batch_size
+        512
+    """
     from hydra import compose, initialize_config_dir  # here, so that a script's --help need not load hydra
 
     with initialize_config_dir(config_dir=str(RECIPES / "config"), version_base="1.3"):
@@ -337,7 +357,13 @@ def recipe_config(name: str, overrides: list[str]):
 
 
 def recipe_script(name: str):
-    """``recipes/<name>.py``, imported as a module."""
+    """``recipes/<name>.py``, imported as a module (``recipes/`` put on ``sys.path`` once).
+
+    Example::
+
+        >>> recipe_script("sac").__file__.endswith("recipes/sac.py")
+        True
+    """
     if str(RECIPES) not in sys.path:
         sys.path.insert(0, str(RECIPES))
     return importlib.import_module(name)
@@ -413,7 +439,13 @@ def bootstrap_interval(values: list[float], *, statistic: Callable[[list[float]]
 
 
 def seed_count(runs: Sized | int) -> str:
-    """``"1 seed"``, ``"3 seeds"``: how many runs ``runs`` holds (or is)."""
+    """``"1 seed"``, ``"3 seeds"``: how many runs ``runs`` holds (or is).
+
+    Example::
+
+        >>> seed_count(1), seed_count({0: {}, 1: {}, 2: {}})
+        ('1 seed', '3 seeds')
+    """
     count = runs if isinstance(runs, int) else len(runs)
     return f"{count} seed" + "s" * (count != 1)
 
