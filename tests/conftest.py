@@ -39,6 +39,22 @@ from torchrl_unilab.worker import CollectorProcess, init_offpolicy_storage, make
 FUNCTION_API_ENV = "Pendulum-v1"
 
 
+def needs_extra(module: str, extra: str):
+    """Imports ``module`` from one of the package's extras, or skips the calling test with a reason naming the extra.
+
+    ``pip install -e ".[test]"`` alone runs the suite with these tests skipped. Where ``UNILAB_REQUIRE_EXTRAS`` is
+    set (``.ci/run`` sets it: CI installs every extra), a missing extra fails the test instead, so that a broken
+    install cannot pass as skips.
+    """
+    reason = f"needs {module!r} from the [{extra}] extra: pip install -e '.[test,{extra}]'"
+    if os.environ.get("UNILAB_REQUIRE_EXTRAS"):
+        try:
+            return __import__(module)
+        except ImportError as error:
+            pytest.fail(f"{reason} (UNILAB_REQUIRE_EXTRAS is set): {error}")
+    return pytest.importorskip(module, reason=reason)
+
+
 def child_pids() -> set[int]:
     """PIDs of live (non-zombie) processes whose parent is this process."""
     return live_processes(parent=os.getpid())

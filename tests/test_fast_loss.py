@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import needs_extra
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 from torch import nn
@@ -188,7 +189,7 @@ def test_td3_recipe_update_follows_stable_baselines3(fast_loss):
     update computing the actor loss on the critic before its step (one backward of both losses) leaves the
     actor apart by up to 2 * lr after one step (Adam's first step moves each weight by lr).
     """
-    sb3 = pytest.importorskip("stable_baselines3")
+    sb3 = needs_extra("stable_baselines3", "bench")
     import gymnasium as gym
     from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.type_aliases import ReplayBufferSamples

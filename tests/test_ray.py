@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import needs_extra
 
-ray = pytest.importorskip("ray")
+ray = needs_extra("ray", "ray")
 
 import cloudpickle  # noqa: E402
 import conftest  # noqa: E402

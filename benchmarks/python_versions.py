@@ -1,0 +1,197 @@
+"""The Python versions the package installs and passes on: a fresh venv each, README's install line, the quick start
+and a subset of the tests.
+
+Run: ``python benchmarks/python_versions.py --python 3.11 3.12 3.13 --out
+benchmarks/results/install/python_versions.json``
+
+See ``benchmarks/README.md``, section "Python versions", for what each venv runs and the JSON's keys. ``--out``
+writes :func:`results_file`; ``benchmarks/report.py`` renders it into ``docs/install.rst``'s versions table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+from common import first_error, provenance, run_captured, work_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The collector, the shared buffer, the weights and a short recipe run (TD3 on Pendulum-v1, resumed).
+SUBSET = (
+    "tests/test_collector.py",
+    "tests/test_worker_api.py",
+    "tests/test_prioritized_sampler.py",
+    "tests/test_dropin_weight_sync.py",
+    "tests/test_recipes.py::test_td3_runs_end_to_end_and_resumes",
+)
+#: The distributions whose resolved versions each venv records.
+RECORDED = ("torch", "torchrl", "tensordict", "envpool", "mujoco", "gymnasium", "numpy", "ray", "sphinx")
+
+
+def install_line(readme: Path = ROOT / "README.md") -> str:
+    """README's set-up command: its first line that starts with ``pip install torch``.
+
+    Example::
+
+        >>> install_line().startswith("pip install torch==")
+        True
+    """
+    for line in readme.read_text(encoding="utf-8").splitlines():
+        if line.startswith("pip install torch"):
+            return line.strip()
+    raise ValueError(f"{readme}: no line starts with 'pip install torch' (README's set-up command)")
+
+
+def quick_start(page: Path = ROOT / "docs" / "install.rst") -> tuple[str, str]:
+    """``(code, expected output)`` of the install page's quick start (``.. testcode:: quickstart`` and its
+    ``.. testoutput::``), as Sphinx's doctest builder runs them.
+
+    Example::
+
+        >>> code, expected = quick_start()
+        >>> "OffPolicyCollector" in code and expected.split()[0].isdigit()
+        True
+    """
+    text = page.read_text(encoding="utf-8")
+
+    def block(directive: str) -> str:
+        match = re.search(rf"^\.\. {directive}:: quickstart\n\n((?:   .*\n|\n)+)", text, flags=re.M)
+        if match is None:
+            raise ValueError(f"{page}: no '.. {directive}:: quickstart' block")
+        return "\n".join(line[3:] for line in match.group(1).splitlines()).strip() + "\n"
+
+    return block("testcode"), block("testoutput")
+
+
+def find_python(version: str) -> str:
+    """The interpreter for ``version`` (``3.12``): ``python3.12`` on ``PATH``, else pyenv's.
+
+    Example::
+
+        >>> find_python(f"{sys.version_info[0]}.{sys.version_info[1]}").endswith(
+        ...     f"python{sys.version_info[0]}.{sys.version_info[1]}")
+        True
+    """
+    if not re.fullmatch(r"3\.\d+", version):
+        raise ValueError(f"--python takes versions such as 3.12, got {version!r}")
+    for candidate in [shutil.which(f"python{version}"),
+                      *sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))]:
+        if candidate and subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    raise ValueError(f"--python {version}: no working python{version} on PATH or under ~/.pyenv/versions")
+
+
+def junit_counts(path: Path) -> dict[str, int]:
+    """``{"passed", "failed", "skipped"}`` from pytest's ``--junitxml`` file (errors count as failed).
+
+    Example::
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     xml = Path(tmp) / "r.xml"
+        ...     _ = xml.write_text('<testsuites><testsuite tests="5" failures="1" errors="1" skipped="1"/>'
+        ...                        '</testsuites>')
+        ...     junit_counts(xml)
+        {'passed': 2, 'failed': 2, 'skipped': 1}
+    """
+    suite = ElementTree.parse(path).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    tests, failures, errors, skipped = (int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped"))
+    return {"passed": tests - failures - errors - skipped, "failed": failures + errors, "skipped": skipped}
+
+
+def check_version(version: str, venv: Path, timeout: float) -> dict:
+    """One Python version in a fresh venv under ``venv``: README's install line, the quick start, :data:`SUBSET`."""
+    started = time.monotonic()
+    python = find_python(version)
+    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    bin_dir = venv / "bin"
+    env = {**os.environ, "VIRTUAL_ENV": str(venv), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PYTHONPATH", None)
+    env.setdefault("MUJOCO_GL", "disable")  # as .ci/run: no display here
+    run = {"python": subprocess.run([str(bin_dir / "python"), "-c",
+                                     "import platform; print(platform.python_version())"],
+                                    capture_output=True, text=True, check=True).stdout.strip()}
+
+    def step(name: str, cmd: list[str], limit: float) -> subprocess.CompletedProcess | None:
+        begin = time.monotonic()
+        try:
+            proc = run_captured(cmd, timeout=limit, cwd=ROOT, env=env)
+        except subprocess.TimeoutExpired:
+            run[name] = {"ok": False, "seconds": round(time.monotonic() - begin, 1),
+                         "error": f"timed out ({limit:.0f} s)"}
+            return None
+        output = proc.stdout + proc.stderr
+        error = None if proc.returncode == 0 else (
+            first_error(output) or next((line for line in reversed(output.splitlines()) if "ERROR" in line),
+                                        output.strip().splitlines()[-1:] or [f"exit code {proc.returncode}"])[0])
+        run[name] = {"ok": proc.returncode == 0, "seconds": round(time.monotonic() - begin, 1), "error": error}
+        return proc
+
+    if step("install", ["bash", "-c", install_line()], timeout) and run["install"]["ok"]:
+        freeze = subprocess.run([str(bin_dir / "pip"), "freeze"], capture_output=True, text=True, env=env).stdout
+        pins = dict(line.split("==", 1) for line in freeze.splitlines() if "==" in line)
+        run["versions"] = {name: pins.get(name) for name in RECORDED}
+        code, expected = quick_start()
+        script = venv / "quick_start.py"
+        script.write_text(code)
+        proc = step("quick_start", [str(bin_dir / "python"), str(script)], 600)
+        if proc is not None and run["quick_start"]["ok"] and proc.stdout.split() != expected.split():
+            run["quick_start"].update(ok=False, error=f"printed {proc.stdout.strip()!r}, expected {expected.strip()!r}")
+        report = venv / "junit.xml"
+        step("tests", [str(bin_dir / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                       f"--junitxml={report}", *SUBSET], timeout)
+        if report.exists():
+            run["tests"].update(junit_counts(report))
+    run["seconds"] = round(time.monotonic() - started, 1)
+    run["passes"] = all(run.get(name, {}).get("ok") for name in ("install", "quick_start", "tests"))
+    return run
+
+
+def results_file(runs: dict[str, dict], load_start: float, argv: list[str] | None = None) -> dict:
+    """``--out``'s file: provenance, the install line, the subset, and per version what :func:`check_version` gave.
+
+    Example::
+
+        >>> data = results_file({"3.11": {"passes": True}}, 0.5, argv=["--python", "3.11"])
+        >>> data["passing"], data["install_line"].startswith("pip install torch")
+        (['3.11'], True)
+    """
+    return {**provenance("python_versions", load_start, os.getloadavg()[0], argv=argv),
+            "install_line": install_line(), "subset": list(SUBSET), "runs": runs,
+            "passing": [version for version, run in runs.items() if run.get("passes")]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", nargs="+", default=["3.11", "3.12", "3.13"],
+                        help="the versions to check, each in a fresh venv (default: 3.11 3.12 3.13)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds for the install and for the tests")
+    parser.add_argument("--keep", action="store_true", help="keep the venvs (their path goes to stderr)")
+    parser.add_argument("--out", type=Path, help="write the results file here")
+    args = parser.parse_args(argv)
+    for version in args.python:
+        find_python(version)  # a missing interpreter fails before any install
+    load_start, runs = os.getloadavg()[0], {}
+    with work_dir("tul_pyversions_", args.keep) as workdir:
+        for version in args.python:
+            runs[version] = check_version(version, workdir / f"venv{version}", args.timeout)
+            print(f"python {version}: {json.dumps(runs[version])}", file=sys.stderr, flush=True)
+    data = results_file(runs, load_start, argv=sys.argv[1:] if argv is None else argv)
+    print(json.dumps({key: data[key] for key in ("benchmark", "passing", "runs")}))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(data, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
