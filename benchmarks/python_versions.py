@@ -33,6 +33,27 @@ SUBSET = (
     "tests/test_dropin_weight_sync.py",
     "tests/test_recipes.py::test_td3_runs_end_to_end_and_resumes",
 )
+#: What ``--wheel`` runs in a fresh venv that has the wheel and torch only, from outside the checkout: a short
+#: collection into ``make_replay_buffer`` with a weight publish per batch. Prints where the package came from, the
+#: rows written, the policy version and a sampled action's shape.
+WHEEL_RUN = """\
+import torch
+from tensordict.nn import TensorDictModule
+
+import torchrl_unilab
+from torchrl_unilab import OffPolicyCollector, make_replay_buffer
+
+if __name__ == "__main__":
+    policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+    rb = make_replay_buffer(capacity=1024, batch_size=32)
+    with OffPolicyCollector("Pendulum-v1", policy, num_workers=1, num_envs=4, frames_per_batch=64,
+                            total_frames=256, replay_buffer=rb, seed=0) as collector:
+        for _ in collector:
+            collector.update_policy_weights_()
+    print(torchrl_unilab.__file__, len(rb), collector.policy_version, tuple(rb.sample()["action"].shape))
+"""
+#: what :data:`WHEEL_RUN` prints after the package's path: 256 rows, version 5 (1 + 4 publishes), (32, 1)
+WHEEL_EXPECTED = "256 5 (32, 1)"
 #: The distributions whose resolved versions each venv records.
 RECORDED = ("torch", "torchrl", "tensordict", "envpool", "mujoco", "gymnasium", "numpy", "ray", "sphinx")
 
@@ -109,45 +130,84 @@ def junit_counts(path: Path) -> dict[str, int]:
     return {"passed": tests - failures - errors - skipped, "failed": failures + errors, "skipped": skipped}
 
 
-def check_version(version: str, venv: Path, timeout: float) -> dict:
-    """One Python version in a fresh venv under ``venv``: README's install line, the quick start, :data:`SUBSET`."""
-    started = time.monotonic()
-    python = find_python(version)
-    subprocess.run([python, "-m", "venv", str(venv)], check=True)
-    bin_dir = venv / "bin"
-    env = {**os.environ, "VIRTUAL_ENV": str(venv), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("PYTHONPATH", None)
-    env.setdefault("MUJOCO_GL", "disable")  # as .ci/run: no display here
-    run = {"python": subprocess.run([str(bin_dir / "python"), "-c",
-                                     "import platform; print(platform.python_version())"],
-                                    capture_output=True, text=True, check=True).stdout.strip()}
+class Venv:
+    """A fresh venv of one Python version, and the steps run in it: each step's ``ok``, ``seconds`` and ``error``
+    (the exception line or pip's last ``ERROR``) go into :attr:`run`."""
 
-    def step(name: str, cmd: list[str], limit: float) -> subprocess.CompletedProcess | None:
+    def __init__(self, version: str, path: Path) -> None:
+        subprocess.run([find_python(version), "-m", "venv", str(path)], check=True)
+        self.bin = path / "bin"
+        self.env = {**os.environ, "VIRTUAL_ENV": str(path), "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}"}
+        self.env.pop("PYTHONPATH", None)
+        self.env.setdefault("MUJOCO_GL", "disable")  # as .ci/run: no display here
+        self.run = {"python": subprocess.run([str(self.bin / "python"), "-c",
+                                              "import platform; print(platform.python_version())"],
+                                             capture_output=True, text=True, check=True).stdout.strip()}
+
+    def step(self, name: str, cmd: list[str], limit: float, cwd: Path = ROOT) -> subprocess.CompletedProcess | None:
+        """Runs ``cmd`` with the venv first on ``PATH``; the completed process, or ``None`` when it timed out."""
         begin = time.monotonic()
         try:
-            proc = run_captured(cmd, timeout=limit, cwd=ROOT, env=env)
+            proc = run_captured(cmd, timeout=limit, cwd=cwd, env=self.env)
         except subprocess.TimeoutExpired:
-            run[name] = {"ok": False, "seconds": round(time.monotonic() - begin, 1),
-                         "error": f"timed out ({limit:.0f} s)"}
+            self.run[name] = {"ok": False, "seconds": round(time.monotonic() - begin, 1),
+                              "error": f"timed out ({limit:.0f} s)"}
             return None
         output = proc.stdout + proc.stderr
         error = None if proc.returncode == 0 else (
             first_error(output) or next((line for line in reversed(output.splitlines()) if "ERROR" in line),
                                         output.strip().splitlines()[-1:] or [f"exit code {proc.returncode}"])[0])
-        run[name] = {"ok": proc.returncode == 0, "seconds": round(time.monotonic() - begin, 1), "error": error}
+        self.run[name] = {"ok": proc.returncode == 0, "seconds": round(time.monotonic() - begin, 1), "error": error}
         return proc
 
-    if step("install", ["bash", "-c", install_line()], timeout) and run["install"]["ok"]:
-        freeze = subprocess.run([str(bin_dir / "pip"), "freeze"], capture_output=True, text=True, env=env).stdout
+    def versions(self) -> dict[str, str | None]:
+        """The :data:`RECORDED` distributions' versions in this venv."""
+        freeze = subprocess.run([str(self.bin / "pip"), "freeze"], capture_output=True, text=True, env=self.env).stdout
         pins = dict(line.split("==", 1) for line in freeze.splitlines() if "==" in line)
-        run["versions"] = {name: pins.get(name) for name in RECORDED}
+        return {name: pins.get(name) for name in RECORDED}
+
+
+def check_wheel(version: str, path: Path, timeout: float) -> dict:
+    """``python -m build`` of the checkout, then a fresh venv with torch and the wheel alone, running
+    :data:`WHEEL_RUN` from outside the checkout."""
+    venv = Venv(version, path / "venv")
+    dist = path / "dist"
+    venv.step("build", [sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)], timeout)
+    if venv.run["build"]["ok"]:
+        venv.run["files"] = sorted(p.name for p in dist.iterdir())
+        torch_pin = install_line().split("&&")[0].split()[-1]  # README's torch==X
+        venv.step("install", ["bash", "-c", f"pip install {torch_pin} && pip install {next(dist.glob('*.whl'))}"],
+                  timeout)
+    if venv.run.get("install", {}).get("ok"):
+        venv.run["versions"] = venv.versions()
+        (path / "wheel_run.py").write_text(WHEEL_RUN)
+        proc = venv.step("collect", [str(venv.bin / "python"), str(path / "wheel_run.py")], 600, cwd=path)
+        if proc is not None and proc.returncode == 0:
+            where, _, printed = proc.stdout.strip().splitlines()[-1].partition(" ")
+            venv.run["collect"]["printed"] = printed
+            if "site-packages" not in where or printed != WHEEL_EXPECTED:
+                venv.run["collect"].update(ok=False, error=f"imported {where}; printed {printed!r}, expected "
+                                                           f"{WHEEL_EXPECTED!r} from site-packages")
+    venv.run["passes"] = all(venv.run.get(name, {}).get("ok") for name in ("build", "install", "collect"))
+    return venv.run
+
+
+def check_version(version: str, path: Path, timeout: float) -> dict:
+    """One Python version in a fresh venv at ``path``: README's install line, the quick start, :data:`SUBSET`."""
+    started = time.monotonic()
+    venv = Venv(version, path)
+    run, step, bin_dir = venv.run, venv.step, venv.bin
+    if step("install", ["bash", "-c", install_line()], timeout) and run["install"]["ok"]:
+        run["versions"] = venv.versions()
         code, expected = quick_start()
-        script = venv / "quick_start.py"
+        script = path / "quick_start.py"
         script.write_text(code)
         proc = step("quick_start", [str(bin_dir / "python"), str(script)], 600)
-        if proc is not None and run["quick_start"]["ok"] and proc.stdout.split() != expected.split():
-            run["quick_start"].update(ok=False, error=f"printed {proc.stdout.strip()!r}, expected {expected.strip()!r}")
-        report = venv / "junit.xml"
+        wanted = expected.strip().splitlines()
+        printed = proc.stdout.strip().splitlines()[-len(wanted):] if proc is not None else []
+        if proc is not None and run["quick_start"]["ok"] and printed != wanted:
+            run["quick_start"].update(ok=False, error=f"printed {printed!r}, expected {wanted!r}")
+        report = path / "junit.xml"
         step("tests", [str(bin_dir / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
                        f"--junitxml={report}", *SUBSET], timeout)
         if report.exists():
@@ -157,18 +217,19 @@ def check_version(version: str, venv: Path, timeout: float) -> dict:
     return run
 
 
-def results_file(runs: dict[str, dict], load_start: float, argv: list[str] | None = None) -> dict:
-    """``--out``'s file: provenance, the install line, the subset, and per version what :func:`check_version` gave.
+def results_file(runs: dict[str, dict], wheel: dict | None, load_start: float, argv: list[str] | None = None) -> dict:
+    """``--out``'s file: provenance, the install line, the subset, per version what :func:`check_version` gave, and
+    :func:`check_wheel`'s run (``None`` without ``--wheel``).
 
     Example::
 
-        >>> data = results_file({"3.11": {"passes": True}}, 0.5, argv=["--python", "3.11"])
+        >>> data = results_file({"3.11": {"passes": True}}, None, 0.5, argv=["--python", "3.11"])
         >>> data["passing"], data["install_line"].startswith("pip install torch")
         (['3.11'], True)
     """
     return {**provenance("python_versions", load_start, os.getloadavg()[0], argv=argv),
             "install_line": install_line(), "subset": list(SUBSET), "runs": runs,
-            "passing": [version for version, run in runs.items() if run.get("passes")]}
+            "passing": [version for version, run in runs.items() if run.get("passes")], "wheel": wheel}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -176,18 +237,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--python", nargs="+", default=["3.11", "3.12", "3.13"],
                         help="the versions to check, each in a fresh venv (default: 3.11 3.12 3.13)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for the install and for the tests")
+    parser.add_argument("--wheel", metavar="VERSION",
+                        help="also build the wheel and run a short collection from it in a fresh venv of this Python")
     parser.add_argument("--keep", action="store_true", help="keep the venvs (their path goes to stderr)")
     parser.add_argument("--out", type=Path, help="write the results file here")
     args = parser.parse_args(argv)
-    for version in args.python:
+    for version in [*args.python, *([args.wheel] if args.wheel else [])]:
         find_python(version)  # a missing interpreter fails before any install
-    load_start, runs = os.getloadavg()[0], {}
+    load_start, runs, wheel = os.getloadavg()[0], {}, None
     with work_dir("tul_pyversions_", args.keep) as workdir:
+        if args.wheel:
+            wheel = check_wheel(args.wheel, workdir / "wheel", args.timeout)
+            print(f"wheel on python {args.wheel}: {json.dumps(wheel)}", file=sys.stderr, flush=True)
         for version in args.python:
             runs[version] = check_version(version, workdir / f"venv{version}", args.timeout)
             print(f"python {version}: {json.dumps(runs[version])}", file=sys.stderr, flush=True)
-    data = results_file(runs, load_start, argv=sys.argv[1:] if argv is None else argv)
-    print(json.dumps({key: data[key] for key in ("benchmark", "passing", "runs")}))
+    data = results_file(runs, wheel, load_start, argv=sys.argv[1:] if argv is None else argv)
+    print(json.dumps({key: data[key] for key in ("benchmark", "passing", "runs", "wheel")}))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=2) + "\n")
