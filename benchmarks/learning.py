@@ -280,7 +280,7 @@ def run_sb3(task: Task, seed: int) -> dict:
     from stable_baselines3.common.logger import Logger
     from tensordict.nn import TensorDictModule
 
-    from torchrl_unilab.trainers.recipes_utils import EvalRunner
+    from torchrl_unilab.trainers.evaluation import EvalRunner
     from torchrl_unilab.trainers.threads import AUTO, machine_cores
 
     cfg = sb3_config(task, seed)

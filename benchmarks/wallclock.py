@@ -26,7 +26,9 @@ def evaluate_snapshots(run_dir: Path, cfg, algo: str, info_keys: tuple[str, ...]
     ``EvalRunner`` from its evaluation seeds, each of ``info_keys`` (EnvPool info entries) as its mean per step."""
     import torch
 
-    from torchrl_unilab.trainers.recipes_utils import EvalRunner, env_info, env_kwargs, make_networks
+    from torchrl_unilab.trainers.collection import env_kwargs
+    from torchrl_unilab.trainers.evaluation import EvalRunner
+    from torchrl_unilab.trainers.recipes_utils import env_info, make_networks
 
     nets = make_networks(cfg, algo, env_info(cfg), device="cpu")
     evaluator = EvalRunner(cfg.env.name, int(cfg.logger.num_eval_envs), seed=int(cfg.env.seed) + 10_000,

@@ -28,8 +28,8 @@ from torchrl_unilab.trainers import checkpoint
 from torchrl_unilab.trainers.checkpoint import Checkpointer, cpu_state
 from torchrl_unilab.trainers.compile import compile_update
 from torchrl_unilab.trainers.device import learner_device, module_device
+from torchrl_unilab.trainers.evaluation import EvalRunner
 from torchrl_unilab.trainers.recipes_utils import (
-    EvalRunner,
     cpu_copy_of_policy,
     env_info,
     make_loss_module,

@@ -128,7 +128,7 @@ def test_step_info_is_each_envs_own_last_step(lanes):
 def test_eval_runner_reports_info_terms_of_envpool_tasks_only():
     from tensordict.nn import TensorDictModule
 
-    from torchrl_unilab.trainers.recipes_utils import EvalRunner
+    from torchrl_unilab.trainers.evaluation import EvalRunner
 
     with pytest.raises(ValueError, match="info_keys needs a task EnvPool runs .* 'Pendulum-v1' runs on BatchedGymEnv"):
         EvalRunner("Pendulum-v1", 2, info_keys=["reward_run"])

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from torchrl.data.postprocs import MultiStep
 
 from torchrl_unilab.data.postprocs import MultiStepWithDone
-from torchrl_unilab.trainers.recipes_utils import make_collector, multi_step_postproc
+from torchrl_unilab.trainers.collection import make_collector, multi_step_postproc
 
 ENVS, STEPS, GAMMA = 3, 12, 0.9
 

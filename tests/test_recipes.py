@@ -310,7 +310,8 @@ def test_td3_trains_with_prioritized_replay(tmp_path, no_leaks):
 def test_collector_engine_picks_what_steps_the_envs(engine, no_leaks):
     """``collector.engine`` reaches the collector: HalfCheetah-v5 runs on the engine asked for."""
     from torchrl_unilab import make_replay_buffer as buffer_of
-    from torchrl_unilab.trainers.recipes_utils import env_info, make_collector, make_networks
+    from torchrl_unilab.trainers.collection import make_collector
+    from torchrl_unilab.trainers.recipes_utils import env_info, make_networks
 
     with initialize_config_dir(config_dir=str(RECIPES / "config"), version_base="1.3"):
         cfg = compose(config_name="td3", overrides=[*TINY, "env.name=HalfCheetah-v5", f"collector.engine={engine}"])

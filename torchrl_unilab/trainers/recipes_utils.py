@@ -3,7 +3,8 @@
 Each ``make_*`` reads one section of the Hydra config (``env``, ``collector``,
 ``replay_buffer``, ``optim``, ``network``) and returns TorchRL objects, so the
 recipes in ``recipes/`` read top to bottom: config, collector, networks, loss,
-loop. :class:`EvalRunner` runs the deterministic policy on its own envs.
+loop. The collector comes from :mod:`~torchrl_unilab.trainers.collection`, the run around the
+loop from :mod:`~torchrl_unilab.trainers.run`.
 
 ``network.critic_input=privileged`` makes the critic asymmetric: it reads
 ``["privileged", "action"]`` (a MuJoCo Playground robot's critic state, see
@@ -15,10 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -26,32 +26,27 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.data import ReplayBuffer
-from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.objectives import CrossQLoss, LossModule, SACLoss, TD3Loss
 from torchrl.objectives.utils import TargetNetUpdater
 
-from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
 from torchrl_unilab.data import replay_buffer as _rb
 from torchrl_unilab.data.buffer_sampler import SAMPLE_KEYS, BufferSampler
-from torchrl_unilab.data.postprocs import MultiStepWithDone
 from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
-from torchrl_unilab.envs.envpool_env import EnvPoolEnv, make_gym_id_env
+from torchrl_unilab.envs.envpool_env import make_gym_id_env
 from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.models import ALGOS, PassThroughActor, make_actor, make_critic
 from torchrl_unilab.modules.normalization import ObservationNormalizer, normalize_batch
 from torchrl_unilab.objectives import tensor_loss
 from torchrl_unilab.objectives.target_update import ForeachSoftUpdate
+from torchrl_unilab.trainers.collection import env_kwargs, multi_step_postproc
 from torchrl_unilab.trainers.device import learner_device, learner_matmul_dtype, module_device
+from torchrl_unilab.trainers.run import RecipeRun
 from torchrl_unilab.trainers.threads import flush_denormals
 from torchrl_unilab.trainers.training import trainable_parameters
-
-if TYPE_CHECKING:
-    from torchrl_unilab.trainers.run import RecipeRun
 
 __all__ = [
     "CRITIC_INPUTS",
     "EnvInfo",
-    "EvalRunner",
     "Learner",
     "RECIPE_ALGOS",
     "LearnerSampler",
@@ -61,15 +56,12 @@ __all__ = [
     "critic_input",
     "cpu_copy_of_policy",
     "env_info",
-    "env_kwargs",
     "gradient_step",
-    "make_collector",
     "make_learner",
     "make_loss_module",
     "make_networks",
     "make_optimizer",
     "make_replay_buffer",
-    "run_dir",
     "start_run",
 ]
 
@@ -78,18 +70,6 @@ _log = logging.getLogger("torchrl.unilab")
 #: The recipes' algorithms: the collector's (:data:`~torchrl_unilab.modules.models.ALGOS`), and CrossQ
 #: (Bhatt et al., ICLR 2024) on TorchRL's ``CrossQLoss``, which acts as SAC does.
 RECIPE_ALGOS: tuple[str, ...] = (*ALGOS, "crossq")
-
-
-def env_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    """Keyword arguments for ``gymnasium.make`` from the ``env`` section (``max_episode_steps``).
-
-    Examples:
-        >>> from omegaconf import OmegaConf
-        >>> env_kwargs(OmegaConf.create({"env": {"max_episode_steps": 200}}))
-        {'max_episode_steps': 200}
-    """
-    steps = cfg.env.get("max_episode_steps")
-    return {} if steps is None else {"max_episode_steps": int(steps)}
 
 
 #: Accepted values of ``network.critic_input``: what the critic reads beside the action.
@@ -271,7 +251,7 @@ def make_networks(cfg: DictConfig, algo: str, info: EnvInfo, *, device: torch.de
     worker_policy = policy if device.type == "cpu" else cpu_copy_of_policy(cfg, acting, info, policy)
     return Networks(actor=actor, critic=critic, policy=policy, normalizer=normalizer, worker_policy=worker_policy,
                     critic_key=critic_key, critic_normalizer=critic_normalizer,
-                    multi_step=_multi_steps(cfg) > 1)
+                    multi_step=multi_step_postproc(cfg) is not None)
 
 
 def cpu_copy_of_policy(cfg: DictConfig, algo: str, info: EnvInfo, policy: TensorDictModuleBase) -> TensorDictModuleBase:
@@ -656,8 +636,6 @@ def start_run(cfg: DictConfig, name: str, learner: Learner) -> tuple[RecipeRun, 
         (torch.Size([32]), 8)
         >>> log_dir.cleanup()
     """
-    from torchrl_unilab.trainers.run import RecipeRun  # run.py imports this module
-
     replay_buffer = make_replay_buffer(cfg)
     nets = learner.nets
     run = RecipeRun(cfg, name, nets.policy, replay_buffer, normalizer=nets.normalizer,
@@ -665,257 +643,6 @@ def start_run(cfg: DictConfig, name: str, learner: Learner) -> tuple[RecipeRun, 
                     modules={"loss": learner.loss_module, "optimizer": learner.optimizer}
                     | ({} if learner.target_net_updater is None else {"target_updater": learner.target_net_updater}))
     return run, LearnerSampler(replay_buffer, cfg.optim.batch_size, learner)
-
-
-def multi_step_postproc(cfg: DictConfig) -> MultiStepWithDone | None:
-    """``collector.multi_step`` (TorchRL's key; 0 or 1: off): n-step returns summed in the workers before each
-    write, with ``optim.gamma``, as :class:`~torchrl_unilab.data.postprocs.MultiStepWithDone`.
-
-    Examples:
-        >>> from omegaconf import OmegaConf
-        >>> multi_step_postproc(OmegaConf.create({"collector": {"multi_step": 3}, "optim": {"gamma": 0.99}})).n_steps
-        3
-        >>> multi_step_postproc(OmegaConf.create({"collector": {}, "optim": {"gamma": 0.99}})) is None
-        True
-    """
-    n_steps = _multi_steps(cfg)
-    return MultiStepWithDone(gamma=float(cfg.optim.gamma), n_steps=n_steps) if n_steps > 1 else None
-
-
-def _multi_steps(cfg: DictConfig) -> int:
-    n_steps = cfg.get("collector", {}).get("multi_step", 0)
-    if not isinstance(n_steps, int) or isinstance(n_steps, bool) or n_steps < 0:
-        raise ValueError(f"collector.multi_step must be an int >= 0 (0 or 1: one-step transitions), got {n_steps!r}")
-    return n_steps
-
-
-def make_collector(
-    cfg: DictConfig, policy: TensorDictModuleBase, replay_buffer: ReplayBuffer, *, frames_done: int = 0
-) -> OffPolicyCollector:
-    """An :class:`~torchrl_unilab.OffPolicyCollector` from the ``env`` and ``collector`` sections.
-
-    ``collector.backend=ray`` builds a
-    :class:`~torchrl_unilab.collectors.ray_collector.RayOffPolicyCollector` instead, with
-    the same interface: ``collector.num_nodes`` nodes, each running
-    ``num_workers`` x ``env_per_collector`` envs (see ``docs/guide/ray.rst``).
-
-    ``collector.max_worker_restarts`` (and with Ray ``collector.max_node_restarts``)
-    replace dead workers (lost nodes) instead of ending the run.
-
-    The collector gets the frames left in the run (``total_frames -
-    frames_done``) and the random frames not yet collected; a resumed run
-    reseeds its workers with ``env.seed + frames_done``, so it does not replay
-    the episodes it already saw. Lock-step runs need ``num_workers=1``: two
-    workers interleave their writes in an order that changes from run to run.
-
-    Examples:
-        >>> from omegaconf import OmegaConf
-        >>> from torchrl_unilab.trainers.recipes_utils import make_collector
-        >>> cfg = OmegaConf.create({"env": {"name": "Pendulum-v1", "seed": 0},
-        ...     "collector": {"num_workers": 1, "env_per_collector": 2, "frames_per_batch": 32, "total_frames": 64,
-        ...                   "init_random_frames": 64, "lockstep": False},
-        ...     "network": {"hidden_sizes": [8], "use_layer_norm": False},
-        ...     "replay_buffer": {"size": 256, "scratch_dir": None}, "optim": {"batch_size": 8}})
-        >>> nets = make_networks(cfg, "sac", env_info(cfg))
-        >>> with make_collector(cfg, nets.policy, make_replay_buffer(cfg)) as collector:
-        ...     collector.allow_frames(64)
-        ...     collector.wait_for_frames(64, timeout=60)
-        True
-    """
-    col = cfg.collector
-    workers = int(col.num_workers)
-    if col.get("lockstep", False) and workers != 1:
-        raise ValueError(
-            f"collector.lockstep=true needs collector.num_workers=1 for a reproducible buffer order, got {workers}"
-        )
-    total = int(col.total_frames)
-    if total <= frames_done:
-        raise ValueError(
-            f"collector.total_frames={total} is already reached ({frames_done} frames done); "
-            "raise collector.total_frames to continue the run"
-        )
-    seed = cfg.env.get("seed")
-    backend = col.get("backend", "local")
-    postproc = multi_step_postproc(cfg)
-    if backend == "ray":
-        if postproc is not None:
-            raise ValueError(f"collector.multi_step={col.multi_step} needs collector.backend=local: Ray nodes "
-                             "deliver flat rows, with no [envs, steps] batch to sum rewards along")
-        return _make_ray_collector(cfg, policy, replay_buffer, frames_done=frames_done)
-    if backend != "local":
-        raise ValueError(f"collector.backend must be one of ('local', 'ray'), got {backend!r}")
-    return OffPolicyCollector(
-        cfg.env.name,
-        policy,
-        postproc=postproc,
-        num_workers=workers,
-        num_envs=int(col.env_per_collector),
-        frames_per_batch=int(col.frames_per_batch),
-        total_frames=total - frames_done,
-        replay_buffer=replay_buffer,
-        init_random_frames=max(0, int(col.init_random_frames) - frames_done),
-        seed=None if seed is None else int(seed) + frames_done,
-        exploration_type=ExplorationType.RANDOM,
-        env_kwargs=env_kwargs(cfg),
-        max_worker_restarts=int(col.get("max_worker_restarts", 0)),
-        engine=str(col.get("engine", "auto")),
-    )
-
-
-def _make_ray_collector(cfg: DictConfig, policy: TensorDictModuleBase, replay_buffer: ReplayBuffer, *,
-                        frames_done: int) -> Any:
-    """``collector.backend=ray``: ``collector.num_nodes`` Ray actors of ``num_workers`` x ``env_per_collector`` each.
-
-    ``collector.ray_address`` joins a running cluster (``"auto"`` or
-    ``"host:6379"``); ``null`` starts a local one, which the collector's
-    shutdown stops. Batches arrive in this process and go into ``replay_buffer``.
-    """
-    from torchrl_unilab.collectors.ray_collector import (
-        RayOffPolicyCollector,  # Ray is an optional dependency
-    )
-
-    col = cfg.collector
-    if col.get("lockstep", False):
-        raise ValueError("collector.lockstep=true needs collector.backend=local: nodes deliver in arrival order")
-    seed = cfg.env.get("seed")
-    address = col.get("ray_address")
-    return RayOffPolicyCollector(
-        cfg.env.name,
-        policy,
-        num_nodes=int(col.get("num_nodes", 2)),
-        num_workers=int(col.num_workers),
-        num_envs=int(col.env_per_collector),
-        frames_per_batch=int(col.frames_per_batch),
-        total_frames=int(col.total_frames) - frames_done,
-        init_random_frames=max(0, int(col.init_random_frames) - frames_done),
-        seed=None if seed is None else int(seed) + frames_done,
-        replay_buffer=replay_buffer,
-        max_node_restarts=int(col.get("max_node_restarts", 0)),
-        collector_kwargs={"env_kwargs": env_kwargs(cfg), "max_worker_restarts": int(col.get("max_worker_restarts", 0)),
-                          "engine": str(col.get("engine", "auto"))},
-        ray_init_config={"address": address} if address else {"include_dashboard": False},
-    )
-
-
-class EvalRunner:
-    """Runs the deterministic policy for one episode on each of ``num_envs`` envs of its own.
-
-    The policy runs on its own device (a GPU learner's actor evaluates on the
-    GPU); the envs step on the CPU.
-
-    Not TorchRL's :class:`torchrl.collectors.Evaluator`: that one runs a
-    collector (in a thread or process) over an env it does not reseed. This
-    one steps its own batched envs in the caller's thread and reseeds them
-    before every evaluation, which keeps lock-step runs reproducible.
-
-    The envs live in the main process, apart from the collector's, and are
-    reseeded with the same seeds before every evaluation, so successive
-    evaluations start from the same states and differ only by the policy.
-
-    Args:
-        env_name: a task id, run on the collector's engine (EnvPool for MuJoCo Playground and
-            Control Suite ids).
-        num_envs: episodes per evaluation, run as one batch.
-
-    Keyword Args:
-        seed: env ``i`` starts from ``seed + i``.
-        env_kwargs: keyword arguments for ``gymnasium.make``.
-        info_keys: EnvPool ``info`` entries (:meth:`EnvPoolEnv.step_info
-            <torchrl_unilab.EnvPoolEnv.step_info>`) to report as ``eval/<key>``, their mean
-            per step over the episodes: e.g. a Playground robot's reward terms. EnvPool tasks only.
-
-    Examples:
-        >>> import torch
-        >>> from tensordict.nn import TensorDictModule
-        >>> policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
-        >>> evaluator = EvalRunner("Pendulum-v1", 2, seed=0)
-        >>> result = evaluator(policy)
-        >>> sorted(result), result["eval/episode_length"]
-        (['eval/episode_length', 'eval/return', 'eval/return_std'], 200.0)
-        >>> evaluator.close()
-
-        A Go1 standing still, with its velocity-tracking reward term:
-
-        >>> standing = TensorDictModule(lambda obs: torch.zeros(len(obs), 12), in_keys=["observation"],
-        ...                             out_keys=["action"])
-        >>> evaluator = EvalRunner("Go1JoystickFlatTerrain-v1", 2, info_keys=["reward_tracking_lin_vel"])
-        >>> 0 < evaluator(standing)["eval/reward_tracking_lin_vel"] < 1
-        True
-        >>> evaluator.close()
-    """
-
-    def __init__(
-        self, env_name: str, num_envs: int, *, seed: int = 0, env_kwargs: Mapping[str, Any] | None = None,
-        info_keys: Sequence[str] = (),
-    ) -> None:
-        self.seed = int(seed)
-        self.env = make_gym_id_env(env_name, num_envs, seed=self.seed, env_kwargs=env_kwargs, stagger_resets=False)
-        self.info_keys = list(info_keys)
-        if self.info_keys and not isinstance(self.env, EnvPoolEnv):
-            self.env.close()
-            raise ValueError(f"info_keys needs a task EnvPool runs (its per-step info); {env_name!r} runs on "
-                             f"{type(self.env).__name__}")
-
-    @torch.no_grad()
-    def __call__(self, policy: TensorDictModuleBase) -> dict[str, float]:
-        """Returns ``eval/return`` (mean), ``eval/return_std`` and ``eval/episode_length`` (mean)."""
-        env = self.env
-        env.set_seed(self.seed)
-        n = env.batch_size[0]
-        returns = torch.zeros(n, dtype=torch.float64)
-        lengths = torch.zeros(n, dtype=torch.int64)
-        running = torch.ones(n, dtype=torch.bool)
-        info_sums = {key: 0.0 for key in self.info_keys}
-        td = env.reset()
-        if self.info_keys:
-            unknown = sorted(set(self.info_keys) - set(env.info_names))
-            if unknown:
-                raise ValueError(f"info_keys {unknown} are not info entries of {env.env_id}: {list(env.info_names)}")
-        device = module_device(policy)
-        with set_exploration_type(ExplorationType.DETERMINISTIC):
-            while running.any():
-                # The policy acts where it trains; the envs step on the CPU.
-                td = policy(td) if device.type == "cpu" else policy(td.to(device)).to("cpu")
-                transition, td = env.step_and_maybe_reset(td)
-                reward = transition.get(("next", "reward")).reshape(n).double()
-                returns += torch.where(running, reward, 0.0)
-                lengths += running.long()
-                for key in info_sums:
-                    info_sums[key] += float(env.step_info(key).reshape(n)[running.numpy()].sum())
-                running &= ~transition.get(("next", "done")).reshape(n)
-        return {
-            "eval/return": float(returns.mean()),
-            "eval/return_std": float(returns.std(unbiased=False)),
-            "eval/episode_length": float(lengths.double().mean()),
-            **{f"eval/{key}": total / float(lengths.sum()) for key, total in info_sums.items()},
-        }
-
-    def close(self) -> None:
-        """Closes the envs."""
-        self.env.close()
-
-
-def run_dir(cfg: DictConfig) -> str:
-    """Where a run writes its logs, plots and checkpoint.
-
-    ``resume`` (a previous run directory) if set; else ``logger.log_dir`` if
-    set; else Hydra's output directory for this run; else ``./outputs``.
-
-    Examples:
-        >>> from omegaconf import OmegaConf
-        >>> run_dir(OmegaConf.create({"resume": None, "logger": {"log_dir": "/tmp/run"}}))
-        '/tmp/run'
-    """
-    if cfg.get("resume"):
-        return os.path.abspath(str(cfg.resume))
-    if cfg.logger.get("log_dir"):
-        return os.path.abspath(str(cfg.logger.log_dir))
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return HydraConfig.get().runtime.output_dir
-    except (ImportError, ValueError):
-        return os.path.abspath("outputs")
 
 
 def config_to_dict(cfg: DictConfig) -> dict[str, Any]:

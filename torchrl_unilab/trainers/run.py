@@ -24,8 +24,9 @@ from torchrl.data import ReplayBuffer
 from torchrl_unilab.collectors import OffPolicyCollector, WorkerError
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.trainers.checkpoint import Checkpointer
+from torchrl_unilab.trainers.collection import env_kwargs, make_collector
+from torchrl_unilab.trainers.evaluation import EvalRunner
 from torchrl_unilab.trainers.logging_utils import LearningCurve, RunLogger, make_logger
-from torchrl_unilab.trainers.recipes_utils import EvalRunner, env_kwargs, make_collector, run_dir
 from torchrl_unilab.trainers.threads import LearnerThreads
 from torchrl_unilab.trainers.training import (
     Every,
@@ -35,7 +36,7 @@ from torchrl_unilab.trainers.training import (
     update_normalizer,
 )
 
-__all__ = ["RecipeRun", "restart_counts"]
+__all__ = ["RecipeRun", "restart_counts", "run_dir"]
 
 
 def restart_counts(metrics: Mapping[str, Any], prefix: str = "collector/") -> dict[str, int]:
@@ -46,6 +47,29 @@ def restart_counts(metrics: Mapping[str, Any], prefix: str = "collector/") -> di
         {'collector/worker_restarts': 2}
     """
     return {f"{prefix}{key}": int(metrics[key]) for key in ("worker_restarts", "node_restarts") if key in metrics}
+
+
+def run_dir(cfg: DictConfig) -> str:
+    """Where a run writes its logs, plots and checkpoint.
+
+    ``resume`` (a previous run directory) if set; else ``logger.log_dir`` if
+    set; else Hydra's output directory for this run; else ``./outputs``.
+
+    Examples:
+        >>> from omegaconf import OmegaConf
+        >>> run_dir(OmegaConf.create({"resume": None, "logger": {"log_dir": "/tmp/run"}}))
+        '/tmp/run'
+    """
+    if cfg.get("resume"):
+        return os.path.abspath(str(cfg.resume))
+    if cfg.logger.get("log_dir"):
+        return os.path.abspath(str(cfg.logger.log_dir))
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.output_dir
+    except (ImportError, ValueError):
+        return os.path.abspath("outputs")
 
 
 class RecipeRun:
