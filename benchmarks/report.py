@@ -18,6 +18,7 @@ import argparse
 import functools
 import json
 import math
+import re
 import statistics
 import sys
 from collections.abc import Callable
@@ -38,8 +39,16 @@ Results = dict[str, dict]  # "topic/name.json" -> its content
 
 
 def load(results: Path = RESULTS) -> Results:
-    """Every results file under ``results``, keyed by its path relative to it (``"ray/ray_scaling.json"``)."""
-    return {p.relative_to(results).as_posix(): json.loads(p.read_text()) for p in sorted(results.glob("*/*.json"))}
+    """Every results file under ``results`` that a benchmark wrote, keyed by its path relative to it
+    (``"ray/ray_scaling.json"``) and holding it as ``_file``. A file whose figures were typed in by hand (its
+    ``source`` says ``typed in ...``) stays in ``results`` as data but is left out here: its tables read
+    'not yet measured' until the benchmark writes it."""
+    res = {}
+    for p in sorted(results.glob("*/*.json")):
+        data = json.loads(p.read_text())
+        if not str(data.get("source", "")).startswith("typed in"):
+            res[p.relative_to(results).as_posix()] = {**data, "_file": p.relative_to(results).as_posix()}
+    return res
 
 
 def topic(res: Results, name: str, **fields: str) -> list[dict]:
@@ -62,9 +71,58 @@ def signed(x: float) -> str:
     return f"{math.floor(x + 0.5):+,}"
 
 
+#: What ``<dir>`` in a rendered command stands for, said once on each page that has one.
+DIR_NOTE = ("``<dir>`` in a command: a directory of your choice, where the suite keeps its runs (``--reuse`` takes "
+            "those already finished) and writes the summary its results file holds")
+
+
+def runnable(data: dict) -> str:
+    """The command a results file records, as a user runs it from a checkout: ``--rl-root <pytorch/rl checkout>``
+    wherever a TorchRL script runs; an ``--out`` outside the checkout written as the results file itself, or, for a
+    ``learning.py`` suite (whose ``--out`` is a directory of runs), as :data:`DIR_NOTE`'s ``<dir>``, left out where
+    the suite's default ``--out`` (``benchmarks/results/learning``) writes the results file under its own name;
+    a ``soak.json`` written from saved logs (``--soak-json``) as the run of both soaks that writes it.
+
+    Examples (``print`` to wrap the long lines):
+        >>> print(runnable({"_file": "dropin/x.json", "command": "python benchmarks/sota_dropin.py --rl-root /src/rl "
+        ...                 "--only td3 --out /tmp/x.json"}))  # doctest: +NORMALIZE_WHITESPACE
+        python benchmarks/sota_dropin.py --rl-root <pytorch/rl checkout> --only td3
+        --out benchmarks/results/dropin/x.json
+        >>> runnable({"_file": "robot/learning.json", "command": "python benchmarks/learning.py --suite robot "
+        ...           "--out /scratch/robot --reuse"})
+        'python benchmarks/learning.py --suite robot --out <dir> --reuse'
+        >>> print(runnable({"_file": "learning/wallclock_anchor.json", "command": "python benchmarks/learning.py "
+        ...                 "--suite wallclock --algo torchrl_sac --seeds 0 --out /scratch/anchor --reuse"}))
+        ... # doctest: +NORMALIZE_WHITESPACE
+        python benchmarks/learning.py --suite wallclock --algo torchrl_sac --rl-root <pytorch/rl checkout>
+        --seeds 0 --reuse
+    """
+    command = re.sub(r"--rl-root\s+(?:'[^']*'|<[^>]*>|\S+)", "--rl-root <pytorch/rl checkout>", data["command"])
+    learning = command.startswith("python benchmarks/learning.py")
+    if learning and "--rl-root" not in command:  # a TorchRL script's runs taken with --reuse: a rerun needs it
+        command = re.sub(r"(--algo(?:\s+\w+)*\s+torchrl_\w+(?:\s+\w+)*)", r"\1 --rl-root <pytorch/rl checkout>",
+                         command, count=1)
+    if "--soak-json" in command:
+        local, ray = data["recipe_soak"], data["ray_soak"]
+        command = re.sub(r"--soak-json(\s+[^-\s]\S*)+", f"--soak-minutes {local['minutes']} --ray-soak-minutes "
+                         f"{ray['minutes']}", command)
+    default_out = {next(iter(files)) for files in WALLCLOCK.values()} | {f for f, _ in WALLCLOCK_ANCHOR.values()}
+
+    def out(match: re.Match) -> str:
+        if not learning:
+            return f"--out benchmarks/results/{data['_file']}"
+        return "" if data["_file"] in default_out else "--out <dir>"
+
+    command = re.sub(r"\s*--out\s+/\S+", lambda m: " " + out(m) if out(m) else "", command)
+    return command
+
+
 def provenance_line(data: dict) -> str:
-    """The line under each table: the command, date, machine and torch that ``common.provenance`` recorded."""
-    return (f"``{data['command']}``; measured {data['date']} on a {data['machine']}; torch {data['torch']}. "
+    """The line under each table: the command (:func:`runnable`), date, machine and torch that
+    ``common.provenance`` recorded."""
+    command = runnable(data)
+    machine = data["machine"].replace(" (the development machine)", "")
+    return (f"``{command}``; measured {data['date']} on a {machine}; torch {data['torch']}. "
             f"Data: ``benchmarks/results/{data['_file']}``.\n")
 
 
@@ -240,7 +298,10 @@ def learning_table(data: dict, algo: str) -> str:
 
 def sac_tables(res: Results) -> str:
     """SAC against SB3: the per-seed table and the wall-clock to SB3's 100k return."""
-    data = res["learning/sac_vs_sb3.json"]
+    data = res.get("learning/sac_vs_sb3.json")
+    if data is None:
+        return (f"The recipe against SB3's SAC, 100k frames: **{NOT_MEASURED}** "
+                "(``python benchmarks/learning.py --suite sb3 --seeds 0 1 2``).\n")
     t = data["time_to_sb3_return"]
     note = (f"SB3's mean return at 100k frames, {fmt(t['sb3_return_100k'])}, is reached by the recipe's mean curve at "
             f"{t['recipe_frames'] // 1000}k frames in {t['recipe_min']} min, against SB3's {t['sb3_min']} min "
@@ -250,7 +311,10 @@ def sac_tables(res: Results) -> str:
 
 def td3_tables(res: Results) -> str:
     """TD3 against SB3: the means, their difference and its 90 % interval at each mark."""
-    data = res["learning/td3_vs_sb3.json"]
+    data = res.get("learning/td3_vs_sb3.json")
+    if data is None:
+        return (f"The recipe against SB3's TD3, 100k frames: **{NOT_MEASURED}** "
+                "(``python benchmarks/learning.py --suite td3 --seeds 0 1 2 3 4 5 6 7 8 9``).\n")
     recipe, sb3 = side_mean(data, "recipe"), side_mean(data, "sb3_td3")
     rows = []
     for i, mark in enumerate(data["marks"]):
@@ -268,7 +332,10 @@ def td3_tables(res: Results) -> str:
 
 def learner_table(res: Results) -> str:
     """learner_throughput: updates/s against TorchRL's loop and the machine's limit, and end to end."""
-    d = res["learning/learner_throughput.json"]
+    d = res.get("learning/learner_throughput.json")
+    if d is None:
+        return (f"The update against TorchRL's loop and the machine's limit: **{NOT_MEASURED}** "
+                "(``python benchmarks/learner_throughput.py --profile --e2e-rounds 2``).\n")
     td3 = d["td3"]
     rows = [
         ["TorchRL's sota SAC loop (``SACLoss``, three ``Adam``), one thread", "``plain_ups_1t``",
@@ -333,10 +400,38 @@ def ab_table(res: Results, key: str, what: str) -> str:
     rows = [[f"``{n}``", fmt(d[f"{n}_a"], 1), fmt(d[f"{n}_b"], 1), ratio(n)] for n in names]
     out = list_table(["figure", f"A: {side['a']}", f"B: {side['b']}",
                       "B / A (median over rounds, 90 % interval)"], rows)
+    return out + (f"\n{what}. ``{ab_command(d, names, key)}``, {d['rounds']} alternating rounds, measured "
+                  f"{d['date']}. {ab_placeholders(d)}. Data: ``benchmarks/results/{key}``.\n")
+
+
+def ab_command(d: dict, keys: list[str], file: str) -> str:
+    """The ``ab_rounds.py`` command that measures ``d`` and writes it to ``benchmarks/results/<file>``: each side a
+    Python with its torch (one commit) or a checkout at its commit (two commits), as :func:`ab_placeholders` says.
+
+    Example:
+        >>> d = {"a": {"commit": "84f3456", "torch": "2.14.1"}, "b": {"commit": "fc20456", "torch": "2.14.1"},
+        ...      "measures": "collector_throughput", "rounds": 6, "script_from": "each side", "args": ["--rounds", "1"]}
+        >>> print(ab_command(d, ["offpolicy_envpool_16"], "collector/ab.json"))  # doctest: +NORMALIZE_WHITESPACE
+        python benchmarks/ab_rounds.py --a python@<checkout at 84f3456> --b python@<checkout at fc20456>
+        --benchmark collector_throughput --keys offpolicy_envpool_16 --rounds 6
+        --out benchmarks/results/collector/ab.json -- --rounds 1
+    """
+    same = d["a"]["commit"] == d["b"]["commit"]
+    side = {s: f"<python with torch {d[s]['torch']}>" if same else f"python@<checkout at {d[s]['commit']}>"
+            for s in ("a", "b")}
     script_from = f" --script-from {d['script_from']}" if d.get("script_from") in ("a", "b") else ""
-    return out + (f"\n{what}. ``python benchmarks/ab_rounds.py ...{script_from} --benchmark {d['measures']} -- "
-                  f"{' '.join(d['args'])}``, {d['rounds']} alternating rounds, measured {d['date']} "
-                  f"(A from ``{d['a']['repo']}``, B from ``{d['b']['repo']}``). Data: ``benchmarks/results/{key}``.\n")
+    return (f"python benchmarks/ab_rounds.py --a {side['a']} --b {side['b']} --benchmark {d['measures']} "
+            f"--keys {','.join(keys)} --rounds {d['rounds']}{script_from} --out benchmarks/results/{file} -- "
+            + " ".join(d["args"]))
+
+
+def ab_placeholders(d: dict) -> str:
+    """What :func:`ab_command`'s two sides stand for."""
+    if d["a"]["commit"] == d["b"]["commit"]:
+        return ("``<python with torch V>``: the Python of an environment with torch V; both sides run this "
+                "checkout's benchmark and package")
+    return ("``<checkout at C>``: a clone of this repository at commit C, whose benchmark runs under ``python`` with "
+            "that checkout's package first on its path")
 
 
 #: The wall-clock suite (benchmarks/learning.py --suite wallclock), per algorithm: its finalists on 5 seeds (first), and
@@ -547,8 +642,8 @@ def gpu_table(res: Results) -> str:
     """gpu_check's results (its ``--quick`` dry runs left out), or 'not yet measured' without a results file."""
     runs = [run for run in topic(res, "gpu") if not run.get("quick")]
     if not runs:
-        return (f"**No GPU figures: {NOT_MEASURED}.** No GPU has been lent to this project yet. On a machine with "
-                "one, ``python benchmarks/gpu_check.py`` measures them and saves its results to "
+        return (f"**No GPU figures: {NOT_MEASURED}.** On a machine with a GPU, "
+                "``python benchmarks/gpu_check.py`` measures them and saves its results to "
                 "``benchmarks/results/gpu/``; ``python benchmarks/report.py`` then fills this table.\n")
     return "".join(list_table(["key", "value"], [[f"``{k}``", str(v)] for k, v in flatten(run)])
                    + f"\nData: ``benchmarks/results/{run['_file']}``.\n\n" for run in runs)
@@ -559,46 +654,37 @@ def headline_rows(res: Results) -> list[tuple[str, str, str, str]]:
     c = res["collector/halfcheetah.json"]
     r, s = c["ratio_over_raw"], c["steps_per_s"]
     d = res["dropin/dropin_speedup.json"]
-    sac = res["learning/sac_vs_sb3.json"]
-    t = sac["time_to_sb3_return"]
-    td3 = res["learning/td3_vs_sb3.json"]
-    rec, sb3 = side_mean(td3, "recipe"), side_mean(td3, "sb3_td3")
     f, soak = res["faults/faults.json"], res["faults/soak.json"]["recipe_soak"]
     ray = res["ray/ray_scaling.json"]
     robot, rspeed = res["robot/learning.json"], res["robot/collector_speed.json"]
     cheetah = robot["tasks"]["CheetahRun-v1"]["means"]["recipes/sac.py"][-1]
     walker = robot["tasks"]["WalkerWalk-v1"]["means"]["recipes/sac.py"][-1]
     go1 = rspeed["tasks"]["Go1JoystickFlatTerrain-v1"]["ratio_offpolicy_over_envpool"]
-    return [
+    rows = [
         ("Collector vs a raw gymnasium loop (HalfCheetah-v5)",
          f"**{r['offpolicy_envpool_64']:.2f}x** (1 worker x 64 envs), {r['offpolicy_envpool_2w']:.2f}x (2 workers)",
-         c["command"], c["date"]),
+         runnable(c), c["date"]),
         ("Collector vs TorchRL's `Collector` (16 envs, same run)",
          f"**{s['offpolicy_envpool_16'] / s['torchrl_collector']:.1f}x** ({fmt(s['offpolicy_envpool_16'])} against "
-         f"{fmt(s['torchrl_collector'])} steps/s)", c["command"], c["date"]),
+         f"{fmt(s['torchrl_collector'])} steps/s)", runnable(c), c["date"]),
         ("Drop-in: TorchRL's SAC scripts, only the class changed",
          f"**{d['ratio_pattern1']:.2f}x** (batches), **{d['ratio_pattern2']:.2f}x** (shared buffer)",
-         d["command"], d["date"]),
-        wallclock_headline(res)
-        or ("SAC: wall-clock to SB3's 100k return",
-            f"**{t['ratio']:.2f}** of SB3's ({t['recipe_min']} against {t['sb3_min']} min, 3 seeds)",
-            sac["command"], sac["date"]),
-        wallclock_headline(res, "td3")
-        or (f"TD3 vs SB3's TD3, {len(td3['recipe'])} seeds, 100k frames",
-            f"{fmt(rec[-1])} against {fmt(sb3[-1])} ({(rec[-1] / sb3[-1] - 1) * 100:+.1f} %)",
-            "python benchmarks/learning.py --suite td3 --seeds 0 1 2 3 4 5 6 7 8 9", td3["date"]),
+         runnable(d), d["date"]),
+        wallclock_headline(res),  # the SAC and TD3 rows, once their suites are measured
+        wallclock_headline(res, "td3"),
         ("Faults survived",
          f"{f['worker_kills']['kills']} worker and {f['buffer_kills']['kills']} writer SIGKILLs: 0 hangs, 0 torn rows; "
          f"SAC soak: {soak['kills']} kills, {soak['restarts']} restarts, {soak['frames_lost']} frames lost",
-         f["command"] + " (and --soak-minutes)", f"{f['date']}, soak {res['faults/soak.json']['date']}"),
+         f"{runnable(f)}; {runnable(res['faults/soak.json'])}", f"{f['date']}, soak {res['faults/soak.json']['date']}"),
         ("Ray vs local collector (2 nodes, same cores)",
          f"**{ray['by_frames_per_batch']['512']['ray_over_local']:.2f}** at 512 frames per batch",
-         ray["command"], ray["date"]),
+         runnable(ray), ray["date"]),
         ("Robot tasks (Control Suite, Playground)",
          f"SAC 100k: CheetahRun {fmt(cheetah)}, WalkerWalk {fmt(walker)}; Go1 collector {go1:.2f} of EnvPool",
-         "python benchmarks/learning.py --suite robot (and collector_throughput.py --task)",
+         f"{runnable(robot)}; {runnable(rspeed).replace('<task>', 'Go1JoystickFlatTerrain-v1')}",
          f"{robot['date']}, collector {rspeed['date']}"),
     ]
+    return [row for row in rows if row is not None]
 
 
 def wallclock_headline(res: Results, algo: str = "sac") -> tuple[str, str, str, str] | None:
@@ -613,11 +699,11 @@ def wallclock_headline(res: Results, algo: str = "sac") -> tuple[str, str, str, 
     half = t["return_ratio_at_half"]
     at_half = "" if half is None else f"; at half SB3's time, **{half:.2f}x** SB3's return"
     row = [f"{algo.upper()}: wall-clock to SB3's 100k return",
-           f"{reached}{at_half} ({side['seeds']} seeds; SB3 {ref['seeds']})", data["command"], data["date"]]
+           f"{reached}{at_half} ({side['seeds']} seeds; SB3 {ref['seeds']})", runnable(data), data["date"]]
     script = res.get(anchor_file(algo))
     if script is not None:
         row[1] += "; " + anchor_clause(t["minute_reached"], script)
-        row[2] += f"; {script['command']}"
+        row[2] += f"; {runnable(script)}"
         row[3] += f", TorchRL's {script['date']}"
     return tuple(row)
 
@@ -647,10 +733,16 @@ def anchor_clause(ours_minute: int | None, script: dict) -> str:
 
 
 def readme_headline(res: Results) -> str:
-    """README's headline table in Markdown."""
+    """README's headline table in Markdown, and what the placeholders of its commands stand for."""
+    rows = headline_rows(res)
     lines = ["| measure | figure | command | date |", "| --- | --- | --- | --- |"]
-    lines += [f"| {m} | {fig} | `{cmd}` | {date} |" for m, fig, cmd, date in headline_rows(res)]
-    return "\n".join(lines) + "\n"
+    lines += [f"| {m} | {fig} | `{cmd}` | {date} |" for m, fig, cmd, date in rows]
+    commands = " ".join(cmd for _, _, cmd, _ in rows)
+    notes = [note for placeholder, note in (
+        ("<pytorch/rl checkout>", "`<pytorch/rl checkout>`: a clone of https://github.com/pytorch/rl, whose scripts "
+                                  "the command runs"),
+        ("<dir>", DIR_NOTE.replace("``", "`"))) if placeholder in commands]
+    return "\n".join(lines) + "\n" + (f"\n{'; '.join(notes)}.\n" if notes else "")
 
 
 def readme_main_job(res: Results) -> str:
@@ -687,9 +779,9 @@ def figures_rst(res: Results) -> str:
 AB_TABLES = {
     "torch_versions.rst": ("learning/torch_2.13_vs_2.14.1.json",
                            "The learner's update rates on torch 2.13.0 (CPU build) and 2.14.1"),
-    "collector_before_after.rst": ("collector/before_after_issue43_final.json", "Each collector's env steps per "
+    "collector_before_after.rst": ("collector/before_after_9997472_ec93b86.json", "Each collector's env steps per "
                                    "second at two commits of the package, one benchmark script measuring both"),
-    "dropin_before_after.rst": ("dropin/before_after_issue43_final.json", "Our collector's frames/s in the three "
+    "dropin_before_after.rst": ("dropin/before_after_9997472_ec93b86.json", "Our collector's frames/s in the three "
                                 "configurations of ``dropin_speedup.py`` at two commits of the package, one "
                                 "benchmark script measuring both"),
     "dropin_torch_versions.rst": ("dropin/torch_2.13_vs_2.14.1.json",
@@ -708,7 +800,8 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "collector.rst": collector_tables, "dropin.rst": dropin_tables, "sota_dropin.rst": sota_table,
     "sota_exit.rst": sota_exit_table, "conformance.rst": conformance_table,
     "sac_vs_sb3.rst": sac_tables, "td3_vs_sb3.rst": td3_tables,
-    "td3_seeds.rst": lambda res: learning_table(res["learning/td3_vs_sb3.json"], "td3"),  # each seed at every mark
+    "td3_seeds.rst": lambda res: (learning_table(res["learning/td3_vs_sb3.json"], "td3")  # each seed at every mark
+                                  if "learning/td3_vs_sb3.json" in res else f"Each seed: **{NOT_MEASURED}**.\n"),
     "learner.rst": learner_table, "learner_batch_sizes.rst": learner_batch_table,
     **{name: functools.partial(ab_table, key=key, what=what) for name, (key, what) in AB_TABLES.items()},
     "wallclock.rst": wallclock_tables, "wallclock_td3.rst": functools.partial(wallclock_tables, algo="td3"),
@@ -720,9 +813,8 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
 def outputs(results: Path = RESULTS, readme: Path = README) -> dict[Path, str]:
     """Every generated text file and its content, computed from ``results`` (nothing is written)."""
     res = load(results)
-    for key, data in res.items():
-        data["_file"] = key
     out = {GENERATED / name: HEADER + make(res) for name, make in DOCS_TABLES.items()}
+    out |= {path: f"{text}\n{DIR_NOTE}.\n" for path, text in out.items() if "<dir>" in text}
     out[readme] = render_readme(readme.read_text(), res)
     return out
 
@@ -756,7 +848,8 @@ def plot_bars(path: Path, title: str, labels: list[str], groups: dict[str, list[
 def plots(results: Path = RESULTS) -> list[Path]:
     """Writes the learning curves and bar charts under ``docs/_static/results/``; returns their paths."""
     res = load(results)
-    for algo in ("sac", "td3"):
+    against_sb3 = [algo for algo in ("sac", "td3") if f"learning/{algo}_vs_sb3.json" in res]
+    for algo in against_sb3:
         data = res[f"learning/{algo}_vs_sb3.json"]
         plot_learning(PLOTS / f"{algo}_vs_sb3.png", f"{algo.upper()} HalfCheetah-v5: recipe against SB3",
                       [(f"recipes/{algo}.py", data["recipe"], side_mean(data, "recipe")),
@@ -779,7 +872,7 @@ def plots(results: Path = RESULTS) -> list[Path]:
               [f"{k} frames per batch" for k in r],
               {"local": [v["local_fps"] for v in r.values()], "Ray": [v["ray_fps"] for v in r.values()]},
               "frames per second")
-    made = [*(f"{algo}_vs_sb3" for algo in ("sac", "td3")), *(f"robot_{task}" for task in robot["tasks"]),
+    made = [*(f"{algo}_vs_sb3" for algo in against_sb3), *(f"robot_{task}" for task in robot["tasks"]),
             "collector", "dropin", "ray"]
     for algo, name in (("sac", "wallclock"), ("td3", "wallclock_td3")):
         curves = wallclock_curves(res, algo)

@@ -41,8 +41,9 @@ def test_the_benchmarks_examples_hold():
     import ab_rounds
     import common
     import dropin_speedup
+    import report
 
-    for module in (wallclock, ab_rounds, learning, common, dropin_speedup):
+    for module in (wallclock, ab_rounds, learning, common, dropin_speedup, report):
         assert doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
 
 

@@ -66,13 +66,55 @@ def test_a_hand_edited_table_is_stale(tmp_path):
 def test_readme_headline_table():
     text = report.README.read_text()
     block = text.split("<!-- report:headline -->")[1].split("<!-- /report:headline -->")[0]
-    rows = [line for line in block.strip().splitlines()[2:]]
+    rows = [line for line in block.strip().splitlines()[2:] if line.startswith("|")]
     assert 1 <= len(rows) <= 8
     for row in rows:
         measure, figure, command, date = [cell.strip() for cell in row.strip("|").split(" | ")]
         assert command.startswith("`python benchmarks/"), row
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}.*", date), row
         assert re.search(r"\d", figure), row
+    # the commands' placeholders, each said once under the table
+    notes = block.strip().splitlines()[-1]
+    for placeholder in ("<pytorch/rl checkout>", "<dir>"):
+        assert placeholder in " ".join(rows) and notes.count(f"`{placeholder}`") == 1
+
+
+def test_rendered_commands_run_from_a_checkout(results_copy):
+    """A command recorded with paths of the machine that measured renders with paths of a checkout: its --out the
+    results file itself, a learning suite's run directory ``<dir>`` (said once on the page), ``--rl-root
+    <pytorch/rl checkout>``; a comparison of two builds names its sides by commit or torch, not by directory."""
+    ray = json.loads((results_copy / "ray" / "ray_scaling.json").read_text())
+    ray["command"] = "python benchmarks/ray_scaling.py --rounds 3 --out /work/scratch/ray.json"
+    (results_copy / "ray" / "ray_scaling.json").write_text(json.dumps(ray))
+    robot = json.loads((results_copy / "robot" / "learning.json").read_text())
+    robot["command"] = "python benchmarks/learning.py --suite robot --out /home/me/robot --reuse"
+    (results_copy / "robot" / "learning.json").write_text(json.dumps(robot))
+    out = {p.name: text for p, text in report.outputs(results_copy).items()}
+    assert "``python benchmarks/ray_scaling.py --rounds 3 --out benchmarks/results/ray/ray_scaling.json``" in out[
+        "ray.rst"]
+    assert "``python benchmarks/learning.py --suite robot --out <dir> --reuse``" in out["robot_learning.rst"]
+    assert out["robot_learning.rst"].count("``<dir>`` in a command") == 1
+    ab = out["collector_spec_core.rst"]
+    assert "--a python@<checkout at 84f3456> --b python@<checkout at fc20456>" in ab and "/tmp/" not in ab
+    for name, text in out.items():
+        assert not re.search(r"(?<![\w.<-])/(?:work|tmp|home|root)/", text), name
+
+
+def test_figures_typed_in_by_hand_are_not_rendered(results_copy):
+    """A results file whose ``source`` says its figures were typed in stays in the results, and its tables read
+    'not yet measured' with the command that measures them; the same file written by the benchmark renders."""
+    out = {p.name: text for p, text in report.outputs(results_copy).items()}
+    typed = json.loads((results_copy / "learning" / "learner_throughput.json").read_text())
+    assert typed["source"].startswith("typed in") and "learning/learner_throughput.json" not in report.load(
+        results_copy)
+    assert report.NOT_MEASURED in out["learner.rst"] and "--profile --e2e-rounds 2" in out["learner.rst"]
+    for name in ("sac_vs_sb3.rst", "td3_vs_sb3.rst", "td3_seeds.rst"):
+        assert report.NOT_MEASURED in out[name]
+    assert "2.13" not in out["sota_dropin.rst"]  # the typed run's provenance left out; its scripts' rows came later
+    del typed["source"]
+    (results_copy / "learning" / "learner_throughput.json").write_text(json.dumps(typed))
+    learner = report.outputs(results_copy)[report.GENERATED / "learner.rst"]
+    assert report.NOT_MEASURED not in learner and "``recipe_ups_1t`` / ``_2t``" in learner
 
 
 def test_topics_not_measured_yet_say_so(results_copy):
@@ -198,7 +240,8 @@ def test_the_sac_wallclock_suite_states_torchrl_sac_py_beside_sb3(results_copy):
     budget = side["minute"][-1]
     ours = res["learning/wallclock.json"]["configs"]["defaults"]["targets"]["minute_reached"]
     assert f"TorchRL's sac.py does not reach it in {budget} min (5 seeds): **< {ours / budget:.2f}**" in figure
-    assert command.endswith("; " + anchor["command"]) and date.endswith(f"TorchRL's {anchor['date']}")
+    assert command.endswith("; " + anchor["command"] + " --rl-root <pytorch/rl checkout>")  # a rerun needs it
+    assert date.endswith(f"TorchRL's {anchor['date']}")
     # once it reaches SB3's return, the ratio of the two minutes
     side["targets"]["minute_reached"] = 2 * ours
     (results_copy / "learning" / "wallclock_anchor.json").write_text(json.dumps(anchor))
