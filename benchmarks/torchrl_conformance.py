@@ -18,7 +18,6 @@ import datetime
 import functools
 import importlib
 import importlib.abc
-import importlib.metadata
 import importlib.util
 import inspect
 import json
@@ -38,7 +37,17 @@ from typing import Any
 # that the benchmarks' own module names shadow nothing.
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
-from common import GroupRun, git, open_rl, run_in_own_group, shm_entries, shm_left, with_pythonpath, work_dir  # noqa: E402
+from common import (  # noqa: E402
+    GroupRun,
+    git,
+    open_rl,
+    run_in_own_group,
+    shm_entries,
+    shm_left,
+    torchrl_version,
+    with_pythonpath,
+    work_dir,
+)
 
 BENCHMARKS = Path(__file__).resolve().parent
 REPO_ROOT = BENCHMARKS.parent
@@ -430,10 +439,11 @@ def _crash(run: GroupRun, events: list[dict], timeout: float) -> str | None:
 
 
 def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout: float, *,
-               rebind: Sequence[str] = (), verify: Sequence[str] = (),
-               plugin_dir: Path = BENCHMARKS) -> tuple[list[dict], str | None, float, list[str]]:
-    """Runs pytest with the plugin (imported from ``plugin_dir``) in its own process group, its output into
-    ``rundir/pytest.log``: ``(events, crash, seconds, notes)``, ``crash`` as :func:`_crash` says."""
+               rebind: Sequence[str] = (), verify: Sequence[str] = (), plugin_dir: Path = BENCHMARKS,
+               python: str | Path = sys.executable) -> tuple[list[dict], str | None, float, list[str]]:
+    """Runs pytest under ``python`` with the plugin (imported from ``plugin_dir``) in its own process group, its
+    output into ``rundir/pytest.log``: ``(events, crash, seconds, notes)``, ``crash`` as :func:`_crash` says. A
+    ``side`` other than ``stock`` and ``ours`` only records events."""
     rundir.mkdir(parents=True)
     log_path, events_path = rundir / "pytest.log", rundir / "events.jsonl"
     # The tests' temporary files go with this directory. Short: multiprocessing's sockets live there, and an
@@ -447,7 +457,7 @@ def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout
     env = with_pythonpath(REPO_ROOT, plugin_dir, site, PYTHONFAULTHANDLER="1", TMPDIR=str(tmp), **{
         ENV_SIDE: side, ENV_LOG: str(events_path), ENV_REBIND: ",".join(rebind), ENV_VERIFY: ",".join(verify)})
     ini = ["-c", str(root / "pytest.ini")] if (root / "pytest.ini").is_file() else []
-    command = [sys.executable, "-m", "pytest", *ini, "--rootdir", str(root), "-p", PLUGIN, "-p", "no:cacheprovider",
+    command = [str(python), "-m", "pytest", *ini, "--rootdir", str(root), "-p", PLUGIN, "-p", "no:cacheprovider",
                "-q", *args]
     notes: list[str] = []
     shm_before = shm_entries()
@@ -595,17 +605,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"{str(args.stock_results)!r} ({type(err).__name__}: {err})")
     sides = [s for s in ("stock", "ours") if args.side in (s, "both") and not (s == "stock" and saved is not None)]
 
-    torchrl_version = importlib.metadata.version("torchrl")
+    installed = torchrl_version()
     unilab_commit, unilab_dirty = _unilab_state()
     with work_dir("torchrl_conformance_", args.keep) as workdir:
         try:
             root, commit = open_tests(args.rl_root.expanduser().resolve(), workdir)
         except ValueError as err:
             parser.error(str(err))
-        if saved is not None and (saved.get("commit"), saved.get("torchrl")) != (commit, torchrl_version):
+        if saved is not None and (saved.get("commit"), saved.get("torchrl")) != (commit, installed):
             parser.error(f"--stock-results {str(args.stock_results)!r} is of commit {saved.get('commit')} with torchrl "
-                         f"{saved.get('torchrl')}; this run is of {commit} with torchrl {torchrl_version}")
-        print(f"torchrl {torchrl_version}; checkout {args.rl_root} at commit {commit}; torchrl_unilab "
+                         f"{saved.get('torchrl')}; this run is of {commit} with torchrl {installed}")
+        print(f"torchrl {installed}; checkout {args.rl_root} at commit {commit}; torchrl_unilab "
               f"{REPO_ROOT / 'torchrl_unilab'} at {unilab_commit}{' (modified)' if unilab_dirty else ''}",
               file=sys.stderr, flush=True)
         date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -628,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         n_cases = sum(len(cases[t]) for t in tests)
         print(f"{len(tests)} test functions, {n_cases} cases ({left_out} MultiSyncCollector cases left out)",
               file=sys.stderr, flush=True)
-        head = {"benchmark": "torchrl_conformance", "torchrl": torchrl_version, "commit": commit,
+        head = {"benchmark": "torchrl_conformance", "torchrl": installed, "commit": commit,
                 "unilab_commit": unilab_commit, "unilab_dirty": unilab_dirty, "date": date,
                 "selection": {"functions": len(tests), "cases": n_cases, "multisync_cases_left_out": left_out,
                               "by_class_decorator": [f"{TEST_FILE}::{t}" for t in tests
