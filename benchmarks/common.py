@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
-import json
 import os
 import platform
 import random
@@ -22,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence, Sized
 from pathlib import Path
@@ -250,57 +248,6 @@ def run_captured(cmd: Sequence[str], *, timeout: float, cwd: Path | None = None,
         proc.communicate()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-#: The prefix of the line on which a child run of :func:`result_in_subprocess` prints its result (JSON).
-RESULT = "RESULT "
-
-
-def result_in_subprocess(command: Sequence[str], *, env: dict[str, str] | None, timeout: float,
-                         exit_grace: float) -> tuple[dict | None, str | None]:
-    """Runs ``command`` in a session of its own: ``(result, problem)``, the JSON of its first :data:`RESULT` line and
-    what went wrong, if anything.
-
-    ``problem`` is ``None``, ``"hang at run"`` (no result within ``timeout`` seconds), ``"hang at exit"`` (no exit
-    within ``exit_grace`` seconds of the result, which is kept) or ``"failed: <last stderr line>"``. A hung child is
-    killed with its process group (a collector's workers too).
-
-    Example::
-
-        >>> result_in_subprocess([sys.executable, "-c", "print('RESULT {\\"fps\\": 1.5}')"], env=None, timeout=60,
-        ...                      exit_grace=10)
-        ({'fps': 1.5}, None)
-    """
-    stderr = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, text=True,
-                            start_new_session=True, env=env)
-    result: list[dict] = []
-
-    def read() -> None:
-        for line in proc.stdout:
-            if line.startswith(RESULT) and not result:
-                result.append(json.loads(line[len(RESULT):]))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    wait_until(lambda: result or proc.poll() is not None, timeout, poll=0.1)
-    problem = None
-    if not result and proc.poll() is None:
-        problem = "hang at run"
-    else:
-        try:
-            proc.wait(timeout=exit_grace)
-        except subprocess.TimeoutExpired:
-            problem = "hang at exit"
-    if problem is not None:
-        kill_now(proc)
-    reader.join(timeout=5)
-    if not result and problem is None:
-        stderr.seek(0)
-        lines = [line.strip() for line in stderr.read().splitlines() if line.strip()]
-        problem = f"failed: {lines[-1] if lines else f'exit code {proc.returncode}'}"
-    stderr.close()
-    return (result[0] if result else None), problem
 
 
 def with_pythonpath(*paths: str | Path, **env: str) -> dict[str, str]:
