@@ -1,0 +1,172 @@
+"""``benchmarks/torchrl_nightly.py``'s own logic, without a network install.
+
+The benchmark installs TorchRL's nightly builds into a scratch venv; these tests check what it decides before and
+after: its command line, what it installs and with which pip commands, how it runs a test file and counts its
+cases, and the install page's section it renders from a results file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torchrl_nightly as tn
+
+PYPROJECT = """
+[project]
+name = "x"
+dependencies = ["torch>=2.14,<2.15", "torchrl==0.14.1", "tensordict>=0.14,<0.15", "gymnasium[mujoco]>=1.0",
+                "envpool==1.2.5", "Torch_Foo>=1"]
+[project.optional-dependencies]
+test = ["pytest>=8", "pytest-timeout"]
+docs = ["sphinx"]
+"""
+
+
+def test_the_command_line_defaults_and_its_errors(tmp_path, capsys):
+    args = tn.parse_args([])
+    assert args.stacks == ["nightly", "stable"] and args.tests == list(tn.DEFAULT_TESTS)
+    assert args.venv is None and not args.keep and args.rl_root is None and args.conformance_side == "ours"
+    args = tn.parse_args(["--venv", str(tmp_path), "--rl-root", str(tmp_path), "--tests", "tests/a.py::t", "--keep"])
+    assert args.venv == tmp_path and args.rl_root == tmp_path.resolve() and args.tests == ["tests/a.py::t"]
+    with pytest.raises(SystemExit):
+        tn.parse_args(["--stacks", "stable"])  # no nightly to take a torch from
+    assert "--stable-torch" in capsys.readouterr().err
+    assert tn.parse_args(["--stacks", "stable", "--stable-torch", "2.15.0"]).stable_torch == "2.15.0"
+    with pytest.raises(SystemExit):
+        tn.parse_args(["--rl-root", str(tmp_path / "missing")])
+
+
+def test_the_default_tests_exist():
+    root = Path(tn.__file__).resolve().parents[1]
+    for test in [*tn.DEFAULT_TESTS, *tn.QUICK_TESTS]:
+        file, _, name = test.partition("::")
+        assert (root / file).is_file(), file
+        assert not name or f"def {name}(" in (root / file).read_text(), test
+
+
+def test_what_each_stack_installs(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(PYPROJECT)
+    pinned, others = tn.project_requirements(tmp_path / "pyproject.toml")
+    assert pinned == ["torch>=2.14,<2.15", "torchrl==0.14.1", "tensordict>=0.14,<0.15"]
+    assert others == ["gymnasium[mujoco]>=1.0", "envpool==1.2.5", "Torch_Foo>=1", "pytest>=8", "pytest-timeout"]
+    assert tn.stack_requirements("nightly", None, pinned) == ["torchrl-nightly", "tensordict-nightly"]
+    assert tn.stack_requirements("nightly", "2.15.0", pinned)[-1] == "torch==2.15.0"
+    assert tn.stack_requirements("stable", "2.15.0", pinned) == ["torchrl==0.14.1", "tensordict>=0.14,<0.15",
+                                                                 "torch==2.15.0"]
+    with pytest.raises(ValueError, match="torch version"):
+        tn.stack_requirements("stable", None, pinned)
+
+
+def test_the_pip_commands_keep_our_pins_out_and_lift_a_configured_constraint():
+    python = Path("/v/bin/python")
+    first, second = tn.pip_commands(python, ["torchrl-nightly", "tensordict-nightly"], ["numpy", "pytest>=8"],
+                                    Path("/repo"))
+    # one resolve for the stack and the other requirements, then the checkout without its dependencies
+    assert first == ["/v/bin/python", "-m", "pip", "install", "torchrl-nightly", "tensordict-nightly", "numpy",
+                     "pytest>=8"]
+    assert second == ["/v/bin/python", "-m", "pip", "install", "--no-deps", "-e", "/repo"]
+    assert tn.PIP_ENV == {"PIP_CONSTRAINT": os.devnull}
+
+
+def test_a_test_file_runs_in_its_own_pytest_and_each_case_is_counted(tmp_path):
+    test = tmp_path / "test_sample.py"
+    test.write_text(textwrap.dedent("""
+        import pytest
+
+        def test_ok():
+            pass
+
+        def test_bad():
+            raise ValueError("boom")
+
+        @pytest.mark.skip(reason="not here")
+        def test_skipped():
+            pass
+    """))
+    files, failures = tn.run_tests(Path(sys.executable), [f"{test}::test_ok", f"{test}::test_bad",
+                                                          f"{test}::test_skipped"], tmp_path / "runs", 120)
+    assert list(files) == [str(test)]
+    assert {k: files[str(test)][k] for k in ("passed", "failed", "skipped", "crashed")} == {
+        "passed": 1, "failed": 1, "skipped": 1, "crashed": None}
+    [(case, error)] = failures.items()
+    assert case.endswith("test_bad") and "ValueError: boom" in error
+
+
+def test_the_reference_conformance_run_is_the_latest_full_run_of_ours(tmp_path):
+    def write(name, date, **extra):
+        (tmp_path / name).write_text(json.dumps({"date": date, "ours": {"passed": 1}, "selection": {"only": None},
+                                                 "outcomes": {"ours": {"c": name}}} | extra))
+
+    assert tn.reference_conformance(tmp_path) == (None, {})
+    write("a.json", "2026-01-01")
+    write("b.json", "2026-01-03", repeats={"runs": 3})
+    write("c.json", "2026-01-04", selection={"only": "x"})
+    write("d.json", "2026-01-02")
+    assert tn.reference_conformance(tmp_path) == ("d.json", {"c": "d.json"})
+
+
+RUN = {
+    "benchmark": "torchrl_nightly", "date": "2026-01-02", "_file": "nightly/n.json", "machine": "2-core CPU",
+    "command": "python benchmarks/torchrl_nightly.py --rl-root /src/rl --out /tmp/n.json",
+    "rl": {"commit": "ae9719f17b15", "date": "2026-08-22"},
+    "stacks": {
+        "nightly": {
+            "versions": {"torch": "2.15.0", "torchrl": "2026.10.27", "tensordict": "2026.10.26"},
+            "install": {"error": None}, "extension": {"loaded": True},
+            "tests": {"tests/test_a.py": {"passed": 5, "failed": 1, "skipped": 0, "crashed": None},
+                      "tests/test_b.py": {"passed": 2, "failed": 0, "skipped": 1, "crashed": None}},
+            "failures": {"tests/test_a.py::test_x": "AssertionError: assert 1 == 2"},
+            "conformance": {"commit": "ae9719f17b15", "ours": {"passed": 100, "failed": 7, "skipped": 34,
+                                                              "crashed": []},
+                            "reference": "ours_2026-12-06.json",
+                            "pass_reference_not_here": ["test/test_collectors.py::TestX::test_y[a]"],
+                            "first_errors": {"test/test_collectors.py::TestX::test_y[a]": "KeyError: `k`"}}},
+        "stable": {
+            "versions": {"torch": "2.15.0", "torchrl": "0.14.1", "tensordict": "0.14.3"},
+            "install": {"error": None},
+            "extension": {"loaded": False, "error": "ImportError: undefined symbol: _ZN3c10"},
+            "tests": {"tests/test_a.py": {"passed": 0, "failed": 2, "skipped": 0, "crashed": None}},
+            "failures": {}},
+    },
+}
+
+
+def test_the_install_page_section_says_what_passes():
+    text = tn.rst([RUN])
+    assert text.startswith(".. list-table::")
+    nightly, stable = (line for line in text.splitlines() if line.startswith("   * - ") and "stack" not in line)
+    assert "nightly" in nightly and "this package's pins" in stable
+    assert "torch 2.15.0, torchrl 2026.10.27, tensordict 2026.10.26" in text
+    assert "**fails**" in text  # one failing case
+    assert "C++ extension fails: ImportError: undefined symbol: _ZN3c10" in text
+    assert "5 passed, 1 failed, 0 skipped" in text and "not run" in text  # stable ran test_a only
+    assert "* nightly: ``tests/test_a.py::test_x``: AssertionError: assert 1 == 2" in text
+    assert "100 passed, 7 failed, 34 skipped, 0 crashed" in text and "committed 2026-08-22" in text
+    assert "1 case that passed there fails here:" in text
+    assert "* ``TestX::test_y[a]``: KeyError: 'k'" in text  # no reST markup from an error
+    assert ("``python benchmarks/torchrl_nightly.py --rl-root <pytorch/rl checkout> --out "
+            "benchmarks/results/nightly/n.json``") in text
+    passing = json.loads(json.dumps(RUN))
+    passing["stacks"]["nightly"]["tests"]["tests/test_a.py"]["failed"] = 0
+    assert "**passes**" in tn.rst([RUN, passing]) and "**passes**" not in tn.rst([passing, RUN])
+    assert tn.rst([]).startswith("**not yet measured**")
+
+
+def test_the_printed_line_has_each_stacks_verdict():
+    line = tn.summary(RUN | {"wall_seconds": 9.0})
+    assert line["stacks"]["nightly"]["tests"] == {"tests/test_a.py": [5, 1, 0], "tests/test_b.py": [2, 0, 1]}
+    assert not line["stacks"]["nightly"]["passes"] and not line["stacks"]["stable"]["extension"]
+    assert line["stacks"]["nightly"]["conformance_pass_reference_not_here"] == [
+        "test/test_collectors.py::TestX::test_y[a]"]
+    json.dumps(line)
+
+
+def test_the_scripts_examples_hold():
+    import doctest
+
+    assert doctest.testmod(tn, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
