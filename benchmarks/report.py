@@ -625,6 +625,36 @@ def ray_table(res: Results) -> str:
                                        "bytes/frame on the wire"], rows), d)
 
 
+def python_versions_table(res: Results) -> str:
+    """python_versions: per Python version, README's install line, the quick start and the test subset in a fresh
+    venv, with the versions pip resolved."""
+    d = res.get("install/python_versions.json")
+    if d is None:
+        return (f"**{NOT_MEASURED}.** ``python benchmarks/python_versions.py --out "
+                "benchmarks/results/install/python_versions.json`` measures it.\n")
+
+    def step(run: dict, name: str) -> str:
+        done = run.get(name)
+        if done is None:
+            return "not run"
+        counts = (f" ({done['passed']} passed, {done['failed']} failed, {done['skipped']} skipped)"
+                  if "passed" in done else "")
+        return f"{'ok' if done['ok'] else 'fails: ' + str(done['error'])}{counts}, {fmt(done['seconds'])} s"
+
+    rows = [[f"**{run['python']}**", step(run, "install"), step(run, "quick_start"), step(run, "tests"),
+             ", ".join(f"{name} {version}" for name, version in run.get("versions", {}).items() if version)]
+            for run in d["runs"].values()]
+    subset = ", ".join(f"``{test}``" for test in d["subset"])
+    wheel = d.get("wheel")
+    wheel_note = "" if wheel is None else (
+        f" Wheel (``--wheel``): ``python -m build`` gave {', '.join(f'``{f}``' for f in wheel.get('files', []))}; a "
+        f"fresh venv on Python {wheel['python']} with torch and the wheel alone: build {step(wheel, 'build')}; install "
+        f"{step(wheel, 'install')}; a short collection into ``make_replay_buffer`` outside the checkout "
+        f"{step(wheel, 'collect')}.")
+    return with_provenance(list_table(["Python", "install", "quick start", "tests", "resolved"], rows), d,
+                           note=f"Install: ``{d['install_line']}``. Tests: {subset}.{wheel_note}")
+
+
 def flatten(data: dict, prefix: str = "") -> list[tuple[str, object]]:
     """``{"a": {"b": 1}}`` -> ``[("a.b", 1)]``: the scalar leaves of a results file, private keys left out."""
     out = []
@@ -806,7 +836,8 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     **{name: functools.partial(ab_table, key=key, what=what) for name, (key, what) in AB_TABLES.items()},
     "wallclock.rst": wallclock_tables, "wallclock_td3.rst": functools.partial(wallclock_tables, algo="td3"),
     "robot_learning.rst": robot_tables, "robot_speed.rst": robot_speed_table,
-    "faults.rst": fault_tables, "ray.rst": ray_table, "gpu.rst": gpu_table, "figures.rst": figures_rst,
+    "faults.rst": fault_tables, "ray.rst": ray_table, "gpu.rst": gpu_table,
+    "python_versions.rst": python_versions_table, "figures.rst": figures_rst,
 }
 
 
