@@ -32,7 +32,11 @@ def probe_step(env: EnvBase, policy, exploration_type: ExplorationType,
     storage can be laid out before any worker starts, and one row of zeros of each
     key the policy writes besides ``"action"`` (for :attr:`WorkerConfig.policy_row`).
     The env steps the policy's own action and outputs, as in TorchRL's collectors
-    (an env may check its actions: a one-hot spec, bounds). ``env`` must have batch
+    (an env may check its actions: a one-hot spec, bounds). An action with as many
+    elements per env as the action spec's but another shape (a scalar for a spec of
+    shape ``(1,)``, which TorchRL's collectors pass to the env as is) is reshaped to
+    the spec's shape, here and in the workers: the rows carry the spec's shape. An
+    action with another number of elements is refused. ``env`` must have batch
     size ``[num_envs]`` (:func:`as_batched_env`).
 
     Examples:
@@ -67,14 +71,16 @@ def probe_step(env: EnvBase, policy, exploration_type: ExplorationType,
         else:
             out = policy(policy_td)
     entry = ActionEntry(env)
-    action = entry.get(out)
-    if action is None or not entry.fits(action, (n,)):
+    given_action = entry.get(out)
+    action = entry.conform(given_action, n)
+    if action is None:
         # Shown as the policy sees them: without the batch dimension of one an unbatched env is given.
         skip, what = (1, "the unbatched env's row") if isinstance(env, BatchOfOne) else (0, "the whole batch of envs")
         wanted = entry.key if entry.key is not None else [str(key) for key in entry.keys]
         raise ValueError(
-            f"policy's action shape {entry.describe(action, skip)} differs from the env's action spec shape "
-            f"{entry.describe_spec(skip)} (key {wanted!r}); the policy must write {wanted!r} for {what}"
+            f"policy's action shape {entry.describe(given_action, skip)} differs from the env's action spec shape "
+            f"{entry.describe_spec(skip)} (key {wanted!r}); the policy must write {wanted!r} for {what}, of the "
+            "spec's shape or of any shape with as many elements (reshaped to the spec's)"
         )
     given = set(td.keys(True, True))
     keys = [key for key in out.keys(True, True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -85,13 +86,29 @@ class ActionEntry:
         else:
             td.update(action)
 
-    def fits(self, action, shape: tuple) -> bool:
-        """Whether ``action`` has the env's shape, with ``shape`` (the batch ``[n]``) in front."""
+    def conform(self, action, n: int):
+        """``action`` (of ``n`` envs) with the env's action shape: as given, or reshaped to the spec where each
+        env's action has as many elements as the spec's (a scalar for a spec of shape ``(1,)``, which TorchRL's
+        collectors hand to the env as is); ``None`` if an action is missing or has another number of elements.
+
+        Examples:
+            >>> from torchrl.envs import GymEnv, SerialEnv
+            >>> entry = ActionEntry(SerialEnv(2, lambda: GymEnv("Pendulum-v1")))
+            >>> entry.conform(torch.zeros(2), 2).shape, entry.conform(torch.zeros(2, 2), 2)
+            (torch.Size([2, 1]), None)
+        """
+        if action is None:
+            return None
         if self.key is not None:
-            return tuple(action.shape) == (*shape, *self.shape[len(shape):])
-        return tuple(action.batch_size[:len(shape)]) == shape and all(
-            tuple(action.get(key).shape[len(shape):]) == tuple(self.spec[key].shape[len(shape):])
-            for key in self.keys)
+            return _conform(action, n, self.shape[1:])
+        if tuple(action.batch_size[:1]) != (n,):
+            return None
+        values = {key: _conform(action.get(key, None), n, tuple(self.spec[key].shape[1:])) for key in self.keys}
+        if any(value is None for value in values.values()):
+            return None
+        if all(value is action.get(key) for key, value in values.items()):
+            return action
+        return action.empty().update(values)
 
     def describe(self, action, skip: int) -> str:
         if action is None:
@@ -104,6 +121,18 @@ class ActionEntry:
         if self.key is not None:
             return str(self.shape[skip:])
         return str({str(key): tuple(self.spec[key].shape)[skip:] for key in self.keys})
+
+
+def _conform(value: torch.Tensor | None, n: int, shape: tuple) -> torch.Tensor | None:
+    """``value`` as ``[n, *shape]``: as it is, reshaped if it holds ``n`` times the elements of ``shape``
+    (``[n]`` first), else ``None`` (and for no value)."""
+    if value is None:
+        return None
+    if value.shape == (n, *shape):
+        return value
+    if value.dim() >= 1 and value.shape[0] == n and value.numel() == n * math.prod(shape):
+        return value.reshape(n, *shape)
+    return None
 
 
 #: Accepted values of ``nonfinite``.
@@ -325,12 +354,13 @@ class WorkerLoop:
                     action = self.action.get(policy_td)
                     self._carry_policy_state(policy_td, envs)
                 outputs = policy_td
-            if action is None or not self.action.fits(action, (n,)):
+            shaped = self.action.conform(action, n)
+            if shaped is None:
                 raise ValueError(
                     f"policy returned an action of shape {self.action.describe(action, 0)}, the env's action_spec "
-                    f"is {self.action.describe_spec(0)}"
+                    f"is {self.action.describe_spec(0)} (an action with its number of elements is reshaped to it)"
                 )
-            action = action.detach().clone()
+            action = shaped.detach().clone()
         else:
             action = None
         if self._version_rows[0] != self.version:
