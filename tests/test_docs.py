@@ -77,8 +77,14 @@ def examples_tempdir(monkeypatch) -> Iterator[Path]:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+#: Modules whose examples run an extra's package: ``{module: (import name, extra)}``.
+EXAMPLE_EXTRAS = {"torchrl_unilab.collectors.ray_collector": ("ray", "ray")}
+
+
 @pytest.mark.parametrize("module_name", ALL_MODULES)
 def test_docstring_examples(module_name, examples_tempdir):
+    if module_name in EXAMPLE_EXTRAS:
+        needs_extra(*EXAMPLE_EXTRAS[module_name])
     module = importlib.import_module(module_name)
     finder = doctest.DocTestFinder()
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
