@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -209,8 +210,11 @@ def run_tests(python: Path, tests: Sequence[str], workdir: Path, timeout: float)
     its error} of each failed case)``."""
     files, failures = {}, {}
     for file, targets in by_file(tests).items():
-        events, crash, seconds, _ = run_pytest(REPO_ROOT, targets, "unilab", workdir / file.replace("/", "."),
-                                               timeout, python=python)
+        # tmp_path in a short folder, as under pytest's default: a test that makes it TMPDIR gets its fork server's
+        # socket there, and an AF_UNIX path has at most 107 bytes
+        with tempfile.TemporaryDirectory(prefix="tnb_", ignore_cleanup_errors=True) as basetemp:
+            events, crash, seconds, _ = run_pytest(REPO_ROOT, [*targets, "--basetemp", basetemp], "unilab",
+                                                   workdir / file.replace("/", "."), timeout, python=python)
         outcomes, errors = outcomes_from_events(events, [], crash)
         files[file] = counts(outcomes) | {"seconds": round(seconds, 1), "crashed": crash}
         failures |= {case: errors[case] for case, outcome in outcomes.items() if outcome == "failed"}
