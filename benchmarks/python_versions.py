@@ -111,23 +111,28 @@ def find_python(version: str) -> str:
     raise ValueError(f"--python {version}: no working python{version} on PATH or under ~/.pyenv/versions")
 
 
-def junit_counts(path: Path) -> dict[str, int]:
-    """``{"passed", "failed", "skipped"}`` from pytest's ``--junitxml`` file (errors count as failed).
+def junit_counts(path: Path) -> dict:
+    """``{"passed", "failed", "skipped"}`` from pytest's ``--junitxml`` file (errors count as failed), and
+    ``failures``: each failed test's id and the first line of its message.
 
     Example::
 
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as tmp:
         ...     xml = Path(tmp) / "r.xml"
-        ...     _ = xml.write_text('<testsuites><testsuite tests="5" failures="1" errors="1" skipped="1"/>'
-        ...                        '</testsuites>')
+        ...     _ = xml.write_text('<testsuites><testsuite tests="5" failures="1" errors="1" skipped="1">'
+        ...                        '<testcase classname="tests.test_a" name="test_b"><failure message="assert 1 == 0'
+        ...                        '&#10;more"/></testcase></testsuite></testsuites>')
         ...     junit_counts(xml)
-        {'passed': 2, 'failed': 2, 'skipped': 1}
+        {'passed': 2, 'failed': 2, 'skipped': 1, 'failures': ['tests.test_a::test_b: assert 1 == 0']}
     """
     suite = ElementTree.parse(path).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     tests, failures, errors, skipped = (int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped"))
-    return {"passed": tests - failures - errors - skipped, "failed": failures + errors, "skipped": skipped}
+    failed = [f"{case.get('classname')}::{case.get('name')}: {(child.get('message') or '').partition(chr(10))[0][:300]}"
+              for case in suite.iter("testcase") for child in case if child.tag in ("failure", "error")]
+    return {"passed": tests - failures - errors - skipped, "failed": failures + errors, "skipped": skipped,
+            "failures": failed}
 
 
 class Venv:
