@@ -17,13 +17,14 @@ from typing import Any
 import torch
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.collectors.utils import _validate_traj_format
-from torchrl.data import ReplayBuffer
+from torchrl.data import OfflineToOnlineReplayBuffer, ReplayBuffer
 from torchrl.envs.utils import ExplorationType
 
 from torchrl_unilab._checks import check_int
 from torchrl_unilab.collectors._processes import process_context
 from torchrl_unilab.collectors._worker import NONFINITE_MODES
 from torchrl_unilab.data.local_writer import local_write_reason
+from torchrl_unilab.data.resolve import resolve_replay_buffer
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform, as_privileged_transform
 from torchrl_unilab.envs.resolve import GymIdOptions
 from torchrl_unilab.envs.torchrl_stack import check_engine
@@ -142,6 +143,8 @@ class CollectorSpec:
         total_frames: ``-1`` or an int ``>= 1``, before rounding to whole batches.
         init_random_frames: ``0`` for TorchRL's "none" (``None`` or below 0).
         max_frames_per_traj: ``None`` for TorchRL's "no limit" (``None``, or 0 or below).
+        replay_buffer: the buffer the rows go into (:func:`~torchrl_unilab.data.resolve.resolve_replay_buffer`: an
+            ``OfflineToOnlineReplayBuffer``'s online part), or ``None``.
         local_write_reason: why this process extends ``replay_buffer`` rather than the workers, or ``None``.
         gym_ids: how a gymnasium id in ``create_env_fn`` is built.
         devices: TorchRL's four device arguments, by name, as given (each checked).
@@ -160,6 +163,7 @@ class CollectorSpec:
     trajs_per_batch: int | None
     trajs_per_write: int | None
     traj_format: str | None
+    replay_buffer: ReplayBuffer | None
     local_write_reason: str | None
     privileged: PrivilegedInfoTransform | None
     gym_ids: GymIdOptions
@@ -193,7 +197,8 @@ def check_ray_arguments(*, num_nodes: int, num_workers: int, num_envs: int, init
 
 
 def check_arguments(
-    *, torchrl_kwargs: Mapping[str, Any], devices: Mapping[str, Any], replay_buffer: ReplayBuffer | None,
+    *, torchrl_kwargs: Mapping[str, Any], devices: Mapping[str, Any],
+    replay_buffer: ReplayBuffer | OfflineToOnlineReplayBuffer | None,
     num_workers: int | None, num_collectors: int | None, total_frames: int | None, init_random_frames: int | None,
     exploration_type: ExplorationType | str, max_frames_per_traj: int | None, nonfinite: str,
     max_worker_restarts: int, start_method: str, metrics_window: int, num_sub_threads: int,
@@ -233,6 +238,7 @@ def check_arguments(
     if init_random_frames is None or (isinstance(init_random_frames, int) and init_random_frames < 0):
         init_random_frames = 0  # TorchRL reads None and values below 0 as none (its examples pass -1)
     trajs_per_batch = None if trajs_per_batch is None else check_int("trajs_per_batch", trajs_per_batch, 1)
+    replay_buffer = resolve_replay_buffer(replay_buffer)
     if split_trajs and replay_buffer is not None:
         raise ValueError(
             "split_trajs=True splits the batches this collector yields; with a replay_buffer, workers write "
@@ -252,6 +258,7 @@ def check_arguments(
         trajs_per_batch=trajs_per_batch,
         trajs_per_write=None if trajs_per_write is None else check_int("trajs_per_write", trajs_per_write, 1),
         traj_format=_validate_traj_format(traj_format, trajs_per_batch, has_replay_buffer=replay_buffer is not None),
+        replay_buffer=replay_buffer,
         local_write_reason=local_write_reason(replay_buffer, trajs_per_batch),
         privileged=as_privileged_transform(privileged),
         gym_ids=GymIdOptions(num_envs=num_envs, env_kwargs=env_kwargs, stagger_resets=stagger_resets,

@@ -17,7 +17,7 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.collectors import MultiAsyncCollector, _constants as torchrl_constants
 from torchrl.collectors.utils import split_trajectories
-from torchrl.data import ReplayBuffer
+from torchrl.data import OfflineToOnlineReplayBuffer, ReplayBuffer
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType
 from torchrl.weight_update import WeightSyncScheme
@@ -58,6 +58,7 @@ from torchrl_unilab.collectors._worker import (
 from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.data.local_writer import LocalBufferWriter
 from torchrl_unilab.data.replay_buffer import holds_row, prepare_storage
+from torchrl_unilab.data.resolve import workers_buffer
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
 from torchrl_unilab.envs.resolve import as_batched_env, resolve_envs
 from torchrl_unilab.modules.normalization import ObservationNormalizer
@@ -108,6 +109,8 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
             shared one themselves (:func:`~torchrl_unilab.make_replay_buffer`, or TorchRL's
             ``ReplayBuffer(storage=LazyTensorStorage|LazyMemmapStorage, shared=True)``); any other buffer is
             extended by this process (:mod:`~torchrl_unilab.data.local_writer`), with one log line that says so.
+            An ``OfflineToOnlineReplayBuffer`` is written through its online part, which is then ``replay_buffer``
+            here (:mod:`~torchrl_unilab.data.resolve`).
         init_random_frames: frames, exact over all workers, whose actions are uniform over the action spec; each
             worker owns a fixed share, so a seeded run is reproducible. ``None`` or below 0: none.
         seed: env ``j`` of worker ``i`` gets seed ``seed + i * num_envs + j`` (or :meth:`set_seed` later).
@@ -188,7 +191,7 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         num_envs: int = 16,
         frames_per_batch: int | Sequence[int],
         total_frames: int | None = -1,
-        replay_buffer: ReplayBuffer | None = None,
+        replay_buffer: ReplayBuffer | OfflineToOnlineReplayBuffer | None = None,
         init_random_frames: int | None = 0,
         seed: int | None = None,
         exploration_type: ExplorationType | str = ExplorationType.RANDOM,
@@ -257,7 +260,7 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         acting = self._setup_policy(policy, policy_factory, recipe)
         row = self._setup_probe(acting, spec, postproc if replay_buffer is not None else None,
                                 factory_only=policy is None and policy_factory is not None)
-        self._setup_storage(replay_buffer, row, spec)
+        self._setup_storage(spec.replay_buffer, row, spec)
         self._setup_torchrl_options(
             spec, extend_buffer=extend_buffer, postproc=postproc, update_at_each_batch=update_at_each_batch,
             track_policy_version=track_policy_version, init_fn=init_fn, pre_collect_hook=pre_collect_hook,
@@ -492,7 +495,7 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         extras = dict(init_fn=self.init_fn, pre_collect_hook=self._pre_collect_hook,
                       post_collect_hook=self._post_collect_hook,
                       postproc=self.postproc if self._workers_write else None)
-        sink = self.replay_buffer if self._workers_write else None
+        sink = workers_buffer(self.replay_buffer) if self._workers_write else None
         if sink is None:
             self._slots = BatchSlots(self._row.select(*self._row_keys), self.num_workers, self.frames_per_batch)
             sink = self._slots

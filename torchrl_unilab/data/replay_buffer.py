@@ -32,6 +32,8 @@ __all__ = ["buffer_lock", "holds_row", "make_replay_buffer", "init_storage", "pr
            "owned_scratch_dir", "writer_keys"]
 
 _OWNED_DIR_ATTR = "_torchrl_unilab_owned_dir"
+#: Set on a buffer laid out ahead of the collector from something else than its rows: names that thing.
+LAYOUT_SOURCE_ATTR = "_torchrl_unilab_layout_source"
 
 
 def make_replay_buffer(
@@ -150,9 +152,11 @@ def prepare_storage(replay_buffer: ReplayBuffer | None, row: TensorDictBase, fra
     An empty buffer is laid out from ``row`` (:func:`init_storage`) and shared; a
     buffer this process extends (``local``) is laid out by its first ``extend``,
     as TorchRL does. A buffer laid out by the user (TorchRL's own
-    pre-initialisation) gets the keys it has: a key it needs that the rows lack is
-    an error, not a zero, unless the buffer's own writer fills it in
-    (``TensorDictReplayBuffer``'s ``"index"``, :func:`writer_keys`).
+    pre-initialisation, or an ``OfflineToOnlineReplayBuffer``'s online part laid out
+    like its offline dataset, :mod:`~torchrl_unilab.data.resolve`) gets the keys it
+    has: a key it needs that the rows lack is an error, not a zero, unless the
+    buffer's own writer fills it in (``TensorDictReplayBuffer``'s ``"index"``,
+    :func:`writer_keys`), and so is a key whose shape or dtype differs from the rows'.
 
     Examples:
         >>> from tensordict import TensorDict
@@ -163,6 +167,12 @@ def prepare_storage(replay_buffer: ReplayBuffer | None, row: TensorDictBase, fra
         Traceback (most recent call last):
         ...
         ValueError: replay_buffer capacity 2 is below one batch (frames_per_batch=4); use a capacity >= frames_per_batch
+        >>> laid_out = make_replay_buffer(8)
+        >>> init_storage(laid_out, TensorDict({"observation": torch.zeros(4)}, []))
+        >>> prepare_storage(laid_out, row, frames_per_batch=4)
+        Traceback (most recent call last):
+        ...
+        ValueError: replay_buffer's storage holds 'observation' as torch.float32 of shape [4] per row; ...
     """
     all_keys = list(row.keys(include_nested=True, leaves_only=True))
     if replay_buffer is None:
@@ -187,12 +197,31 @@ def prepare_storage(replay_buffer: ReplayBuffer | None, row: TensorDictBase, fra
     filled = set(writer_keys(replay_buffer))
     have = [k for k in have if str(k) not in filled]
     missing = sorted(str(k) for k in have if str(k) not in names)
+    source = getattr(replay_buffer, LAYOUT_SOURCE_ATTR, None)
+    if missing and source is not None:
+        raise ValueError(
+            f"replay_buffer's storage is laid out from {source}, whose keys the collector's rows do not all have: "
+            f"{missing}; the rows have {sorted(names)}. Leave those keys out of it (a TorchRL ExcludeTransform "
+            "appended to it), or make it from the same env and policy"
+        )
     if missing:
         raise ValueError(
             f"replay_buffer's storage is laid out with keys the collector's rows do not have: {missing}; "
             f"the rows have {sorted(names)}. Lay the storage out from the same env and policy, or pass an "
             "empty buffer and let the collector lay it out"
         )
+    laid_out = replay_buffer.storage._storage  # noqa: SLF001 - TorchRL keeps the storage's TensorDict private
+    dims = getattr(replay_buffer.storage, "ndim", 1) or 1
+    for key in have:
+        stored, value = laid_out.get(key), row.get(names[str(key)])
+        want, got = (list(stored.shape[dims:]), stored.dtype), (list(value.shape), value.dtype)
+        if want != got:
+            raise ValueError(
+                f"replay_buffer's storage holds {key!r} as {want[1]} of shape {want[0]} per row"
+                + (f" (laid out from {source})" if source else "")
+                + f"; the collector's rows hold {got[1]} of shape {got[0]}. Use a buffer laid out from the same "
+                "env, converted to the env's dtypes (TorchRL's DoubleToFloat transform for float64 datasets)"
+            )
     return [names[str(k)] for k in have]
 
 
