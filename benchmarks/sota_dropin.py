@@ -148,6 +148,9 @@ class Script:
     edits: tuple[TextEdit, ...] = ()
     renders: bool = False  # builds a pixel env whatever its config says (REDQ's recorder)
     variant: str = ""  # what sets this run apart from the script's plain one, e.g. "replay_buffer.prb=1"
+    #: makes what the script loads (an offline dataset) in its folder before it runs, and returns the environment
+    #: entries that point the script at it
+    setup: Callable[[Path, Budget], dict[str, str]] | None = None
 
     @property
     def folder(self) -> str:
@@ -217,6 +220,63 @@ SAC_PRB_EDITS = (
              "sac.py's prb path fails with TorchRL's own collector too (--stock)"),
 )
 
+OFFLINE_TO_ONLINE_EDITS = (
+    TextEdit("train.py", "clip_grad_norm=False,", "clip_grad_norm=False, enable_logging=False,",
+             "TorchRL's bug: SACTrainer's logging hooks read (\"next\", \"reward_sum\"), which the script's env does "
+             "not write, and the replay buffer's write_count, which OfflineToOnlineReplayBuffer does not have; the "
+             "script fails at its first batch with TorchRL's own collector too (--stock)"),
+    TextEdit("train.py", "    offline.append_transform(DoubleToFloat())\n",
+             "    offline.append_transform(DoubleToFloat()); "
+             "offline.sample = lambda n=None, _sample=offline.sample: _sample(n).exclude(\"index\")\n",
+             "TorchRL's bug: a TorchRL dataset's sample() adds \"index\", which the online rows never have, and "
+             "OfflineToOnlineReplayBuffer.sample() fails to concatenate the two (with TorchRL's own collector too, "
+             "--stock)"),
+)
+#: The offline dataset of offline_to_online/train.py: rows of a run of ours, in TorchRL's Minari cache.
+OFFLINE_ENV, OFFLINE_DATASET = "Pendulum-v1", "unilab/pendulum/random-v0"
+#: The keys TorchRL's Minari datasets hold, taken from the rows of our run.
+OFFLINE_KEYS = ("observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
+                ("next", "terminated"), ("next", "truncated"))
+
+
+def _box(space) -> dict:
+    """A gymnasium Box as TorchRL's MinariExperienceReplay reads it from its ``env_metadata.json``."""
+    return {"type": "Box", "low": space.low.tolist(), "high": space.high.tolist(), "dtype": str(space.dtype),
+            "shape": list(space.shape)}
+
+
+def make_offline_dataset(folder: Path, budget: Budget) -> dict[str, str]:
+    """Collects ``budget.frames`` transitions of :data:`OFFLINE_ENV` with uniformly random actions (our collector,
+    one worker) and stores them where TorchRL's ``load_dataset("minari:<id>")`` finds a dataset it downloaded
+    before: ``$HOME/.cache/torchrl/minari/<id>/``, a memory-mapped TensorDict and ``env_metadata.json``. Returns
+    ``HOME``, the script's home (``<folder>/home``), so that the script's own ``--dataset`` loader reads it."""
+    import gymnasium
+
+    from torchrl_unilab import OffPolicyCollector, make_replay_buffer
+
+    rb = make_replay_buffer(budget.frames)
+    with OffPolicyCollector(OFFLINE_ENV, num_envs=2, frames_per_batch=max(budget.frames // 6, 2),
+                            total_frames=budget.frames, init_random_frames=budget.frames, replay_buffer=rb,
+                            seed=0) as collector:
+        for _ in collector:
+            pass
+    home = folder / "home"
+    dataset = home / ".cache" / "torchrl" / "minari" / OFFLINE_DATASET
+    rb[:].select(*OFFLINE_KEYS).clone().memmap(dataset)
+    env = gymnasium.make(OFFLINE_ENV)
+    (dataset / "env_metadata.json").write_text(json.dumps({"observation_space": _box(env.observation_space),
+                                                           "action_space": _box(env.action_space)}))
+    env.close()
+    return {"HOME": str(home)}
+
+
+def _offline_to_online(b: Budget) -> list[str]:
+    # Its own argparse options, not hydra's. Its --utd counts updates per batch; the benchmark's, per frame.
+    return ["--env", OFFLINE_ENV, "--dataset", f"minari:{OFFLINE_DATASET}", "--total-frames", str(b.frames),
+            "--frames-per-batch", str(b.frames_per_batch), "--utd", str(max(int(b.frames_per_batch * b.utd), 1)),
+            "--online-capacity", str(b.buffer)]
+
+
 # crossq's and discrete_sac's stock env.library is "gym", the pre-gymnasium package: gymnasium runs the same tasks.
 GYMNASIUM = ["env.library=gymnasium"]
 
@@ -234,6 +294,9 @@ SCRIPTS: tuple[Script, ...] = (
     Script("iql", "iql/iql_online.py", _off_policy),
     Script("cql", "cql/cql_online.py", lambda b: _off_policy(b, eval_key="log_interval")),
     Script("discrete_sac", "discrete_sac/discrete_sac.py", lambda b: _off_policy(b, extra=GYMNASIUM)),
+    # Offline dataset plus online fine-tuning (OfflineToOnlineTrainer); the dataset is made by a run of ours.
+    Script("offline_to_online", "offline_to_online/train.py", _offline_to_online, edits=OFFLINE_TO_ONLINE_EDITS,
+           setup=make_offline_dataset),
     # The trainers: 2 collector workers (stock 4) keep the multi-worker path on 2 cores.
     Script("sac_trainer", "sac_trainer/train.py",
            lambda b: _trainer(b, "collector.num_workers=2", f"training_env.num_workers={b.envs}"), trainer=True),
@@ -360,6 +423,12 @@ def run_one(script: Script, sota: Path, workdir: Path, budget: Budget, timeout: 
     # buffer) goes with the work directory.
     env["TMPDIR"] = str(folder / "tmp")
     (folder / "tmp").mkdir(exist_ok=True)
+    if script.setup is not None:
+        try:
+            env.update(script.setup(folder, budget))
+        except Exception as err:  # noqa: BLE001 - reported as the run's failure, as the script's own would be
+            return Result("failed", 0.0, error=f"setup {script.setup.__name__}: {type(err).__name__}: {err}",
+                          swaps=swaps, edits=edits)
     log_path = folder / "sota_dropin.log"
     shm_before = shm_entries()
     run = run_in_own_group(cmd, folder, env, log_path, timeout)

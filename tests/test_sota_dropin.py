@@ -2,18 +2,26 @@
 
 The benchmark itself needs a pytorch/rl checkout and minutes per script; these
 tests run its parts on small stand-ins: a fake ``sota-implementations`` folder
-in a git repository (work tree and bare), and scripts that fail or hang.
+in a git repository (work tree and bare), and scripts that fail or hang. The
+tests marked ``needs_rl_checkout`` run TorchRL's own scripts from the checkout
+that ``RL_ROOT`` names (a work tree or a bare git dir, as ``--rl-root`` takes).
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import sota_dropin  # noqa: E402
+
+RL_ROOT = os.environ.get("RL_ROOT")
+needs_rl_checkout = pytest.mark.skipif(
+    not RL_ROOT, reason="runs TorchRL's script from a pytorch/rl checkout: set RL_ROOT to a work tree or a bare git "
+                        "dir (what benchmarks/sota_dropin.py --rl-root takes)")
 
 
 def test_swap_rebinds_every_collector_class_and_keeps_line_numbers():
@@ -189,5 +197,24 @@ def test_scripts_keep_their_own_devices_and_compile_turns_on_their_compile(compi
         assert devices == ([] if script.name != "td3_trainer" else
                            ["networks.policy_network.device=cpu", "networks.qvalue_network.device=cpu"]), script.name
         assert not any(o.startswith(("compile.compile=false", "compile.cudagraphs")) for o in overrides)
-        has_compile = script.name not in ("redq",) and not script.trainer
+        has_compile = script.name not in ("redq", "offline_to_online") and not script.trainer
         assert ("compile.compile=true" in overrides) == (compile_on and has_compile), script.name
+
+
+@needs_rl_checkout
+def test_torchrls_offline_to_online_script_runs_to_its_end_with_our_collector_on_a_dataset_of_ours(tmp_path,
+                                                                                                   no_leaks):
+    """TorchRL's ``offline_to_online/train.py`` with only the collector class swapped (and its two bugs that fail
+    with TorchRL's own collector too), on an offline dataset of our run that its ``minari:`` loader finds."""
+    sota, _ = sota_dropin.open_checkout(Path(RL_ROOT).expanduser().resolve(), tmp_path)
+    script, = sota_dropin.select_scripts("offline_to_online")
+    budget = sota_dropin.Budget(600, 1, 0.1)  # batches of 100 frames, 10 updates each
+    result = sota_dropin.run_one(script, sota, tmp_path, budget, 300, trainer_collector=sota_dropin.SWAP_TARGET,
+                                 trainer_import=None, stock=False)
+    log = (tmp_path / "offline_to_online" / "sota_dropin.log").read_text()
+    assert result.status == "ok", f"{result.error}\n{log[-3000:]}"
+    assert result.swaps == ["train.py: Collector -> torchrl_unilab.OffPolicyCollector"]
+    assert [edit.split(" x")[0].split(": ", 1)[0] for edit in result.edits] == ["train.py", "train.py"]
+    assert "600/600" in log  # the trainer's progress bar at total_frames
+    dataset = tmp_path / "offline_to_online" / "home" / ".cache" / "torchrl" / "minari" / sota_dropin.OFFLINE_DATASET
+    assert (dataset / "env_metadata.json").exists()
