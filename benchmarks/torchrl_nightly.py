@@ -204,24 +204,41 @@ def by_file(tests: Sequence[str]) -> dict[str, list[str]]:
     return files
 
 
-def run_tests(python: Path, tests: Sequence[str], workdir: Path, timeout: float) -> tuple[dict, dict]:
-    """Each file of ``tests`` in its own pytest process under ``python`` (the conformance runner's ``run_pytest``,
-    whose plugin records each case): ``(per file {"passed", "failed", "skipped", "seconds", "crashed"}, {node id:
-    its error} of each failed case)``."""
-    files, failures = {}, {}
+def _pytest(python: Path, targets: Sequence[str], rundir: Path, timeout: float,
+            root: Path) -> tuple[dict, dict, str | None, float]:
+    """``targets`` in one pytest process under ``python`` in ``root`` (the conformance runner's ``run_pytest``, whose
+    plugin records each case by its node id): ``(outcomes, errors, crash, seconds)``."""
+    # tmp_path in a short folder, as under pytest's default: a test that makes it TMPDIR gets its fork server's
+    # socket there, and an AF_UNIX path has at most 107 bytes
+    with tempfile.TemporaryDirectory(prefix="tnb_", ignore_cleanup_errors=True) as basetemp:
+        events, crash, seconds, _ = run_pytest(root, [*targets, "--basetemp", basetemp], "unilab", rundir, timeout,
+                                               python=python)
+    outcomes, errors = outcomes_from_events(events, [], crash)
+    return outcomes, errors, crash, seconds
+
+
+def run_tests(python: Path, tests: Sequence[str], workdir: Path, timeout: float, rerun: bool = True,
+              root: Path = REPO_ROOT) -> tuple[dict, dict, dict]:
+    """Each file of ``tests`` (paths under ``root``) in its own pytest process under ``python``, then (``rerun``) its
+    failed cases once more, together in another: ``(per file {"passed", "failed", "skipped", "seconds",
+    "crashed"}, {node id: its error} of each failed case, {node id: "passed", "failed", "skipped" or "not run"} of
+    each case run again)``. The counts are the first run's."""
+    files, failures, reruns = {}, {}, {}
     for file, targets in by_file(tests).items():
-        # tmp_path in a short folder, as under pytest's default: a test that makes it TMPDIR gets its fork server's
-        # socket there, and an AF_UNIX path has at most 107 bytes
-        with tempfile.TemporaryDirectory(prefix="tnb_", ignore_cleanup_errors=True) as basetemp:
-            events, crash, seconds, _ = run_pytest(REPO_ROOT, [*targets, "--basetemp", basetemp], "unilab",
-                                                   workdir / file.replace("/", "."), timeout, python=python)
-        outcomes, errors = outcomes_from_events(events, [], crash)
+        rundir = workdir / file.replace("/", ".")
+        outcomes, errors, crash, seconds = _pytest(python, targets, rundir, timeout, root)
         files[file] = counts(outcomes) | {"seconds": round(seconds, 1), "crashed": crash}
-        failures |= {case: errors[case] for case, outcome in outcomes.items() if outcome == "failed"}
+        failed = {case: errors[case] for case, outcome in outcomes.items() if outcome == "failed"}
+        failures |= failed
         c = files[file]
         print(f"  {file}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped ({seconds:.0f} s)"
               + (f" CRASHED: {crash}" if crash else ""), file=sys.stderr, flush=True)
-    return files, failures
+        if rerun and failed:
+            again, _, _, _ = _pytest(python, list(failed), rundir.with_name(rundir.name + ".rerun"), timeout, root)
+            reruns |= {case: again.get(case, "not run") for case in failed}
+            print(f"  {file}, its failed cases again: " + ", ".join(f"{case.split('::', 1)[-1]} {reruns[case]}"
+                                                                     for case in failed), file=sys.stderr, flush=True)
+    return files, failures, reruns
 
 
 def reference_conformance(results: Path = RESULTS / "conformance") -> tuple[str | None, dict[str, str]]:
@@ -275,7 +292,8 @@ def run_stack(stack: str, requirements: list[str], others: list[str], venv: Path
         entry |= probe(python)
         print(f"[{stack}] {json.dumps(entry.get('versions'))}, extension: {entry['extension']}", file=sys.stderr,
               flush=True)
-        entry["tests"], entry["failures"] = run_tests(python, tests, workdir / "tests", args.timeout_per_file)
+        entry["tests"], entry["failures"], entry["reruns"] = run_tests(python, tests, workdir / "tests",
+                                                                       args.timeout_per_file, rerun=args.rerun)
         if stack == "nightly" and args.rl_root is not None:
             print(f"[{stack}] TorchRL's collector tests from {args.rl_root}", file=sys.stderr, flush=True)
             entry["conformance"] = run_conformance(python, args.rl_root, workdir, args.conformance_side,
@@ -285,16 +303,19 @@ def run_stack(stack: str, requirements: list[str], others: list[str], venv: Path
 
 
 def passes(entry: dict) -> bool:
-    """Whether a stack installed, its extension loaded and no test of it failed or crashed.
+    """Whether a stack installed, its extension loaded, no test file crashed and each case that failed passed when
+    run again.
 
-    Example::
-
-        >>> passes({"install": {"error": None}, "extension": {"loaded": True},
-        ...         "tests": {"tests/a.py": {"failed": 0, "crashed": None}}})
-        True
+    Examples:
+        >>> ok = {"install": {"error": None}, "extension": {"loaded": True},
+        ...       "tests": {"tests/a.py": {"failed": 1, "crashed": None}}, "failures": {"tests/a.py::t": "E"}}
+        >>> passes(ok | {"reruns": {"tests/a.py::t": "passed"}}), passes(ok | {"reruns": {"tests/a.py::t": "failed"}})
+        (True, False)
     """
+    reruns = entry.get("reruns") or {}
     return (not entry.get("install", {}).get("error") and entry.get("extension", {}).get("loaded", False)
-            and bool(entry.get("tests")) and all(not f["failed"] and not f["crashed"] for f in entry["tests"].values()))
+            and bool(entry.get("tests")) and not any(f["crashed"] for f in entry["tests"].values())
+            and all(reruns.get(case) == "passed" for case in entry.get("failures") or {}))
 
 
 # ------------------------------------------------------------------ the results file and its page
@@ -320,13 +341,14 @@ def summary(data: dict) -> dict:
         ...     "tests": {"tests/a.py": {"passed": 2, "failed": 0, "skipped": 1, "crashed": None}}}}})["stacks"]
         ... # doctest: +NORMALIZE_WHITESPACE
         {'nightly': {'versions': {'torch': '2.15.0'}, 'extension': True, 'passes': True,
-                     'tests': {'tests/a.py': [2, 0, 1]}}}
+                     'tests': {'tests/a.py': [2, 0, 1]}, 'reruns': {}}}
     """
     stacks = {}
     for name, entry in data["stacks"].items():
         s = {"versions": entry.get("versions"), "extension": entry.get("extension", {}).get("loaded"),
              "passes": passes(entry),
-             "tests": {f: [c["passed"], c["failed"], c["skipped"]] for f, c in entry.get("tests", {}).items()}}
+             "tests": {f: [c["passed"], c["failed"], c["skipped"]] for f, c in entry.get("tests", {}).items()},
+             "reruns": entry.get("reruns") or {}}
         if entry.get("install", {}).get("error"):
             s["install_error"] = entry["install"]["error"][:300]
         conformance = entry.get("conformance")
@@ -374,14 +396,18 @@ def rst(runs: list[dict]) -> str:
             verdict = f"C++ extension fails: {_cell(entry['extension'].get('error'))}"
         else:
             verdict = "**passes**" if passes(entry) else "**fails**"
+            again = sum(outcome == "passed" for outcome in (entry.get("reruns") or {}).values())
+            verdict += f" ({again} failed case{'s' * (again != 1)} passed when run again)" if again else ""
         rows.append([STACK_LABELS.get(name, name), versions, verdict,
                      *(_counts(entry.get("tests", {}).get(f)) for f in files)])
     out = list_table(["stack", "resolved", "result", *(f"``{f}``" for f in files)], rows)
     failures = [(name, case, error) for name, entry in stacks.items()
                 for case, error in entry.get("failures", {}).items()]
     if failures:
-        out += "\nFailing cases:\n\n" + "".join(f"* {name}: ``{case}``: {_cell(error)}\n"
-                                                for name, case, error in failures)
+        again = {"passed": " (passed when run again)", "failed": " (failed again)"}
+        out += "\nFailing cases:\n\n" + "".join(
+            f"* {name}: ``{case}``: {_cell(error)}{again.get(stacks[name].get('reruns', {}).get(case), '')}\n"
+            for name, case, error in failures)
     conformance = stacks.get("nightly", {}).get("conformance")
     if conformance and "error" not in conformance:
         c = conformance["ours"]
@@ -466,6 +492,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout-per-function", type=float, default=300.0,
                         help="torchrl_conformance.py's --timeout-per-function (default 300)")
     parser.add_argument("--install-timeout", type=float, default=1800.0, help="seconds per pip command")
+    parser.add_argument("--no-rerun", dest="rerun", action="store_false",
+                        help="do not run a file's failed cases again (by default they run once more, together, and a "
+                             "stack passes when each of them passed then)")
     parser.add_argument("--out", type=Path, help="write the results file here (benchmarks/results/nightly/)")
     args = parser.parse_args(argv)
     if args.stacks == ["stable"] and args.stable_torch is None:

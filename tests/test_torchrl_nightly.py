@@ -88,13 +88,38 @@ def test_a_test_file_runs_in_its_own_pytest_and_each_case_is_counted(tmp_path):
         def test_skipped():
             pass
     """))
-    files, failures = tn.run_tests(Path(sys.executable), [f"{test}::test_ok", f"{test}::test_bad",
-                                                          f"{test}::test_skipped"], tmp_path / "runs", 120)
-    assert list(files) == [str(test)]
-    assert {k: files[str(test)][k] for k in ("passed", "failed", "skipped", "crashed")} == {
+    files, failures, reruns = tn.run_tests(Path(sys.executable), ["test_sample.py::test_ok", "test_sample.py::test_bad",
+                                                                  "test_sample.py::test_skipped"], tmp_path / "runs",
+                                           120, root=tmp_path)
+    assert list(files) == ["test_sample.py"]
+    assert {k: files["test_sample.py"][k] for k in ("passed", "failed", "skipped", "crashed")} == {
         "passed": 1, "failed": 1, "skipped": 1, "crashed": None}
     [(case, error)] = failures.items()
-    assert case.endswith("test_bad") and "ValueError: boom" in error
+    assert case == "test_sample.py::test_bad" and "ValueError: boom" in error
+    assert reruns == {case: "failed"}  # run once more, alone: it fails again
+
+
+def test_a_case_that_passes_when_run_again_is_told_apart(tmp_path):
+    test = tmp_path / "test_flaky.py"
+    marker = tmp_path / "ran_once"
+    test.write_text(textwrap.dedent(f"""
+        from pathlib import Path
+
+        def test_flaky():
+            marker = Path({str(marker)!r})
+            first = not marker.exists()
+            marker.touch()
+            assert not first, "a timing bound missed once"
+    """))
+    files, failures, reruns = tn.run_tests(Path(sys.executable), [test.name], tmp_path / "runs", 120, root=tmp_path)
+    assert files[test.name]["failed"] == 1 and reruns == {"test_flaky.py::test_flaky": "passed"}
+    entry = {"install": {"error": None}, "extension": {"loaded": True}, "tests": files, "failures": failures,
+             "reruns": reruns}
+    assert tn.passes(entry) and not tn.passes(entry | {"reruns": {}})
+    marker.unlink()
+    _, _, no_rerun = tn.run_tests(Path(sys.executable), [test.name], tmp_path / "runs2", 120, rerun=False,
+                                  root=tmp_path)
+    assert no_rerun == {}
 
 
 def test_the_reference_conformance_run_is_the_latest_full_run_of_ours(tmp_path):
@@ -121,6 +146,7 @@ RUN = {
             "tests": {"tests/test_a.py": {"passed": 5, "failed": 1, "skipped": 0, "crashed": None},
                       "tests/test_b.py": {"passed": 2, "failed": 0, "skipped": 1, "crashed": None}},
             "failures": {"tests/test_a.py::test_x": "AssertionError: assert 1 == 2"},
+            "reruns": {"tests/test_a.py::test_x": "failed"},
             "conformance": {"commit": "ae9719f17b15", "ours": {"passed": 100, "failed": 7, "skipped": 34,
                                                               "crashed": []},
                             "reference": "ours_2026-12-06.json",
@@ -145,15 +171,17 @@ def test_the_install_page_section_says_what_passes():
     assert "**fails**" in text  # one failing case
     assert "C++ extension fails: ImportError: undefined symbol: _ZN3c10" in text
     assert "5 passed, 1 failed, 0 skipped" in text and "not run" in text  # stable ran test_a only
-    assert "* nightly: ``tests/test_a.py::test_x``: AssertionError: assert 1 == 2" in text
+    assert "* nightly: ``tests/test_a.py::test_x``: AssertionError: assert 1 == 2 (failed again)" in text
     assert "100 passed, 7 failed, 34 skipped, 0 crashed" in text and "committed 2026-08-22" in text
     assert "1 case that passed there fails here:" in text
     assert "* ``TestX::test_y[a]``: KeyError: 'k'" in text  # no reST markup from an error
     assert ("``python benchmarks/torchrl_nightly.py --rl-root <pytorch/rl checkout> --out "
             "benchmarks/results/nightly/n.json``") in text
     passing = json.loads(json.dumps(RUN))
-    passing["stacks"]["nightly"]["tests"]["tests/test_a.py"]["failed"] = 0
-    assert "**passes**" in tn.rst([RUN, passing]) and "**passes**" not in tn.rst([passing, RUN])
+    passing["stacks"]["nightly"]["reruns"]["tests/test_a.py::test_x"] = "passed"
+    text = tn.rst([RUN, passing])
+    assert "**passes** (1 failed case passed when run again)" in text and "(passed when run again)" in text
+    assert "**passes**" not in tn.rst([passing, RUN])
     assert tn.rst([]).startswith("**not yet measured**")
 
 
