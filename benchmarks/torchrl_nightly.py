@@ -241,14 +241,16 @@ def run_tests(python: Path, tests: Sequence[str], workdir: Path, timeout: float,
     return files, failures, reruns
 
 
-def reference_conformance(results: Path = RESULTS / "conformance") -> tuple[str | None, dict[str, str]]:
-    """The latest full run of our class in ``results`` (no ``--only``, no ``--repeat``): ``(its file name, its
-    outcome per case)``; ``(None, {})`` without one."""
+def reference_conformance(files: Sequence[str], results: Path = RESULTS / "conformance") -> tuple[str | None, dict]:
+    """The latest full run of our class in ``results`` (no ``--only``, no ``--repeat``) that ran each test file of
+    ``files``: ``(its file name, its outcome per case)``; ``(None, {})`` without one."""
     runs = []
     for path in sorted(results.glob("*.json")):
         data = json.loads(path.read_text())
-        if data.get("ours") and not data.get("repeats") and not data.get("selection", {}).get("only"):
-            runs.append((str(data.get("date", "")), path.name, data["outcomes"]["ours"]))
+        if data.get("ours") and not data.get("repeats") and not (data.get("selection") or {}).get("only"):
+            outcomes = (data.get("outcomes") or {}).get("ours") or {}
+            if set(files) <= {case.split("::")[0] for case in outcomes}:
+                runs.append((str(data.get("date", "")), path.name, outcomes))
     if not runs:
         return None, {}
     _, name, outcomes = max(runs)
@@ -268,8 +270,8 @@ def run_conformance(python: Path, rl_root: Path, workdir: Path, side: str, only:
         log = (workdir / "conformance.log").read_text(errors="replace").strip().splitlines()
         return {"error": f"exit code {run.returncode}: {(log or ['no output'])[-1]}", "seconds": round(run.seconds)}
     data = json.loads(out.read_text())
-    reference, outcomes = reference_conformance()
     mine = data["outcomes"].get("ours", {})
+    reference, outcomes = reference_conformance(sorted({case.split("::")[0] for case in mine}))
     data["reference"] = reference
     data["pass_reference_not_here"], data["pass_here_not_reference"] = compare(outcomes, mine)
     return data

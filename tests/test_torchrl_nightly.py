@@ -122,17 +122,23 @@ def test_a_case_that_passes_when_run_again_is_told_apart(tmp_path):
     assert no_rerun == {}
 
 
-def test_the_reference_conformance_run_is_the_latest_full_run_of_ours(tmp_path):
-    def write(name, date, **extra):
+def test_the_reference_conformance_run_is_the_latest_full_run_of_ours_on_the_same_files(tmp_path):
+    def write(name, date, files=("test/test_collectors.py",), **extra):
+        outcomes = {f"{file}::test_c": name for file in files}
         (tmp_path / name).write_text(json.dumps({"date": date, "ours": {"passed": 1}, "selection": {"only": None},
-                                                 "outcomes": {"ours": {"c": name}}} | extra))
+                                                 "outcomes": {"ours": outcomes}} | extra))
 
-    assert tn.reference_conformance(tmp_path) == (None, {})
+    collectors = ["test/test_collectors.py"]
+    assert tn.reference_conformance(collectors, tmp_path) == (None, {})
     write("a.json", "2026-01-01")
     write("b.json", "2026-01-03", repeats={"runs": 3})
     write("c.json", "2026-01-04", selection={"only": "x"})
     write("d.json", "2026-01-02")
-    assert tn.reference_conformance(tmp_path) == ("d.json", {"c": "d.json"})
+    write("e.json", "2026-01-05", files=("test/test_distributed.py",))  # another file's tests only
+    assert tn.reference_conformance(collectors, tmp_path) == ("d.json", {"test/test_collectors.py::test_c": "d.json"})
+    write("f.json", "2026-01-06", files=("test/test_collectors.py", "test/test_distributed.py"))
+    assert tn.reference_conformance(collectors, tmp_path)[0] == "f.json"
+    assert tn.reference_conformance(["test/test_distributed.py"], tmp_path)[0] == "f.json"
 
 
 RUN = {
