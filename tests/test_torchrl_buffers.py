@@ -116,23 +116,26 @@ def test_an_offline_dataset_with_keys_the_rows_lack_and_a_buffer_of_another_kind
 
 
 def test_policy_age_filter_drops_the_rows_older_than_its_lag_from_a_worker_filled_buffer(no_leaks):
+    """Lock-step chunks of 128 frames, one published version each (the workers wait at the cap while this process
+    publishes): chunk ``k`` holds version ``k``, and the first one also the 64 random rows (version -1)."""
     rb = make_replay_buffer(2048)
     lag = 2
     with OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_workers=2, num_envs=2, frames_per_batch=64,
-                            total_frames=512, init_random_frames=64, replay_buffer=rb, seed=0) as collector:
+                            init_random_frames=64, replay_buffer=rb, seed=0) as collector:
         rb.append_transform(PolicyAgeFilter(lambda: collector.policy_version, max_policy_lag=lag))
-        for _ in collector:
+        for chunk in range(1, 5):
+            collector.allow_frames(chunk * 128)
+            assert collector.wait_for_frames(chunk * 128, timeout=120)
             collector.update_policy_weights_()
         # The workers write every row; the filter reads the version where the buffer is sampled.
-        assert len(rb) == 512
         written = rb.storage[: len(rb)]["policy_version"]
-        for publish in range(2):
-            if publish:
+        assert len(rb) == 512 and sorted(written.unique().tolist()) == [-1, 1, 2, 3, 4]
+        assert int((written == -1).sum()) == 64
+        for kept_versions in ([3, 4], [4]):
+            if kept_versions == [4]:
                 collector.update_policy_weights_()  # no new rows: the live version alone moves the cut
-            oldest = collector.policy_version - lag
-            assert (written == -1).any() and (written >= 1).any() and (written < oldest).any()
-            assert (written >= oldest).any()
+            assert collector.policy_version - lag == kept_versions[0]
             kept = rb[:]["policy_version"]  # every row, through the buffer's transforms
-            assert len(kept) == int((written >= oldest).sum()) and (kept >= oldest).all()
+            assert len(kept) == 128 * len(kept_versions) and sorted(kept.unique().tolist()) == kept_versions
             sample = rb.sample(256)["policy_version"]
-            assert 0 < len(sample) <= 256 and (sample >= oldest).all()
+            assert 0 < len(sample) <= 256 and set(sample.unique().tolist()) <= set(kept_versions)
