@@ -53,6 +53,9 @@ BENCHMARKS = Path(__file__).resolve().parent
 REPO_ROOT = BENCHMARKS.parent
 PLUGIN = Path(__file__).stem
 TEST_FILE = "test/test_collectors.py"
+#: The test files whose selected tests run: ``TEST_FILE``, which a checkout must hold, then the collector tests of
+#: TorchRL's distributed collectors (``collector_class=``: Ray, Distributed, RPC, Sync), run where a checkout has them.
+TEST_FILES = (TEST_FILE, "test/test_distributed.py")
 #: The class under test, by its current and its legacy name.
 TARGET_NAMES = ("MultiAsyncCollector", "MultiaSyncDataCollector")
 #: Parametrized variants left out: the synchronous multi-process collector.
@@ -64,6 +67,7 @@ ENV_SIDE = "TORCHRL_CONFORMANCE_SIDE"  # "stock" or "ours"; the plugin is inert 
 ENV_LOG = "TORCHRL_CONFORMANCE_LOG"  # where the plugin appends its events (JSON lines)
 ENV_REBIND = "TORCHRL_CONFORMANCE_REBIND"  # "module:name,..." set to our class
 ENV_VERIFY = "TORCHRL_CONFORMANCE_VERIFY"  # "name,..." the test module must hold as our class
+ENV_MODULES = "TORCHRL_CONFORMANCE_MODULES"  # "name,...": test modules a child process imports after a rebinding
 
 
 # ------------------------------------------------------------------ selection
@@ -80,22 +84,42 @@ def _names_target(nodes: Iterable[ast.AST]) -> bool:
 def select_tests(source: str) -> dict[str, str]:
     """The tests of ``source`` that use the class under test: ``{"Class::test" or "test": why}``.
 
-    A test (a module-level ``test*`` function or a ``test*`` method of a ``Test*`` class) is selected when its
-    code, decorators included, names the class (``"function"``) or its class's decorators do (``"class
-    decorator"``); words in other strings, docstrings or comments do not count.
+    A test (a module-level ``test*`` function or a ``test*`` method of a ``Test*`` class, its own or one it
+    inherits from a class of the same module, as pytest collects them) is selected when its code, decorators
+    included, names the class (``"function"``) or its class's decorators do (``"class decorator"``); words in
+    other strings, docstrings or comments do not count.
+
+    Examples:
+        >>> select_tests("class Base:\\n"
+        ...              "    @pytest.mark.parametrize('cls', [MultiAsyncCollector, Collector])\\n"
+        ...              "    def test_cls(self, cls): ...\\n"
+        ...              "    def test_other(self): ...\\n"
+        ...              "class TestA(Base): ...\\n")
+        {'TestA::test_cls': 'function'}
     """
     selected: dict[str, str] = {}
 
     def is_test(node: ast.AST) -> bool:
         return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")
 
-    for node in ast.parse(source).body:  # a function's node holds its decorators, arguments and body
+    body = ast.parse(source).body
+    classes = {node.name: node for node in body if isinstance(node, ast.ClassDef)}
+
+    def methods(cls: ast.ClassDef) -> dict[str, ast.AST]:
+        """Its test methods by name, those it inherits from this module's classes under its own."""
+        found: dict[str, ast.AST] = {}
+        for base in reversed(cls.bases):
+            if isinstance(base, ast.Name) and base.id in classes and base.id != cls.name:
+                found |= methods(classes[base.id])
+        return found | {sub.name: sub for sub in cls.body if is_test(sub)}
+
+    for node in body:  # a function's node holds its decorators, arguments and body
         if is_test(node) and _names_target([node]):
             selected[node.name] = "function"
         elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
             by_class = _names_target(node.decorator_list)
-            for sub in node.body:
-                if is_test(sub) and (_names_target([sub]) or by_class):
+            for sub in methods(node).values():
+                if _names_target([sub]) or by_class:
                     selected[f"{node.name}::{sub.name}"] = "function" if _names_target([sub]) else "class decorator"
     return selected
 
@@ -223,12 +247,31 @@ class _RebindAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install_script_hook() -> bool:
-    """On the ``ours`` side, in a ``python -c`` script a test runs (``test_env_that_waits``), makes
-    ``torchrl.collectors`` hold our class; returns whether it did.
+class _RebindBeforeTestModule(importlib.abc.MetaPathFinder):
+    """Rebinds the class under test just before one of ``modules`` (a test module) is imported, in a process that
+    a test spawned with a function of that module (``test_distributed.py``'s bodies run in ``mp.Process``)."""
 
-    The runner's ``sitecustomize`` calls it. multiprocessing's ``-c`` processes (spawn, forkserver) are left
-    alone: their code names ``multiprocessing``.
+    def __init__(self, modules: Sequence[str]) -> None:
+        self.modules = set(modules)
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> None:
+        if name not in self.modules:
+            return None
+        sys.meta_path.remove(self)  # once, and not for the imports the rebinding makes
+        _rebind(_ours())
+        _event(event="child_rebind", module=name, pid=os.getpid())
+        return None  # the usual finders import the module, which then binds our class
+
+
+def install_script_hook() -> bool:
+    """On the ``ours`` side, makes ``torchrl.collectors`` hold our class in the processes a test starts; returns
+    whether it did.
+
+    In a ``python -c`` script a test runs (``test_env_that_waits``) it is bound once ``torchrl.collectors`` is
+    imported. In a multiprocessing child (spawn, forkserver: a ``-c`` whose code names ``multiprocessing``) it is
+    bound only before the test module (``TORCHRL_CONFORMANCE_MODULES``) is imported, as a child that runs a test's
+    function imports it: the collector's own workers, which import no test module, are left alone (importing
+    ``torchrl_unilab`` while it is being imported would fail). The runner's ``sitecustomize`` calls it.
 
     Examples:
         >>> install_script_hook()  # outside the runner's ours side
@@ -237,9 +280,15 @@ def install_script_hook() -> bool:
     # sys.argv[0] is "-c" only under ``python -c`` (``-c`` after ``-m pytest`` is pytest's).
     argv = getattr(sys, "orig_argv", [])
     code = argv[argv.index("-c") + 1] if sys.argv[:1] == ["-c"] and "-c" in argv[:-1] else None
-    if os.environ.get(ENV_SIDE) != "ours" or code is None or "multiprocessing" in code:
+    if os.environ.get(ENV_SIDE) != "ours" or code is None:
         return False
-    sys.meta_path.insert(0, _RebindAfterImport())
+    if "multiprocessing" not in code:
+        sys.meta_path.insert(0, _RebindAfterImport())
+        return True
+    modules = [m for m in os.environ.get(ENV_MODULES, "").split(",") if m]
+    if not modules:
+        return False
+    sys.meta_path.insert(0, _RebindBeforeTestModule(modules))
     return True
 
 
@@ -310,7 +359,14 @@ def _exception_line(text: str) -> str:
 
 def _first_error(message: str) -> str:
     """The first line of a failure's message; for a failed ``assert a == b`` also the lines pytest adds to say
-    what differs, joined with `` | ``."""
+    what differs, for an error whose message holds a traceback (``test_distributed.py`` re-raises a child's as
+    ``Error with stack Traceback ...``) that traceback's exception line, joined with `` | ``.
+
+    Examples:
+        >>> _first_error("RuntimeError: Error with stack Traceback (most recent call last):\\n  File 't.py'\\n"
+        ...              "AssertionError: tensor([1.])\\n")
+        'RuntimeError: Error with stack | AssertionError: tensor([1.])'
+    """
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     shown = lines[:1]
     if lines and lines[0].startswith("AssertionError: assert "):  # the explanation, up to the full diff
@@ -318,6 +374,9 @@ def _first_error(message: str) -> str:
             if line.startswith(("Full diff", "Use -v", "Omitting")):
                 break
             shown.append(line)
+    elif lines and lines[0].endswith("Traceback (most recent call last):"):
+        shown = [lines[0].removesuffix("Traceback (most recent call last):").strip(),
+                 _exception_line("\n".join(lines[1:]))]
     return " | ".join(shown)[:500]
 
 
@@ -340,15 +399,17 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
 
 # ---------------------------------------------------------------- the checkout
 def open_tests(rl_root: Path, workdir: Path) -> tuple[Path, str]:
-    """Copies the test file, the ``test/`` modules it needs and ``pytest.ini`` of ``rl_root`` (a pytorch/rl work
-    tree or bare git repository) into ``workdir / "rl"``, laid out as the checkout: ``(that root, commit)``."""
+    """Copies the test files (``TEST_FILES``, those ``rl_root`` holds), the ``test/`` modules they need and
+    ``pytest.ini`` of ``rl_root`` (a pytorch/rl work tree or bare git repository) into ``workdir / "rl"``, laid out
+    as the checkout: ``(that root, commit)``."""
     root = workdir / "rl"
     (root / "test").mkdir(parents=True)
     checkout = open_rl(rl_root, TEST_FILE)
     # the test modules and packages it may import (any folder of a bare repository)
     available = {n.removesuffix(".py") for n in checkout.names("test")
                  if n.endswith(".py") or checkout.bare or checkout.has(f"test/{n}/__init__.py")}
-    wanted, todo = {"test_collectors", "conftest"}, ["test_collectors", "conftest"]
+    files = [Path(f).stem for f in TEST_FILES if Path(f).stem in available]
+    wanted, todo = {*files, "conftest"}, [*files, "conftest"]
     while todo:  # the local modules they import, and what those import
         name = todo.pop()
         try:
@@ -440,10 +501,12 @@ def _crash(run: GroupRun, events: list[dict], timeout: float) -> str | None:
 
 def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout: float, *,
                rebind: Sequence[str] = (), verify: Sequence[str] = (), plugin_dir: Path = BENCHMARKS,
-               python: str | Path = sys.executable) -> tuple[list[dict], str | None, float, list[str]]:
+               python: str | Path = sys.executable,
+               modules: Sequence[str] = ()) -> tuple[list[dict], str | None, float, list[str]]:
     """Runs pytest under ``python`` with the plugin (imported from ``plugin_dir``) in its own process group, its
     output into ``rundir/pytest.log``: ``(events, crash, seconds, notes)``, ``crash`` as :func:`_crash` says. A
-    ``side`` other than ``stock`` and ``ours`` only records events."""
+    ``side`` other than ``stock`` and ``ours`` only records events. On the ``ours`` side a child process that
+    imports one of ``modules`` (the test module, in a process a test spawns) gets the rebinding first."""
     rundir.mkdir(parents=True)
     log_path, events_path = rundir / "pytest.log", rundir / "events.jsonl"
     # The tests' temporary files go with this directory. Short: multiprocessing's sockets live there, and an
@@ -455,7 +518,8 @@ def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout
         (tmp / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
         site = str(tmp / "site")
     env = with_pythonpath(REPO_ROOT, plugin_dir, site, PYTHONFAULTHANDLER="1", TMPDIR=str(tmp), **{
-        ENV_SIDE: side, ENV_LOG: str(events_path), ENV_REBIND: ",".join(rebind), ENV_VERIFY: ",".join(verify)})
+        ENV_SIDE: side, ENV_LOG: str(events_path), ENV_REBIND: ",".join(rebind), ENV_VERIFY: ",".join(verify),
+        ENV_MODULES: ",".join(modules)})
     ini = ["-c", str(root / "pytest.ini")] if (root / "pytest.ini").is_file() else []
     command = [str(python), "-m", "pytest", *ini, "--rootdir", str(root), "-p", PLUGIN, "-p", "no:cacheprovider",
                "-q", *args]
@@ -477,26 +541,30 @@ def run_pytest(root: Path, args: Sequence[str], side: str, rundir: Path, timeout
 
 def collect_cases(root: Path, tests: Sequence[str], workdir: Path, timeout: float,
                   plugin_dir: Path = BENCHMARKS) -> tuple[dict[str, list[str]], int]:
-    """The cases of each test (stock side, ``MultiSyncCollector`` variants left out), and how many were left out."""
-    events, crash, _, _ = run_pytest(root, ["--collect-only", *(f"{TEST_FILE}::{t}" for t in tests)], "stock",
-                                     workdir / "collect", timeout, plugin_dir=plugin_dir)
+    """The cases of each test (``"file::Class::test"``; stock side, ``MultiSyncCollector`` variants left out), and
+    how many were left out."""
+    events, crash, _, _ = run_pytest(root, ["--collect-only", *tests], "stock", workdir / "collect", timeout,
+                                     plugin_dir=plugin_dir)
     collected = next((e for e in events if e["event"] == "collected"), None)
     if collected is None:
         errors = [e["error"] for e in events if e["event"] == "collect_error"]
-        raise RuntimeError(f"collecting {TEST_FILE} failed: {crash or errors or 'no collection reported'} "
+        files = ", ".join(dict.fromkeys(t.split("::")[0] for t in tests))
+        raise RuntimeError(f"collecting {files} failed: {crash or errors or 'no collection reported'} "
                            f"(see {workdir / 'collect' / 'pytest.log'} with --keep)")
     cases: dict[str, list[str]] = {t: [] for t in tests}
     for nodeid in collected["kept"]:
-        cases.setdefault(nodeid.split("::", 1)[1].split("[")[0], []).append(canonical_nodeid(nodeid))
+        cases.setdefault(nodeid.split("[")[0], []).append(canonical_nodeid(nodeid))
     return cases, len(collected["dropped"])
 
 
 def run_function(root: Path, test: str, side: str, cases: Sequence[str], workdir: Path, timeout: float, *,
                  rebind: Sequence[str] = (), verify: Sequence[str] = (), plugin_dir: Path = BENCHMARKS) -> FunctionRun:
-    """Runs one test function's cases on one side in its own pytest process; never raises for its failures."""
-    events, crash, seconds, notes = run_pytest(root, [f"{TEST_FILE}::{test}"], side,
-                                               workdir / side / test.replace("::", "."), timeout,
-                                               rebind=rebind, verify=verify, plugin_dir=plugin_dir)
+    """Runs one test function's cases (``test``: ``"file::Class::test"``) on one side in its own pytest process;
+    never raises for its failures."""
+    module = Path(test.split("::")[0]).stem
+    events, crash, seconds, notes = run_pytest(root, [test], side,
+                                               workdir / side / test.replace("/", ".").replace("::", "."), timeout,
+                                               rebind=rebind, verify=verify, plugin_dir=plugin_dir, modules=[module])
     outcomes, errors = outcomes_from_events(events, cases, crash)
     if side == "ours" and outcomes and verify and not any(e["event"] == "bound" and e["ours"] for e in events):
         notes.append("the rebinding was not confirmed (no module of the run held our class)")
@@ -545,14 +613,14 @@ def _summary(args: argparse.Namespace, head: dict[str, Any], tests: list[str], c
     errors = {side: {c: e for r in runs.values() for c, e in r.errors.items()} for side, runs in results.items()}
     summary: dict[str, Any] = head | {"stock": None, "ours": None}
     for side, runs in results.items():
-        crashed = [f"{TEST_FILE}::{t}" for t, r in runs.items() if r.crashed]
+        crashed = [t for t, r in runs.items() if r.crashed]
         summary[side] = counts(outcomes[side]) | {"crashed": crashed, "seconds": round(wall.get(side, 0.0), 1)}
     if saved is not None:
         wanted_cases = {c for t in tests for c in cases[t]}
         outcomes["stock"] = {c: o for c, o in saved["outcomes"]["stock"].items() if c in wanted_cases}
         errors["stock"] = {c: e for c, e in saved.get("errors", {}).get("stock", {}).items() if c in outcomes["stock"]}
         summary["stock"] = counts(outcomes["stock"]) | {
-            "crashed": [c for c in saved["stock"]["crashed"] if c.split("::", 1)[1] in tests],
+            "crashed": [c for c in saved["stock"]["crashed"] if c in tests],
             "seconds": saved["stock"].get("seconds"), "from": str(args.stock_results),
             "missing": len(wanted_cases - set(outcomes["stock"]))}
     primary = summary["ours"] or summary["stock"]
@@ -563,7 +631,7 @@ def _summary(args: argparse.Namespace, head: dict[str, Any], tests: list[str], c
         summary["pass_stock_not_ours"] = summary["pass_ours_not_stock"] = None
     if args.first_errors and "ours" in outcomes:
         summary["first_errors"] = {c: errors["ours"][c] for c, o in outcomes["ours"].items() if o == "failed"}
-    functions = [(f"{side}:{TEST_FILE}::{t}", r) for side, runs in results.items() for t, r in runs.items()]
+    functions = [(f"{side}:{t}", r) for side, runs in results.items() for t, r in runs.items()]
     crashes = {key: r.crashed for key, r in functions if r.crashed}
     notes = {key: r.notes for key, r in functions if r.notes}
     summary |= ({"crash_reasons": crashes} if crashes else {}) | ({"notes": notes} if notes else {})
@@ -574,7 +642,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rl-root", type=Path, required=True,
                         help=f"a pytorch/rl work tree (holding {TEST_FILE}) or a bare git dir (HEAD is used)")
-    parser.add_argument("--only", help="comma-separated substrings of 'Class::test_name': run only those functions")
+    parser.add_argument("--only", help="comma-separated substrings of 'test/file.py::Class::test_name': run only "
+                                       "those functions")
     parser.add_argument("--side", choices=("stock", "ours", "both"), default="both")
     parser.add_argument("--stock-results", type=Path,
                         help="a saved --out of a stock run of the same checkout and torchrl, used instead of "
@@ -621,9 +690,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
-        source = (root / TEST_FILE).read_text()
-        selected = select_tests(source)
-        rebind, verify = rebind_targets(source)
+        selected, rebind, verify = {}, {}, {}
+        for file in [f for f in TEST_FILES if (root / f).is_file()]:
+            source = (root / file).read_text()
+            selected |= {f"{file}::{t}": why for t, why in select_tests(source).items()}
+            rebind[file], verify[file] = rebind_targets(source)
         tests = _match_only(list(selected), args.only)
         if not tests:
             parser.error(f"--only {args.only!r} matches none of the {len(selected)} selected tests: "
@@ -641,8 +712,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         head = {"benchmark": "torchrl_conformance", "torchrl": installed, "commit": commit,
                 "unilab_commit": unilab_commit, "unilab_dirty": unilab_dirty, "date": date,
                 "selection": {"functions": len(tests), "cases": n_cases, "multisync_cases_left_out": left_out,
-                              "by_class_decorator": [f"{TEST_FILE}::{t}" for t in tests
-                                                     if selected[t] == "class decorator"],
+                              "files": {file: {"functions": sum(t.startswith(f"{file}::") for t in tests),
+                                               "cases": sum(len(cases[t]) for t in tests if t.startswith(f"{file}::"))}
+                                        for file in dict.fromkeys(t.split("::")[0] for t in tests)},
+                              "by_class_decorator": [t for t in tests if selected[t] == "class decorator"],
                               "only": args.only, "timeout_per_function": args.timeout_per_function}}
 
         results: dict[str, dict[str, FunctionRun]] = {}
@@ -651,8 +724,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for number, side in [(number, side) for number in range(args.repeat) for side in sides]:
             results[side], start = {}, time.monotonic()
             for test in tests:
+                file = test.split("::")[0]
                 run = run_function(root, test, side, cases[test], workdir / f"run{number}", args.timeout_per_function,
-                                   rebind=rebind, verify=verify, plugin_dir=plugin_dir)
+                                   rebind=rebind[file], verify=verify[file], plugin_dir=plugin_dir)
                 results[side][test] = run
                 for case, outcome in run.outcomes.items():
                     passes[side][case] = passes[side].get(case, 0) + (outcome == "passed")

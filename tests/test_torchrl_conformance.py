@@ -1,10 +1,10 @@
 """``benchmarks/torchrl_conformance.py``'s own logic, without a pytorch/rl checkout.
 
-The benchmark runs TorchRL's ``test/test_collectors.py`` for an hour; these tests
-run its parts on small stand-ins written here: the selection of tests and cases,
-the extraction from a git repository (work tree and bare), the plugin's rebinding
-(in the pytest process and in a script a test runs), and a hung and a crashed
-pytest process.
+The benchmark runs TorchRL's ``test/test_collectors.py`` and the collector tests of
+``test/test_distributed.py`` for an hour; these tests run its parts on small stand-ins
+written here: the selection of tests and cases, the extraction from a git repository
+(work tree and bare), the plugin's rebinding (in the pytest process, in a script a test
+runs and in a process a test spawns), and a hung and a crashed pytest process.
 """
 
 from __future__ import annotations
@@ -58,13 +58,37 @@ class TestGroup:
 class TestWhole:
     def test_a(self, cls):
         pass
+
+
+class Base:
+    @pytest.mark.parametrize("collector_class", [MultiAsyncCollector, Collector])
+    def test_inherited(self, collector_class):
+        pass
+
+    @pytest.mark.parametrize("collector_class", [MultiAsyncCollector])
+    def test_overridden(self, collector_class):
+        pass
+
+    def test_unrelated_inherited(self):
+        pass
+
+
+class TestDerived(Base):
+    def test_overridden(self):
+        pass
+
+
+class TestDerivedAgain(TestDerived):
+    pass
 '''
 
 
 def test_selects_the_tests_that_name_the_class_and_where_it_comes_from():
+    # test methods a Test class inherits from this module's classes count, under their own overrides
     assert tc.select_tests(SYNTHETIC) == {
         "test_by_decorator": "function", "test_by_body": "function", "test_by_string": "function",
-        "TestGroup::test_method": "function", "TestWhole::test_a": "class decorator"}
+        "TestGroup::test_method": "function", "TestWhole::test_a": "class decorator",
+        "TestDerived::test_inherited": "function", "TestDerivedAgain::test_inherited": "function"}
     rebind, bound = tc.rebind_targets(SYNTHETIC)
     assert rebind == ["torchrl.collectors:MultiAsyncCollector"]
     assert bound == ["MultiAsyncCollector"]  # MAC is bound inside a function: nothing to check at module level
@@ -117,6 +141,8 @@ def test_takes_the_test_file_what_it_imports_and_pytest_ini_from_a_work_tree_or_
     files = {
         "pytest.ini": "[pytest]\nmarkers =\n    slow\n",
         "test/test_collectors.py": "import os\nfrom mocks import Env\nimport pkg\n",
+        "test/test_distributed.py": "from dist_mocks import Env\n",
+        "test/dist_mocks.py": "",
         "test/conftest.py": "import pytest\n",
         "test/mocks.py": "from _deeper import X\n",
         "test/_deeper.py": "X = 1\n",
@@ -138,8 +164,8 @@ def test_takes_the_test_file_what_it_imports_and_pytest_ini_from_a_work_tree_or_
         root, got = tc.open_tests(source, work)
         assert got == commit
         taken = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-        assert taken == ["pytest.ini", "test/_deeper.py", "test/conftest.py", "test/mocks.py", "test/pkg/__init__.py",
-                         "test/test_collectors.py"], source
+        assert taken == ["pytest.ini", "test/_deeper.py", "test/conftest.py", "test/dist_mocks.py", "test/mocks.py",
+                         "test/pkg/__init__.py", "test/test_collectors.py", "test/test_distributed.py"], source
     try:
         tc.open_tests(tmp_path / "work0", tmp_path / "work9")
     except ValueError as err:
@@ -194,6 +220,51 @@ def test_the_plugin_rebinds_the_class_in_the_test_module_and_in_the_scripts_it_r
     assert errors["test/test_collectors.py::test_fails"].startswith("AssertionError: the first error line")
 
 
+def test_the_distributed_tests_run_beside_and_a_process_a_test_spawns_sees_the_class_its_test_module_holds(
+        tmp_path, capsys):
+    """As ``test_distributed.py``'s bodies do, the test runs in a spawned process that imports the test module
+    again and compares the class it was given with the module's ``MultiAsyncCollector``."""
+    import json
+
+    root = _checkout(tmp_path, """
+        from torchrl.collectors import MultiAsyncCollector
+
+        def test_in_collectors():
+            assert MultiAsyncCollector is not None
+    """)
+    (root / "test" / "test_distributed.py").write_text(textwrap.dedent("""
+        import pytest
+        from torch import multiprocessing as mp
+        from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
+
+        class Base:
+            @classmethod
+            def _body(cls, queue, collector_class):
+                queue.put((collector_class is MultiAsyncCollector, MultiAsyncCollector.__name__))
+
+            @pytest.mark.parametrize("collector_class", [MultiSyncCollector, MultiAsyncCollector, Collector])
+            def test_distributed_collector_class(self, collector_class):
+                queue = mp.get_context("spawn").Queue(1)
+                proc = mp.get_context("spawn").Process(target=self._body, args=(queue, collector_class))
+                proc.start()
+                same, name = queue.get(timeout=120)
+                proc.join(30)
+                assert same == (collector_class is MultiAsyncCollector), (collector_class, name)
+
+        class TestNode(Base):
+            pass
+    """))
+    assert tc.main(["--rl-root", str(root), "--side", "both", "--out", str(tmp_path / "out.json")]) == 0
+    saved = json.loads((tmp_path / "out.json").read_text())
+    node = "test/test_distributed.py::TestNode::test_distributed_collector_class"
+    assert saved["selection"]["files"] == {"test/test_collectors.py": {"functions": 1, "cases": 1},
+                                           "test/test_distributed.py": {"functions": 1, "cases": 2}}
+    assert saved["selection"]["multisync_cases_left_out"] == 1
+    expected = {"test/test_collectors.py::test_in_collectors": "passed", f"{node}[MultiAsyncCollector]": "passed",
+                f"{node}[Collector]": "passed"}
+    assert saved["outcomes"] == {"stock": expected, "ours": expected}, saved["errors"]
+
+
 def test_a_hung_function_is_killed_with_its_group_and_a_crash_is_blamed_on_its_case(tmp_path):
     root = _checkout(tmp_path, '''
         import os, signal, subprocess, sys, time
@@ -211,14 +282,16 @@ def test_a_hung_function_is_killed_with_its_group_and_a_crash_is_blamed_on_its_c
 
     os.environ["CHILD_PID_FILE"] = str(pid_file)
     try:
-        hung = tc.run_function(root, "test_hangs", "stock", [f"{tc.TEST_FILE}::test_hangs"], tmp_path, 12.0)
+        hung = tc.run_function(root, f"{tc.TEST_FILE}::test_hangs", "stock", [f"{tc.TEST_FILE}::test_hangs"],
+                               tmp_path, 12.0)
     finally:
         del os.environ["CHILD_PID_FILE"]
     assert hung.crashed is not None and hung.crashed.startswith("hung: no exit within 12 s (in ")
     assert hung.outcomes == {f"{tc.TEST_FILE}::test_hangs": "failed"}
     stat = Path(f"/proc/{pid_file.read_text()}/stat")
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"  # its child went with the group
-    died = tc.run_function(root, "test_segfaults", "stock", [f"{tc.TEST_FILE}::test_segfaults"], tmp_path, 60.0)
+    died = tc.run_function(root, f"{tc.TEST_FILE}::test_segfaults", "stock", [f"{tc.TEST_FILE}::test_segfaults"],
+                           tmp_path, 60.0)
     assert died.crashed == f"died: SIGSEGV in {tc.TEST_FILE}::test_segfaults"
     assert died.errors == {f"{tc.TEST_FILE}::test_segfaults": died.crashed}
 
