@@ -22,7 +22,7 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from common import first_error, provenance, run_captured, work_dir
+from common import first_error, git, provenance, run_captured, work_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The collector, the shared buffer, the weights and a short recipe run (TD3 on Pendulum-v1, resumed).
@@ -168,7 +168,8 @@ class Venv:
     def versions(self) -> dict[str, str | None]:
         """The :data:`RECORDED` distributions' versions in this venv."""
         freeze = subprocess.run([str(self.bin / "pip"), "freeze"], capture_output=True, text=True, env=self.env).stdout
-        pins = dict(line.split("==", 1) for line in freeze.splitlines() if "==" in line)
+        pins = {name.lower(): version for name, version in (line.split("==", 1) for line in freeze.splitlines()
+                                                             if "==" in line)}
         return {name: pins.get(name) for name in RECORDED}
 
 
@@ -233,7 +234,8 @@ def results_file(runs: dict[str, dict], wheel: dict | None, load_start: float, a
         (['3.11'], True)
     """
     return {**provenance("python_versions", load_start, os.getloadavg()[0], argv=argv),
-            "install_line": install_line(), "subset": list(SUBSET), "runs": runs,
+            "commit": git(["rev-parse", "--short", "HEAD"], cwd=ROOT), "install_line": install_line(),
+            "subset": list(SUBSET), "runs": runs,
             "passing": [version for version, run in runs.items() if run.get("passes")], "wheel": wheel}
 
 
