@@ -116,11 +116,12 @@ def test_an_offline_dataset_with_keys_the_rows_lack_and_a_buffer_of_another_kind
 
 
 def test_policy_age_filter_drops_the_rows_older_than_its_lag_from_a_worker_filled_buffer(no_leaks):
-    """Lock-step chunks of 128 frames, one published version each (the workers wait at the cap while this process
-    publishes): chunk ``k`` holds version ``k``, and the first one also the 64 random rows (version -1)."""
+    """Lock-step chunks of 128 frames, one published version each (the worker waits at the cap while this process
+    publishes): chunk ``k`` holds version ``k``, and the first one also the 64 random rows (version -1). One
+    worker: of two, the one that owns the random frames may write them in any chunk, whenever it gets a batch."""
     rb = make_replay_buffer(2048)
     lag = 2
-    with OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_workers=2, num_envs=2, frames_per_batch=64,
+    with OffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_workers=1, num_envs=2, frames_per_batch=64,
                             init_random_frames=64, replay_buffer=rb, seed=0) as collector:
         rb.append_transform(PolicyAgeFilter(lambda: collector.policy_version, max_policy_lag=lag))
         for chunk in range(1, 5):

@@ -62,7 +62,11 @@ from torchrl_unilab.data.resolve import workers_buffer
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
 from torchrl_unilab.envs.resolve import as_batched_env, resolve_envs
 from torchrl_unilab.modules.normalization import ObservationNormalizer
-from torchrl_unilab.weight_update.torchrl_schemes import as_seqlock_scheme, as_weight_updater
+from torchrl_unilab.weight_update.torchrl_schemes import (
+    as_seqlock_scheme,
+    as_weight_updater,
+    joins_receivers_on_error,
+)
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme
 
 __all__ = ["OffPolicyCollector", "WorkerError"]
@@ -181,6 +185,7 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
     #: says it for every node, does not.
     _says_how_weights_arrive = True
 
+    @joins_receivers_on_error  # a node of DistributedSyncCollector that fails here leaves its driver an error
     def __init__(
         self,
         create_env_fn: str | EnvBase | Callable[[], EnvBase] | Sequence[str | EnvBase | Callable[[], EnvBase]],

@@ -38,19 +38,24 @@ script's last line.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torchrl.collectors.weight_update import WeightUpdaterBase
-from torchrl.weight_update import NoWeightSyncScheme, WeightSyncScheme
+from torchrl.weight_update import DistributedWeightSyncScheme, NoWeightSyncScheme, WeightSyncScheme
 
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme, _prefix_of
 
-__all__ = ["TorchRLSchemeAdapter", "as_seqlock_scheme", "as_weight_updater", "bind_receiver_schemes"]
+__all__ = ["FIRST_SEND_WAIT_S", "TorchRLSchemeAdapter", "as_seqlock_scheme", "as_weight_updater",
+           "bind_receiver_schemes", "joins_receivers_on_error"]
 
 _log = logging.getLogger("torchrl.unilab")
 
@@ -153,6 +158,95 @@ def bind_receiver_schemes(collector: Any, schemes: Mapping[str, WeightSyncScheme
         if log:
             _log.info(f"OffPolicyCollector: receives the policy's weights through {type(scheme).__name__}; each "
                       "update is published to every worker through the shared-memory seqlock block")
+
+
+#: Seconds a node whose collector failed waits for its driver's first weight send (see
+#: :func:`joins_receivers_on_error`). ``DistributedSyncCollector``'s driver sends it as its iteration starts, once
+#: it has collected the batch that lays its buffers out; a driver that never iterates lets the node go after this.
+FIRST_SEND_WAIT_S = 120.0
+
+
+def joins_receivers_on_error(init: Callable[..., None]) -> Callable[..., None]:
+    """A collector's ``__init__`` that, when it raises on a node of ``DistributedSyncCollector``, leaves the driver
+    an error to raise instead of a wait.
+
+    TorchRL's collectors connect their receiving schemes (``weight_recv_schemes=``) early in their constructor, and a
+    node whose collector fails later still answers the driver's first weight send; the node then exits and the
+    driver's next receive raises (gloo: "Connection closed by peer"). This collector connects after its probe, which
+    refuses an env or a policy it cannot run, so a node that failed there would leave the driver waiting: at its
+    rendezvous, then for the node's acknowledgement. On such an error, each unconnected
+    ``DistributedWeightSyncScheme`` is connected (the process group and the initial weights), answers the driver's
+    first weight send (for up to :data:`FIRST_SEND_WAIT_S` seconds), and is shut down; then the constructor's error
+    is raised, whatever the join gave. Other schemes, and a collector constructed without receiving schemes, are
+    left alone: their senders do not wait for the node.
+
+    Examples:
+        >>> class Node:
+        ...     @joins_receivers_on_error
+        ...     def __init__(self, create_env_fn, policy=None, **torchrl_kwargs):
+        ...         raise ValueError("the env refused the policy's action")
+        >>> try:
+        ...     Node(None, weight_recv_schemes=None)
+        ... except ValueError as err:
+        ...     print(err)
+        the env refused the policy's action
+    """
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except BaseException:
+            given = signature.bind_partial(self, *args, **kwargs).arguments
+            torchrl_kwargs = given.get("torchrl_kwargs") or {}
+            schemes = torchrl_kwargs.get("weight_recv_schemes")
+            if isinstance(schemes, Mapping):
+                _answer_once_and_close(schemes, given.get("policy"), given.get("policy_factory"),
+                                       torchrl_kwargs.get("worker_idx"))
+            raise
+
+    return wrapper
+
+
+class _FailedNode:
+    """What a failed node's receiving scheme calls back: it keeps no weights, and notes that the driver sent some."""
+
+    def __init__(self, policy: nn.Module | None) -> None:
+        self.policy = policy
+        self.sent = threading.Event()
+
+    def update_policy_weights_(self, *args: Any, **kwargs: Any) -> None:
+        self.sent.set()
+
+
+def _answer_once_and_close(schemes: Mapping[str, WeightSyncScheme], policy: Any,
+                           policy_factory: Callable[[], Any] | None, worker_idx: int | None) -> None:
+    """:func:`joins_receivers_on_error`'s join; a failing join is logged, not raised."""
+    joining = [(model_id, scheme) for model_id, scheme in schemes.items()
+               if isinstance(scheme, DistributedWeightSyncScheme) and not scheme.synchronized_on_receiver]
+    if not joining:
+        return
+    _log.warning(f"OffPolicyCollector failed at construction on node {worker_idx}: it joins the driver's process "
+                 "group and answers its first weight send before raising, so that the driver raises instead of "
+                 "waiting for it")
+    for model_id, scheme in joining:
+        try:
+            model = policy if isinstance(policy, nn.Module) or policy_factory is None else policy_factory()
+            node = _FailedNode(model)
+            if not scheme.initialized_on_receiver:
+                scheme.init_on_receiver(model_id=model_id, context=node, worker_idx=worker_idx)
+            else:
+                scheme.context = node
+            if model is not None:
+                scheme.model = model
+            scheme.connect(worker_idx=worker_idx)
+            node.sent.wait(FIRST_SEND_WAIT_S)
+        except Exception as err:  # the constructor's error is the one to raise
+            _log.warning(f"OffPolicyCollector: joining {type(scheme).__name__} failed: {type(err).__name__}: {err}")
+        finally:
+            with contextlib.suppress(Exception):
+                scheme.shutdown()  # waits for the background receiver, which acknowledges the send
 
 
 class TorchRLSchemeAdapter(SeqlockWeightSyncScheme):
