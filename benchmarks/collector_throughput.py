@@ -151,32 +151,43 @@ class TorchRLCollector:
 
 
 class OffPolicy:
-    """An OffPolicyCollector kept paused between measurement windows; it also sums the workers' phase times."""
+    """An OffPolicyCollector kept paused between measurement windows; it also sums the workers' phase times.
+
+    ``env``: a factory of the env each worker steps, in place of ``env_id``'s; ``actor``: in place of the 512-wide
+    SAC actor; ``start_timeout``: seconds the workers may take to write their first two batches.
+    """
 
     def __init__(self, num_workers: int, num_envs: int = NUM_ENVS, engine: str = "auto", lanes: int = 1,
-                 env_id: str = ENV, frames_per_batch: int = 1024, buffer_size: int = 200_000) -> None:
+                 env_id: str = ENV, frames_per_batch: int = 1024, buffer_size: int = 200_000,
+                 env: Callable | None = None, actor=None, start_timeout: float = 120.0) -> None:
         self.num_workers = num_workers
-        options = dict(num_workers=num_workers, frames_per_batch=frames_per_batch,
-                       replay_buffer=make_replay_buffer(buffer_size), seed=0)
-        if lanes > 1:
+        self.replay_buffer = make_replay_buffer(buffer_size)
+        actor = sac_actor(env_id) if actor is None else actor
+        options = dict(num_workers=num_workers, frames_per_batch=frames_per_batch, replay_buffer=self.replay_buffer,
+                       seed=0)
+        if env is not None:
+            self.collector = OffPolicyCollector(env, actor, **options)
+        elif lanes > 1:
             env = functools.partial(EnvPoolEnv, env_id, num_envs, lanes=lanes)
-            self.collector = OffPolicyCollector(env, sac_actor(env_id), **options)
+            self.collector = OffPolicyCollector(env, actor, **options)
         else:
-            self.collector = OffPolicyCollector(env_id, sac_actor(env_id), num_envs=num_envs, engine=engine, **options)
+            self.collector = OffPolicyCollector(env_id, actor, num_envs=num_envs, engine=engine, **options)
         self.collector.start()
-        self.collector.wait_for_frames(2 * frames_per_batch * num_workers, timeout=120)  # past process start-up
+        # past process start-up
+        self.collector.wait_for_frames(2 * frames_per_batch * num_workers, timeout=start_timeout)
         self._pause = self.collector.pause()
         self._pause.__enter__()
         self.phase_seconds: dict[str, float] = {}
         self.window_seconds = 0.0
         self.window_frames = 0
 
-    def __call__(self, seconds: float) -> float:
+    def __call__(self, seconds: float, warmup_frames: int = 0) -> float:
+        """Env steps per second over ``seconds``, from the first batch boundary after ``warmup_frames`` more frames."""
         collector = self.collector
         self._pause.__exit__(None, None, None)
         try:
             # From one batch boundary to another: no partial batch inside the window.
-            collector.wait_for_frames(collector.frames_written + 1, timeout=60)
+            collector.wait_for_frames(collector.frames_written + warmup_frames + 1, timeout=60)
             f0, t0, m0 = collector.frames_written, time.perf_counter(), collector.metrics()
             time.sleep(seconds)
             collector.wait_for_frames(collector.frames_written + 1, timeout=60)

@@ -183,6 +183,68 @@ def collector_tables(res: Results) -> str:
             + list_table(["configuration", "env step", "policy", "buffer write", "weight sync", "pack", "other"], rows))
 
 
+PEER_FILE = "collector/peer_async_batched.json"
+#: peer_collectors' workloads: JSON key -> the table's label
+PEER_ROWS = {"state": "HalfCheetah-v5 (state), 16 envs, the recipes' SAC actor, a 1M-row buffer",
+             "pixels": "``bench_collectors.py``'s fake pixel env (1 ms a step) and CNN policy, 16 envs",
+             "pixels_delay": "the same, the policy 20 ms a call"}
+#: the phases of a worker of ours that the table shows (``breakdown_us_per_frame``), and their names
+PEER_PHASES = {"env_step": "env step", "policy": "policy", "buffer_write": "buffer write"}
+
+
+def peer_bounds(w: dict) -> str:
+    """What a peer workload's sides spend: a worker of ours, microseconds per frame by phase; TorchRL's inference
+    server, requests per policy call and milliseconds per call."""
+    b, server = w["ours"].get("breakdown_us_per_frame", {}), w["theirs"].get("server", {})
+    ours = ", ".join(f"{label} {fmt(b[key])}" for key, label in PEER_PHASES.items() if key in b)
+    theirs = (f"; TorchRL's server: {server['avg_batch_size']:.1f} requests a call, {server['p50_forward_ms']:.1f} ms"
+              if server else "")
+    return f"ours, a worker's us per frame: {ours}{theirs}"
+
+
+def peer_table(res: Results) -> str:
+    """peer_collectors: ours against TorchRL's ``AsyncBatchedCollector`` on each workload, in alternating rounds."""
+    data = res.get(PEER_FILE)
+    if data is None:
+        return (f"Against TorchRL's ``AsyncBatchedCollector``: **{NOT_MEASURED}** (``python benchmarks/"
+                f"peer_collectors.py --rl-root <pytorch/rl checkout> --out benchmarks/results/{PEER_FILE}``).\n")
+    rows, loads, idle = [], [], []
+    for key, label in PEER_ROWS.items():
+        w = data["workloads"].get(key)
+        if w is None:
+            continue
+        cells = []
+        for side in ("ours", "theirs"):
+            rounds = w[side]["fps_rounds"]
+            cells.append(f"{fmt(w[side]['fps'])} (rounds: {', '.join(fmt(x) for x in rounds)})")
+            loads += [x for x in w[side]["load_1min_rounds"] if x is not None]
+            idle += [x for x in w[side].get("paused_other_side_cores_rounds", []) if x is not None]
+        ratio = "-" if w["ratio"] is None else f"**{w['ratio']:.2f}**"
+        if w.get("ratio_interval"):
+            ratio += " [{:.2f}, {:.2f}]".format(*w["ratio_interval"])
+        met = {True: "met", False: "**not met**", None: "-"}[w["target_met"]]
+        phases = {k: v for k, v in w["ours"].get("breakdown_us_per_frame", {}).items() if k in PEER_PHASES}
+        if w["target_met"] is False and phases:
+            met += f", bound by our workers' {PEER_PHASES[max(phases, key=phases.get)]}"
+        rows.append([label, *cells, ratio, f">= {w['target']:g}: {met}",
+                     f"{fmt(w['ours']['bytes_per_transition'])} / {fmt(w['theirs']['bytes_per_transition'])}",
+                     peer_bounds(w)])
+    table = list_table(["workload", "``OffPolicyCollector`` frames/s", "``AsyncBatchedCollector`` frames/s",
+                        "ours / theirs (median of the rounds' ratios, 90 % interval)", "target",
+                        "bytes a stored transition, ours / theirs", "what each side spends"], rows,
+                       [22, 14, 14, 14, 9, 10, 17])
+    conf = data["configurations"]
+    note = (f"Ours: {conf['ours']}. TorchRL's, the fast configuration its docstring gives for many process-backed "
+            f"envs: {conf['theirs']}. Each side runs in a process group of its own, started once per workload and "
+            f"paused between its windows; {conf['windows']}. {data['rounds']} alternating rounds, every frame "
+            f"written into the side's replay buffer, pytorch/rl ``{str(data['rl_commit'])[:9]}``, torchrl "
+            f"{data['torchrl']}. The machine was shared with other work: 1-minute load average "
+            f"{min(loads):.1f} to {max(loads):.1f} during the rounds, on 2 cores")
+    if idle:
+        note += f"; the paused side used at most {max(idle):.2f} of a core meanwhile"
+    return with_provenance(table, data, note + ".")
+
+
 #: dropin_speedup's configurations: JSON key -> (the table's label, the plot's label)
 DROPIN_ROWS = {"pattern1": ("1: iterate over batches (``sac.py``)", "1: iterate over batches"),
                "pattern2": ("2: workers fill a shared ``ReplayBuffer`` (``sac-async.py``)", "2: shared buffer"),
@@ -694,9 +756,10 @@ def headline_rows(res: Results) -> list[tuple[str, str, str, str]]:
         ("Collector vs a raw gymnasium loop (HalfCheetah-v5)",
          f"**{r['offpolicy_envpool_64']:.2f}x** (1 worker x 64 envs), {r['offpolicy_envpool_2w']:.2f}x (2 workers)",
          runnable(c), c["date"]),
-        ("Collector vs TorchRL's `Collector` (16 envs, same run)",
-         f"**{s['offpolicy_envpool_16'] / s['torchrl_collector']:.1f}x** ({fmt(s['offpolicy_envpool_16'])} against "
-         f"{fmt(s['torchrl_collector'])} steps/s)", runnable(c), c["date"]),
+        with_peer(res, ("Collector vs TorchRL's `Collector` (16 envs, same run)",
+                        f"**{s['offpolicy_envpool_16'] / s['torchrl_collector']:.1f}x** "
+                        f"({fmt(s['offpolicy_envpool_16'])} against {fmt(s['torchrl_collector'])} steps/s)",
+                        runnable(c), c["date"])),
         ("Drop-in: TorchRL's SAC scripts, only the class changed",
          f"**{d['ratio_pattern1']:.2f}x** (batches), **{d['ratio_pattern2']:.2f}x** (shared buffer)",
          runnable(d), d["date"]),
@@ -715,6 +778,24 @@ def headline_rows(res: Results) -> list[tuple[str, str, str, str]]:
          f"{robot['date']}, collector {rspeed['date']}"),
     ]
     return [row for row in rows if row is not None]
+
+
+def with_peer(res: Results, row: tuple[str, str, str, str]) -> tuple[str, str, str, str]:
+    """The headline row against TorchRL's ``Collector``, joined by the state task against its
+    ``AsyncBatchedCollector`` (``peer_collectors.py``) once that is measured."""
+    data = res.get(PEER_FILE)
+    w = data and data["workloads"].get("state")
+    if not w or w["ratio"] is None:
+        return row
+    _, figure, command, date = row
+    interval = " [{:.1f}, {:.1f}]".format(*w["ratio_interval"]) if w.get("ratio_interval") else ""
+    loads = [x for side in ("ours", "theirs") for x in w[side]["load_1min_rounds"] if x is not None]
+    return ("Collector vs TorchRL's `Collector` and `AsyncBatchedCollector` (HalfCheetah-v5, 16 envs)",
+            f"{figure} against `Collector`, same run; **{w['ratio']:.1f}x**{interval} against "
+            f"`AsyncBatchedCollector`'s fastest configuration, every frame into a 1M-row buffer "
+            f"({fmt(w['ours']['fps'])} against {fmt(w['theirs']['fps'])} frames/s, beside other work: load "
+            f"average {min(loads):.0f} to {max(loads):.0f} on 2 cores)",
+            f"{command}; {runnable(data)}", f"{date}, {data['date']}")
 
 
 def wallclock_headline(res: Results, algo: str = "sac") -> tuple[str, str, str, str] | None:
@@ -802,7 +883,30 @@ def render_readme(text: str, res: Results) -> str:
 def figures_rst(res: Results) -> str:
     """Substitutions for figures quoted in prose; ``docs/conf.py`` puts them in every page's prolog."""
     m = res["main_job/sac.json"]
-    return f".. |main_job_minutes| replace:: {m['stated_minutes']}\n.. |main_job_date| replace:: {m['date']}\n"
+    return (f".. |main_job_minutes| replace:: {m['stated_minutes']}\n.. |main_job_date| replace:: {m['date']}\n"
+            + peer_figures(res))
+
+
+def peer_figures(res: Results) -> str:
+    """The collector page's figures against TorchRL's ``AsyncBatchedCollector``, for each workload ``w``:
+    ``|peer_w_ratio|`` (ours over theirs), ``|peer_w_env_us|`` and ``|peer_w_policy_us|`` (a worker of ours, per
+    frame), ``|peer_w_batch|`` (requests a call of TorchRL's inference server); 'not yet measured' without a file.
+
+    Example:
+        >>> peer_figures({}).splitlines()[0]
+        '.. |peer_state_ratio| replace:: not yet measured'
+    """
+    workloads = res.get(PEER_FILE, {}).get("workloads", {})
+    lines = []
+    for key in PEER_ROWS:
+        w = workloads.get(key, {})
+        ours, server = w.get("ours", {}).get("breakdown_us_per_frame", {}), w.get("theirs", {}).get("server", {})
+        for name, value in (("ratio", None if w.get("ratio") is None else f"{w['ratio']:.2f}"),
+                            ("env_us", None if "env_step" not in ours else fmt(ours["env_step"])),
+                            ("policy_us", None if "policy" not in ours else fmt(ours["policy"])),
+                            ("batch", None if "avg_batch_size" not in server else f"{server['avg_batch_size']:.1f}")):
+            lines.append(f".. |peer_{key}_{name}| replace:: {NOT_MEASURED if value is None else value}")
+    return "\n".join(lines) + "\n"
 
 
 #: ab_rounds.py's comparisons: generated file -> (results file, what it compares)
@@ -828,6 +932,7 @@ AB_TABLES = {
 }
 DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "collector.rst": collector_tables, "dropin.rst": dropin_tables, "sota_dropin.rst": sota_table,
+    "peer_async_batched.rst": peer_table,
     "sota_exit.rst": sota_exit_table, "conformance.rst": conformance_table,
     "sac_vs_sb3.rst": sac_tables, "td3_vs_sb3.rst": td3_tables,
     "td3_seeds.rst": lambda res: (learning_table(res["learning/td3_vs_sb3.json"], "td3")  # each seed at every mark
