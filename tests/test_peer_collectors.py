@@ -1,7 +1,8 @@
 """``benchmarks/peer_collectors.py``: its arguments, its summary of the rounds, and a run at the tiniest size.
 
 The pixel workloads read TorchRL's ``benchmarks/bench_collectors.py`` from a pytorch/rl checkout: the environment
-variable ``TORCHRL_CHECKOUT`` names one (a work tree or a bare git repository); without it that test skips.
+variable ``RL_ROOT`` names one (a work tree or a bare git repository), as for ``tests/test_sota_dropin.py``;
+without it that test skips.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ TINY = ["--envs", "2", "--workers", "2", "--rounds", "1", "--seconds", "1", "--f
 
 
 def rl_checkout() -> Path:
-    root = os.environ.get("TORCHRL_CHECKOUT")
+    root = os.environ.get("RL_ROOT")
     if not root:
-        pytest.skip("no pytorch/rl checkout: set TORCHRL_CHECKOUT to one holding benchmarks/bench_collectors.py")
+        pytest.skip("no pytorch/rl checkout: set RL_ROOT to one holding benchmarks/bench_collectors.py")
     return Path(root)
 
 
