@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import torchrl_nightly
 import wallclock
 from common import figure, list_table, seed_count
 
@@ -298,7 +299,9 @@ def sota_exit_table(res: Results) -> str:
 
 def conformance_table(res: Results) -> str:
     """torchrl_conformance: passed/failed/skipped per side, or 'not yet measured' without a results file; a case
-    that fails in the latest run shows how often each side passed it where a ``--repeat`` run repeated it."""
+    that fails in the latest run shows how often each side passed it where a ``--repeat`` run repeated it. Runs of
+    other test files (``selection.files``; ``test/test_collectors.py`` before it was recorded) get tables of their
+    own, with each test function's passes per side."""
     runs = topic(res, "conformance")
     repeated = [run for run in runs if "repeats" in run]
     runs = [run for run in runs if "repeats" not in run]
@@ -306,6 +309,17 @@ def conformance_table(res: Results) -> str:
         return (f"TorchRL's own collector tests (``test/test_collectors.py``) with ``OffPolicyCollector`` in place of "
                 f"``MultiAsyncCollector``: **{NOT_MEASURED}** (``python benchmarks/torchrl_conformance.py --rl-root "
                 f"<pytorch/rl checkout> --out benchmarks/results/conformance/<name>.json``).\n")
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        files = tuple((run.get("selection") or {}).get("files") or ("test/test_collectors.py",))
+        groups.setdefault(files, []).append(run)
+    return "\n".join(conformance_runs(group, repeated, None if i == 0 else files)
+                     for i, (files, group) in enumerate(groups.items()))
+
+
+def conformance_runs(runs: list[dict], repeated: list[dict], files: tuple | None) -> str:
+    """:func:`conformance_table`'s table of the runs of one selection; ``files`` names it (and adds each test
+    function's passes per side in its latest run)."""
     rows = []
     for run in runs:
         for side in ("stock", "ours"):
@@ -322,9 +336,21 @@ def conformance_table(res: Results) -> str:
     rows = [r + ["-"] * (width - len(r)) for r in rows]
     header = ["date", "collector", "passed", "failed", "skipped", "crashed", "pass with stock, not ours"][:width]
     last = runs[-1]
-    out = (list_table(header, rows) + f"\nAgainst pytorch/rl ``{last.get('commit', '?')[:9]}``, torchrl "
-           f"{last.get('torchrl', '?')}, torchrl_unilab ``{str(last.get('unilab_commit', '?'))[:7]}``. "
-           "Data: ``benchmarks/results/conformance/``.\n")
+    out = "" if files is None else f"The tests of {', '.join(f'``{f}``' for f in files)} that take the class:\n\n"
+    out += (list_table(header, rows) + f"\nAgainst pytorch/rl ``{last.get('commit', '?')[:9]}``, torchrl "
+            f"{last.get('torchrl', '?')}, torchrl_unilab ``{str(last.get('unilab_commit', '?'))[:7]}``. "
+            "Data: ``benchmarks/results/conformance/``.\n")
+    if files is not None:
+        outcomes = last.get("outcomes") or {}
+        functions = dict.fromkeys(case.split("[")[0] for side in outcomes.values() for case in side
+                                  if not case.startswith("test/test_collectors.py::"))  # that file: the table above
+        passed = [[f"``{function.split('::', 1)[-1]}``", *(
+            "{} of {}".format(*(sum(o == "passed" for c, o in cases.items() if c.split("[")[0] == function),
+                                sum(c.split("[")[0] == function for c in cases)))
+            for cases in (outcomes.get("stock", {}), outcomes.get("ours", {})))] for function in functions]
+        if passed:
+            out += f"\nEach test function's cases passed in the run of {last.get('date', '-')[:10]}:\n\n"
+            out += list_table(["test function", "TorchRL's class", "ours"], passed)
     failing = last.get("pass_stock_not_ours") or []
     if failing:
         errors = last.get("first_errors") or {}
@@ -943,6 +969,7 @@ DOCS_TABLES: dict[str, Callable[[Results], str]] = {
     "robot_learning.rst": robot_tables, "robot_speed.rst": robot_speed_table,
     "faults.rst": fault_tables, "ray.rst": ray_table, "gpu.rst": gpu_table,
     "python_versions.rst": python_versions_table, "figures.rst": figures_rst,
+    "nightly.rst": lambda res: torchrl_nightly.rst(topic(res, "nightly")),  # the install page's TorchRL versions
 }
 
 

@@ -142,6 +142,19 @@ def test_topics_not_measured_yet_say_so(results_copy):
     assert repeated.count("     - 88\n") == 1 and repeated.count("   * - ") == table.count("   * - ")
     assert ("* ``a``. Run 10 times on each side, alternating (2026-12-06): TorchRL's class passed it 9 times, ours 10\n"
             in repeated) and "* ``b``\n" in repeated
+    # a run of another test file has a table of its own after it, with each test function's passes per side
+    case = "test/test_distributed.py::TestRPCCollector::test_distributed_collector_updatepolicy"
+    (results_copy / "conformance" / "distributed.json").write_text(json.dumps({
+        "date": "2026-12-07T10:00:00+00:00", "commit": "ae9719f17b15", "torchrl": "0.14.1",
+        "selection": {"files": {"test/test_distributed.py": {"functions": 1, "cases": 2}}},
+        "stock": {"passed": 2, "failed": 0, "skipped": 0, "crashed": []},
+        "ours": {"passed": 1, "failed": 1, "skipped": 0, "crashed": []}, "pass_stock_not_ours": [f"{case}[x]"],
+        "outcomes": {"stock": {f"{case}[x]": "passed", f"{case}[y]": "passed"},
+                     "ours": {f"{case}[x]": "failed", f"{case}[y]": "passed"}}}))
+    both = report.outputs(results_copy)[report.GENERATED / "conformance.rst"]
+    assert both.startswith(repeated) and "The tests of ``test/test_distributed.py`` that take the class" in both
+    assert "``TestRPCCollector::test_distributed_collector_updatepolicy``\n     - 2 of 2\n     - 1 of 2\n" in both
+    assert "* ``TestRPCCollector::test_distributed_collector_updatepolicy[x]``\n" in both
 
 
 def test_gpu_results_fill_the_gpu_table(results_copy):
