@@ -209,7 +209,8 @@ def test_state_dict_has_torchrls_layout_and_a_resumed_run_numbers_new_trajectori
     assert int(saved_ids.max()) < first_free
     with pendulum(replay_buffer=rb, total_frames=256) as collector:
         collector.load_state_dict(state)
-        assert (collector._frames, collector._iter) == (state["frames"], state["iter"])
+        restored = collector.state_dict()
+        assert (restored["frames"], restored["iter"]) == (state["frames"], state["iter"])
         assert int(collector.state_dict()["traj_pool"]["traj_id"]) > first_free
         for _ in collector:
             pass

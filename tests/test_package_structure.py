@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import ast
+import functools
+import importlib
+import inspect
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,3 +123,248 @@ def test_the_package_has_no_circle_of_imports() -> None:
         "modules that import each other, directly or around a circle (function-level imports count; "
         f"move what they share to a module both import): {loops}"
     )
+
+
+
+
+# ------------------------------------------------------------------ TorchRL's private names
+LIBRARIES = ("torchrl", "tensordict")
+PRIVATE_MODULE = "torchrl_unilab._torchrl_private"
+#: The modules held to it.
+CHECKED = ("torchrl_unilab.collectors",)
+#: Private names of other libraries that share a name with one of TorchRL's: the expression, and whose it is.
+OTHER_LIBRARIES = {
+    "mp.current_process()._config": "multiprocessing's process config",
+    "process_obj._name": "multiprocessing's process name",
+    "m._buffers": "torch.nn.Module's buffers",
+    "module._buffers": "torch.nn.Module's buffers",
+}
+
+
+def is_private(name: str) -> bool:
+    """A leading underscore, not a dunder."""
+    return name.startswith("_") and not name.startswith("__")
+
+
+def from_library(obj: object) -> bool:
+    """Whether ``obj`` (a class) is TorchRL's or tensordict's."""
+    return getattr(obj, "__module__", "").split(".")[0] in LIBRARIES
+
+
+@functools.cache
+def library_private_names() -> frozenset[str]:
+    """Every private name TorchRL and tensordict define: attributes they assign, functions, classes."""
+    import tensordict
+    import torchrl
+
+    names: set[str] = set()
+    for package in (torchrl, tensordict):
+        for path in Path(package.__path__[0]).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                    names.add(node.attr)
+                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(node.name)
+    return frozenset(name for name in names if is_private(name))
+
+
+def class_definition(cls: type) -> ast.AST:
+    """The ``class`` statement of a class, found in the file that defines its methods (TorchRL sets some
+    classes' ``__module__`` to the package that re-exports them); an empty module if there is none."""
+    files = {inspect.getsourcefile(value) for value in vars(cls).values() if inspect.isfunction(value)}
+    for path in sorted(f for f in files if f and Path(f).is_file()):
+        for node in ast.walk(ast.parse(Path(path).read_text(), filename=path)):
+            if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
+                return node
+    return ast.Module(body=[], type_ignores=[])
+
+
+@functools.cache
+def library_class_names(cls: type) -> frozenset[str]:
+    """The names a class's TorchRL/tensordict bases define: their class attributes and the fields they set on self."""
+    names: set[str] = set()
+    for base in cls.__mro__:
+        if not from_library(base):
+            continue
+        names.update(vars(base))
+        for node in ast.walk(class_definition(base)):
+            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                    and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                names.add(node.attr)
+    return frozenset(names)
+
+
+def subclass_hooks(cls: type) -> set[str]:
+    """The hooks of :data:`~torchrl_unilab._torchrl_private.SUBCLASS_HOOKS` that ``cls`` may define."""
+    from torchrl_unilab._torchrl_private import SUBCLASS_HOOKS
+
+    hooks: set[str] = set()
+    for path, names in SUBCLASS_HOOKS.items():
+        module, name = path.rsplit(".", 1)
+        if issubclass(cls, getattr(importlib.import_module(module), name)):
+            hooks.update(names)
+    return hooks
+
+
+def on_self(node: ast.Attribute) -> bool:
+    """``self.x``, ``cls.x`` or ``super().x``."""
+    value = node.value
+    return (isinstance(value, ast.Name) and value.id in ("self", "cls")) or (
+        isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super")
+
+
+def library_imports(tree: ast.AST) -> tuple[dict[str, str], list[tuple[int, str]]]:
+    """Names bound to TorchRL/tensordict imports (``{name: dotted path}``), and the imports of private names."""
+    bound: dict[str, str] = {}
+    uses: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in LIBRARIES:
+            for alias in node.names:
+                path = f"{node.module}.{alias.name}"
+                bound[alias.asname or alias.name] = path
+                if any(is_private(part) for part in path.split(".")):
+                    uses.append((node.lineno, f"from {node.module} import {alias.name}"))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in LIBRARIES:
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.name
+                    if any(is_private(part) for part in alias.name.split(".")):
+                        uses.append((node.lineno, f"import {alias.name}"))
+    return bound, uses
+
+
+def own_private_names(trees: dict[str, ast.Module], namespaces: dict[str, dict]) -> set[str]:
+    """Private names the package defines for itself: module-level functions and classes, and the methods and
+    fields of its classes that derive from no TorchRL/tensordict class."""
+    names: set[str] = set()
+    for module, tree in trees.items():
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            if not isinstance(node, ast.ClassDef):
+                continue
+            cls = namespaces[module].get(node.name)
+            if isinstance(cls, type) and any(from_library(base) for base in cls.__mro__):
+                continue
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(sub.name)
+                elif isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) and on_self(sub):
+                    names.add(sub.attr)
+    return names
+
+
+def torchrl_private_uses(trees: dict[str, ast.Module], namespaces: dict[str, dict]) -> dict[str, list[str]]:
+    """Every use of a TorchRL/tensordict private name, by module: ``["line: what", ...]``.
+
+    A use is: importing a private name (or from a private module); ``name._x`` on a name bound to a TorchRL
+    import; ``self._x`` / ``super()._x``, or a method ``_x``, in a class (or a mixin of it) whose TorchRL bases
+    define ``_x``; and ``obj._x`` where ``_x`` is one of TorchRL's private names the package does not define.
+    """
+    own = own_private_names(trees, namespaces)
+    classes = {(module, node.name): node for module, tree in trees.items() for node in tree.body
+               if isinstance(node, ast.ClassDef)}
+    found: dict[str, set[tuple[int, str]]] = {module: set() for module in trees}
+    for (module, name), node in classes.items():
+        cls = namespaces[module].get(name)
+        if not isinstance(cls, type) or not any(from_library(base) for base in cls.__mro__):
+            continue
+        theirs = {n for n in library_class_names(cls) if is_private(n)} - subclass_hooks(cls)
+        for ours in cls.__mro__:
+            body = classes.get((ours.__module__, ours.__name__))
+            if body is None:
+                continue
+            for sub in ast.walk(body):
+                if isinstance(sub, ast.Attribute) and sub.attr in theirs and on_self(sub):
+                    found[ours.__module__].add((sub.lineno, f"{ast.unparse(sub)} ({name}'s TorchRL base)"))
+                elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and sub.name in theirs:
+                    found[ours.__module__].add((sub.lineno, f"def {sub.name} (overrides {name}'s TorchRL base)"))
+    for module, tree in trees.items():
+        bound, imports = library_imports(tree)
+        found[module].update(imports)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not is_private(node.attr) or on_self(node):
+                continue
+            text = ast.unparse(node)
+            if isinstance(node.value, ast.Name) and node.value.id in bound:
+                found[module].add((node.lineno, text))
+            elif node.attr in library_private_names() and node.attr not in own and text not in OTHER_LIBRARIES:
+                found[module].add((node.lineno, text))
+    return {module: [f"{line}: {what}" for line, what in sorted(uses)] for module, uses in found.items() if uses}
+
+
+def package_sources() -> tuple[dict[str, ast.Module], dict[str, dict]]:
+    """The parsed source and the namespace of every package module."""
+    trees, namespaces = {}, {}
+    for name, path in package_modules().items():
+        trees[name] = ast.parse(path.read_text(), filename=str(path))
+        namespaces[name] = vars(importlib.import_module(name))
+    return trees, namespaces
+
+
+def test_the_private_name_finder_sees_each_kind_of_use() -> None:
+    source = textwrap.dedent('''
+        from torchrl.collectors import MultiAsyncCollector, _constants
+        from torchrl.collectors.utils import _traj_ingest
+
+        class Collector(MultiAsyncCollector):
+            def __init__(self):
+                self._weight_updater = None
+                self._mine = 1
+
+            def _get_devices(self):
+                return super()._read_compile_kwargs
+
+        def limit(rb):
+            return _constants._TIMEOUT, MultiAsyncCollector._get_devices, rb._writer, rb._mine
+        ''')
+    namespace: dict = {"__name__": "example"}
+    exec(compile(source, "example", "exec"), namespace)
+    found = torchrl_private_uses({"example": ast.parse(source)}, {"example": namespace})["example"]
+    assert [use.split(": ", 1)[1].split(" (")[0] for use in found] == [
+        "from torchrl.collectors import _constants", "from torchrl.collectors.utils import _traj_ingest",
+        "self._weight_updater", "def _get_devices", "super()._read_compile_kwargs",
+        "MultiAsyncCollector._get_devices", "_constants._TIMEOUT", "rb._writer"], found
+
+
+def test_no_module_but_one_uses_a_torchrl_private_name() -> None:
+    trees, namespaces = package_sources()
+    uses = {module: found for module, found in torchrl_private_uses(trees, namespaces).items()
+            if module.startswith(CHECKED)}
+    assert set(uses) <= {PRIVATE_MODULE}, (
+        f"TorchRL's private names go through {PRIVATE_MODULE} only (add a function there, with why it is used "
+        f"and what breaks if it changes): {({m: u for m, u in uses.items() if m != PRIVATE_MODULE})}")
+
+
+def resolve_dotted(path: str) -> bool:
+    """Whether ``path`` (``module.Class.name`` or ``module.name``) names something in the installed library: an
+    attribute, or a field a class of it sets on ``self``."""
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for i, part in enumerate(parts[cut:]):
+            if hasattr(obj, part):
+                obj = getattr(obj, part)
+            elif isinstance(obj, type) and i == len(parts) - cut - 1:
+                return part in library_class_names(obj)
+            else:
+                return False
+        return True
+    return False
+
+
+def test_each_torchrl_private_name_the_package_uses_exists_in_torchrl() -> None:
+    from torchrl.collectors import MultiAsyncCollector
+
+    from torchrl_unilab._torchrl_private import PARENT_FIELDS, SUBCLASS_HOOKS, TORCHRL_PRIVATE
+
+    hooks = [f"{base}.{hook}" for base, names in SUBCLASS_HOOKS.items() for hook in names]
+    missing = sorted(path for path in [*TORCHRL_PRIVATE, *hooks] if not resolve_dotted(path))
+    assert not missing, f"TorchRL no longer has these private names torchrl_unilab uses: {missing}"
+    fields = library_class_names(MultiAsyncCollector)
+    gone = sorted(set(PARENT_FIELDS) - fields)
+    assert not gone, f"MultiAsyncCollector no longer has these fields OffPolicyCollector sets in its place: {gone}"
+    assert not resolve_dotted("torchrl.collectors.MultiAsyncCollector._no_such_field")

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 from torchrl.collectors import MultiAsyncCollector
-from torchrl.collectors.utils import _validate_traj_format
 from torchrl.data import OfflineToOnlineReplayBuffer, ReplayBuffer
 from torchrl.envs.utils import ExplorationType
 
 from torchrl_unilab._checks import check_int
+from torchrl_unilab._torchrl_private import validate_traj_format
 from torchrl_unilab.collectors._processes import process_context
 from torchrl_unilab.collectors._worker import NONFINITE_MODES
 from torchrl_unilab.data.local_writer import local_write_reason
@@ -257,7 +257,7 @@ def check_arguments(
         num_sub_threads=check_int("num_sub_threads", num_sub_threads, 1),
         trajs_per_batch=trajs_per_batch,
         trajs_per_write=None if trajs_per_write is None else check_int("trajs_per_write", trajs_per_write, 1),
-        traj_format=_validate_traj_format(traj_format, trajs_per_batch, has_replay_buffer=replay_buffer is not None),
+        traj_format=validate_traj_format(traj_format, trajs_per_batch, has_replay_buffer=replay_buffer is not None),
         replay_buffer=replay_buffer,
         local_write_reason=local_write_reason(replay_buffer, trajs_per_batch),
         privileged=as_privileged_transform(privileged),

@@ -77,7 +77,7 @@ class CheckpointAPI:
                                      "policy_version": worker["policy_version"]}
             if weights:
                 state[f"worker{idx}"]["policy_state_dict"] = OrderedDict(weights)
-        state.update(frames=self._frames, iter=self._iter, frames_written=self.frames_written,
+        state.update(frames=self._consumed_frames, iter=self._iteration, frames_written=self.frames_written,
                      policy_version=self.policy_version)
         state["traj_pool"] = {"traj_id": torch.tensor(self._first_free_traj_id(), dtype=torch.int64)}
         return state
@@ -107,9 +107,9 @@ class CheckpointAPI:
             self._scheme.send(weights)
             self._weights_restored = True
         frames = int(state_dict.get("frames", 0))
-        self._restored += frames - self._frames
-        self._frames = frames
-        self._iter = int(state_dict.get("iter", -1))
+        self._restored += frames - self._consumed_frames
+        self._consumed_frames = frames
+        self._iteration = int(state_dict.get("iter", -1))
         traj_pool = state_dict.get("traj_pool")
         if traj_pool is not None and not self._started:
             # The first seed stream whose trajectory ids all lie at or above the saved first free id.

@@ -16,6 +16,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torchrl.envs import EnvBase
 
+from torchrl_unilab._torchrl_private import collector_stats, normalize_worker_calls
 from torchrl_unilab.collectors._worker_view import WorkerView
 
 __all__ = ["InProcessCollectorAPI"]
@@ -165,7 +166,7 @@ class InProcessCollectorAPI:
             [0, 1]
             >>> collector.shutdown()
         """
-        list_of_args, list_of_kwargs = self._normalize_worker_calls(list_of_args, list_of_kwargs)
+        list_of_args, list_of_kwargs = normalize_worker_calls(self, list_of_args, list_of_kwargs)
         return [view.get_distant_attr(method_name)(*args, **kwargs)
                 for view, args, kwargs in zip(self._worker_views(), list_of_args, list_of_kwargs)]
 
@@ -192,22 +193,22 @@ class InProcessCollectorAPI:
     @property
     def pre_collect_hook(self) -> Callable[[], None] | None:
         """Called in each worker before a batch; set it before collection starts."""
-        return self._pre_collect_hook
+        return self._pre_hook
 
     @pre_collect_hook.setter
     def pre_collect_hook(self, hook: Callable[[], None] | None) -> None:
         self._check_not_started("pre_collect_hook")
-        self._pre_collect_hook = hook
+        self._pre_hook = hook
 
     @property
     def post_collect_hook(self) -> Callable[[TensorDictBase], None] | None:
         """Called in each worker with each batch once written; set it before collection starts."""
-        return self._post_collect_hook
+        return self._post_hook
 
     @post_collect_hook.setter
     def post_collect_hook(self, hook: Callable[[TensorDictBase], None] | None) -> None:
         self._check_not_started("post_collect_hook")
-        self._post_collect_hook = hook
+        self._post_hook = hook
 
     def _check_not_started(self, what: str) -> None:
         if getattr(self, "_started", False):
@@ -225,7 +226,7 @@ class InProcessCollectorAPI:
         metrics = self.metrics()
         out: dict[str, int | float | bool] = {}
         if workers in ("aggregate", "both"):
-            out.update(super().stats())
+            out.update(collector_stats(self, frames=self._consumed_frames, iteration=self._iteration))
             out.update(frames_written=metrics["frames"], fps=metrics["fps"], episodes=metrics["episodes"],
                        random_frames=metrics["random_frames"])
         out["workers"] = self.num_workers

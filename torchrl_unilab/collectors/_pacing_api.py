@@ -52,9 +52,9 @@ class PacingAPI:
 
     def _allow_ahead(self) -> None:
         """Lets the workers collect up to one batch each past what was consumed (just the next batch in lockstep)."""
-        if not self._running_free:
+        if not self._in_background:
             batches = 1 if self._lockstep else self.num_workers
-            ahead = min(self.total_frames, self._frames + batches * self.frames_per_batch)
+            ahead = min(self.total_frames, self._consumed_frames + batches * self.frames_per_batch)
             self._control.allow(ahead - self._restored)
 
     def _wait(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
@@ -70,7 +70,7 @@ class PacingAPI:
         self._require_buffer("start()")
         self._ensure_started()
         self._raise_if_failed()
-        self._running_free = True
+        self._in_background = True
         self._start_feed()
         self._control.allow(self._total_to_write)
 
@@ -83,7 +83,7 @@ class PacingAPI:
         self._require_buffer("allow_frames()")
         self._ensure_started()
         self._raise_if_failed()
-        self._running_free = True
+        self._in_background = True
         self._start_feed()
         self._control.allow(self._total_to_write if frames is None else min(frames, self._total_to_write))
 
@@ -121,7 +121,7 @@ class PacingAPI:
                    background=True)
         self._ensure_started()
         check_wait(frames, total_frames=self.total_frames, restored=self._restored,
-                   reachable=self._control.allowed, background=self._running_free)
+                   reachable=self._control.allowed, background=self._in_background)
         self._start_feed()  # a local buffer needs a writer while this waits
         return self._wait(lambda: self._buffer_frames >= frames, timeout)
 

@@ -22,9 +22,10 @@ from tensordict import TensorDictBase
 from torch import nn
 from torchrl.data import TensorSpec
 from torchrl.envs import EnvBase
-from torchrl.envs.utils import RandomPolicy, _make_compatible_policy
+from torchrl.envs.utils import RandomPolicy
 from torchrl.modules import set_exploration_modules_spec_from_env
 
+from torchrl_unilab._torchrl_private import make_compatible_policy
 from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 
@@ -77,7 +78,7 @@ def wrapped_as_torchrl_does(policy: Callable, env: EnvBase) -> Callable:
         'TensorDictModule'
     """
     try:
-        return _make_compatible_policy(policy, env.observation_spec, env=env)
+        return make_compatible_policy(policy, env.observation_spec, env=env)
     except (TypeError, AttributeError, ValueError) as err:
         raise TypeError("Failed to wrap the policy. If the policy needs to be trusted, set trust_policy=True. "
                         f"TorchRL's wrapper said: {err}") from err

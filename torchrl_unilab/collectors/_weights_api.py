@@ -18,6 +18,7 @@ from torch import nn
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.weight_update import WeightSyncScheme
 
+from torchrl_unilab._torchrl_private import has_receiver_schemes
 from torchrl_unilab.weight_update.torchrl_schemes import bind_receiver_schemes
 
 __all__ = ["WeightSyncAPI"]
@@ -75,8 +76,8 @@ class WeightSyncAPI:
         if model_id not in (None, "policy"):
             raise ValueError(f"model_id must be None or 'policy' (the model the workers run), got {model_id!r}")
         self._raise_if_failed()
-        if self._weight_updater is not None:
-            self._weight_updater(policy_or_weights=policy_or_weights, worker_ids=worker_ids)
+        if self.weight_updater is not None:
+            self.weight_updater(policy_or_weights=policy_or_weights, worker_ids=worker_ids)
         self._publish(policy_or_weights, worker_ids=worker_ids)
 
     def register_scheme_receiver(self, weight_recv_schemes: Mapping[str, WeightSyncScheme], *,
@@ -99,7 +100,7 @@ class WeightSyncAPI:
         Without such a scheme this collector is the sender of its workers' weights, and this raises
         ``NotImplementedError``.
         """
-        if not getattr(self, "_receiver_schemes", None):
+        if not has_receiver_schemes(self):
             raise NotImplementedError("OffPolicyCollector receives weights only through the schemes given as "
                                "weight_recv_schemes or to register_scheme_receiver(); call update_policy_weights_() "
                                "to publish the learner's weights")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchrl.weight_update.utils import _resolve_attr
+from torchrl_unilab._torchrl_private import resolve_attr
 
 __all__ = ["WorkerView"]
 
@@ -52,4 +52,4 @@ class WorkerView:
                 f"with it: {', '.join(self.SHARED)}; {head!r} lives only in the worker process. Use getattr_env() "
                 "for the env's specs, or metrics() / stats('per_worker') for per-worker figures"
             )
-        return _resolve_attr(self, attr)
+        return resolve_attr(self, attr)

@@ -15,13 +15,21 @@ import torch
 from tensordict import TensorDictBase, is_non_tensor
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
-from torchrl.collectors import MultiAsyncCollector, _constants as torchrl_constants
+from torchrl.collectors import MultiAsyncCollector
 from torchrl.collectors.utils import split_trajectories
 from torchrl.data import OfflineToOnlineReplayBuffer, ReplayBuffer
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType
 from torchrl.weight_update import WeightSyncScheme
 
+from torchrl_unilab._torchrl_private import (
+    collector_devices,
+    idle_limit,
+    init_collector_fields,
+    read_compile_kwargs,
+    set_weight_sync_schemes,
+    set_weight_updater,
+)
 from torchrl_unilab.collectors._arguments import (
     CollectorSpec,
     check_arguments,
@@ -240,7 +248,7 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         # MultiCollector.__init__ would start TorchRL's own worker loop; this class
         # replaces that loop, so it sets the parent's fields here instead.
         self.closed = True
-        self._shutdown_complete = False
+        self._shut_down = False
         self._pool: WorkerPool | None = None
         self._scheme: SeqlockWeightSyncScheme | None = None
         self._probe_env: EnvBase | None = None
@@ -388,21 +396,19 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
                                                       (NEXT_STEP_KEY, counts_steps)) if not kept]
         self._stream_base = 0  # the workers' first seed stream (trajectory ids); load_state_dict moves it on
         self.init_fn = init_fn
-        self._pre_collect_hook, self._post_collect_hook = pre_collect_hook, post_collect_hook
+        self._pre_hook, self._post_hook = pre_collect_hook, post_collect_hook
         # TorchRL's per-worker device tuples. Workers act and store on CPU whatever these name; a yielded batch
         # goes to the storing device (_batches.to_storing_device).
-        devices = MultiAsyncCollector._get_devices(self, **spec.devices)
+        devices = collector_devices(self, **spec.devices)
         self.storing_device, self.policy_device, self.env_device = devices
         self.worker_idx = torchrl_kwargs.get("worker_idx")
-        self._weight_updater = None
-        self._profile_config = None
-        self._iterator = None
-        self._frames = 0
+        init_collector_fields(self)
+        self._consumed_frames = 0
         # Frames the consumer counts that these workers did not write: those restored by load_state_dict.
         self._restored = 0
         self._handed_over = 0  # frames of the batches taken from the workers (without a replay buffer)
-        self._iter = -1
-        self._running_free = False
+        self._iteration = -1
+        self._in_background = False
         self._lockstep = False  # whether workers step only while the consumer waits (set as they start)
         self._started = False
 
@@ -411,9 +417,9 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         """The workers' weights (ours, or TorchRL's scheme on our block), and TorchRL's other weight paths."""
         self._scheme = self._setup_scheme(weight_sync_schemes)
         # As TorchRL's collectors: the schemes as given (ours by default); an adapter of TorchRL's runs in _scheme.
-        self._weight_sync_schemes = {"policy": getattr(self._scheme, "scheme", None) or self._scheme}
+        set_weight_sync_schemes(self, {"policy": getattr(self._scheme, "scheme", None) or self._scheme})
         self._setup_compile(torchrl_kwargs.get("compile_policy"), torchrl_kwargs.get("cudagraph_policy"))
-        self._weight_updater = as_weight_updater(torchrl_kwargs.get("weight_updater"), self)
+        set_weight_updater(self, as_weight_updater(torchrl_kwargs.get("weight_updater"), self))
         if torchrl_kwargs.get("weight_recv_schemes") is not None:
             # As MultiCollector: receivers are registered at construction, and connect before collection.
             self.register_scheme_receiver(torchrl_kwargs["weight_recv_schemes"])
@@ -449,7 +455,7 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         Workers act on CPU, with the policy uncompiled: through the tensor path where it reads the policy's
         layers, else with the module itself. CUDA graphs need a CUDA policy, so they have no use here.
         """
-        self._read_compile_kwargs(compile_policy, cudagraph_policy)
+        read_compile_kwargs(self, compile_policy, cudagraph_policy)
         if self.compiled_policy:
             path = ("a tensor path that runs the policy's layers" if self._acts_on_tensor_path()
                     else "the policy module, eagerly")
@@ -497,8 +503,8 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
             self._close_probe()  # the processes build their own envs
         sources = [env if isinstance(env, EnvBase) else cloudpickle.dumps(env) for env in self._worker_envs]
         worker_policy = self.policy if self._worker_policy is None else self._worker_policy
-        extras = dict(init_fn=self.init_fn, pre_collect_hook=self._pre_collect_hook,
-                      post_collect_hook=self._post_collect_hook,
+        extras = dict(init_fn=self.init_fn, pre_collect_hook=self._pre_hook,
+                      post_collect_hook=self._post_hook,
                       postproc=self.postproc if self._workers_write else None)
         sink = workers_buffer(self.replay_buffer) if self._workers_write else None
         if sink is None:
@@ -562,26 +568,26 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
             self.update_policy_weights_()
         self._ensure_started()
         fpb = self.frames_per_batch
-        idle_limit = _idle_limit()
-        while self._frames < self.total_frames:
+        limit = idle_limit()
+        while self._consumed_frames < self.total_frames:
             self._allow_ahead()
             if self.replay_buffer is None:
-                out = self._take_batch(idle_limit, yielded=self._yields_torchrl_batches)
+                out = self._take_batch(limit, yielded=self._yields_torchrl_batches)
                 arrived = out is not None
             elif self._local is not None and self._feed is None:
-                batch, out = self._take_batch(idle_limit), None
+                batch, out = self._take_batch(limit), None
                 arrived = batch is not None
                 if arrived:
                     self._write_local(batch)
             else:  # the workers, or the feed thread after start(), write the buffer
-                target = self._frames - self._restored + fpb
-                arrived, out = self._wait(lambda: self._buffer_frames >= target, idle_limit), None
+                target = self._consumed_frames - self._restored + fpb
+                arrived, out = self._wait(lambda: self._buffer_frames >= target, limit), None
             if not arrived:
                 raise RuntimeError(  # TorchRL's MultiAsyncCollector's words
-                    f"Failed to gather all collector output within {idle_limit} seconds. "
+                    f"Failed to gather all collector output within {limit} seconds. "
                     "Increase the MAX_IDLE_COUNT environment variable to bypass this error.")
-            self._frames += fpb
-            self._iter += 1
+            self._consumed_frames += fpb
+            self._iteration += 1
             if self.update_at_each_batch:
                 self.update_policy_weights_()
             if not self._lockstep:  # the workers collect the next batches while the consumer uses this one
@@ -648,9 +654,9 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         Rows already written stay in the replay buffer. A worker error not yet
         raised is raised here when ``raise_on_error`` is true.
         """
-        if getattr(self, "_shutdown_complete", True):
+        if getattr(self, "_shut_down", True):
             return
-        self._shutdown_complete = True
+        self._shut_down = True
         self.closed = True
         if getattr(self, "_feed", None) is not None:
             self._feed.stop()  # first: it writes no batch once the workers are gone
@@ -691,13 +697,6 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         control = getattr(self, "_control", None)
         written = control.written if control is not None and not self.closed else "closed"
         return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in fields.items())}, frames_written={written})"
-
-
-def _idle_limit() -> float | None:
-    """Seconds the iterator waits for a batch before it raises, as TorchRL's collectors do: ``MAX_IDLE_COUNT``
-    (read by TorchRL when it is imported) times TorchRL's poll interval; ``None`` (no limit) by default."""
-    limit = torchrl_constants._MAX_IDLE_COUNT * torchrl_constants._TIMEOUT
-    return None if limit >= torch.iinfo(torch.int64).max else limit
 
 
 

@@ -20,7 +20,7 @@ module works without it, building a collector does not.
 from __future__ import annotations
 
 import contextlib
-import datetime
+import functools
 import logging
 import os
 import socket
@@ -38,6 +38,17 @@ from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType
 
 from torchrl_unilab._residue import pid_alive
+from torchrl_unilab._torchrl_private import (
+    RayCollectorHooks,
+    initialize_ray_weight_sync,
+    make_node_actor,
+    replace_node_actor,
+    request_stop,
+    send_weights_scheme,
+    set_node_frames_per_batch,
+    set_ray_rendezvous_timeout,
+    stop_requested,
+)
 from torchrl_unilab.collectors._arguments import check_ray_arguments
 from torchrl_unilab.collectors._control import (
     DeliveredFrames,
@@ -87,10 +98,7 @@ def _wait_longer_for_the_rendezvous() -> None:
     # and on each node. A node whose workers are still starting on a loaded machine can miss it
     # (DistStoreError: wait timeout after 60000ms); the learner and every node call this, so both
     # sides wait longer.
-    import torchrl.weight_update._ray as torchrl_ray
-
-    if getattr(torchrl_ray, "_DIST_TIMEOUT", None) is not None:
-        torchrl_ray._DIST_TIMEOUT = datetime.timedelta(seconds=WEIGHT_SYNC_RENDEZVOUS_S)  # noqa: SLF001
+    set_ray_rendezvous_timeout(WEIGHT_SYNC_RENDEZVOUS_S)
 
 
 class NodeError(WorkerError):
@@ -256,11 +264,11 @@ class RayNodeCollector(OffPolicyCollector):
         """:meth:`~torchrl_unilab.OffPolicyCollector.metrics` plus the node's host and frames read so far."""
         out = self.metrics()
         out["host"] = self.node_host
-        out["frames_yielded"] = self._frames
+        out["frames_yielded"] = self._consumed_frames
         return out
 
 
-class RayOffPolicyCollector(RayCollector):
+class RayOffPolicyCollector(RayCollectorHooks, RayCollector):
     """TorchRL's ``RayCollector`` with one :class:`RayNodeCollector` per node, for off-policy training.
 
     Each of ``num_nodes`` Ray actors runs a :class:`RayNodeCollector` with
@@ -400,6 +408,7 @@ class RayOffPolicyCollector(RayCollector):
         self._pings: dict[Any, tuple[int, Any]] = {}
         self._delivered = DeliveredFrames()  # the pacing of background collection (allow_frames, wait_for_frames)
         self._write_lock = threading.Lock()
+        self._pump_thread: threading.Thread | None = None  # the background collection of start() / allow_frames()
         self.published_version = 1
         self.receive_s = 0.0
         super().__init__(
@@ -423,10 +432,10 @@ class RayOffPolicyCollector(RayCollector):
         self.node_hosts = ray.get([c.host.remote() for c in self.remote_collectors])
         self._nodes = list(self.remote_collectors)  # RayCollector's list shrinks on shutdown; indices stay
         # A node rounds frames_per_batch up to a multiple of its env batch, as TorchRL does; count what it sends.
-        self.frames_per_batch = self._frames_per_batch_corrected = ray.get(self._nodes[0].batch_frames.remote())
+        set_node_frames_per_batch(self, ray.get(self._nodes[0].batch_frames.remote()))
         if self._local_buffer is not None:
             init_storage(self._local_buffer, ray.get(self._nodes[0].layout_row.remote()))
-        self._lazy_initialize_weight_sync()
+        initialize_ray_weight_sync(self)
 
     # ------------------------------------------------------------ construction
     def add_collectors(self, create_env_fn, num_envs, policy, collector_kwargs, remote_configs) -> None:
@@ -458,11 +467,11 @@ class RayOffPolicyCollector(RayCollector):
         seed = stream_seed(self.seed, idx, stream, self.num_nodes, self._seed_block)
         params = dict(kwargs[idx], worker_idx=idx, seed=seed, init_random_frames=owed, node_stream=stream,
                       version_offset=self.published_version - 1)
-        actor = self._make_collector(self.collector_class.as_remote(configs[idx]).remote,
-                                     env_maker=[env_fns[idx]] * num_envs,
-                                     policy=policy[idx] if isinstance(policy, Sequence) else policy,
-                                     other_params=params)
-        self._nodes[idx] = self._remote_collectors[idx] = actor
+        actor = make_node_actor(self, self.collector_class.as_remote(configs[idx]).remote,
+                                env_maker=[env_fns[idx]] * num_envs,
+                                policy=policy[idx] if isinstance(policy, Sequence) else policy, other_params=params)
+        self._nodes[idx] = actor
+        replace_node_actor(self, idx, actor)
         self._replaced.add(idx)
         self._starting_nodes.add(idx)
         if idx not in self._pending.values():  # a batch it finished may still wait to be delivered
@@ -491,11 +500,12 @@ class RayOffPolicyCollector(RayCollector):
             self._delivered.add(self.frames_per_batch)
             yield out
 
-    def _async_iterator(self) -> Iterator[TensorDictBase | None]:
-        """``RayCollector``'s first-ready-first-served loop, with node failures reported as :class:`NodeError`."""
+    def node_batches(self) -> Iterator[TensorDictBase | None]:
+        """``RayCollector``'s first-ready-first-served loop over the nodes' batches, as :meth:`iterator` runs it,
+        with node failures reported as :class:`NodeError`."""
         ray = _ray()
         self._pending = {c.next.remote(): i for i, c in enumerate(self._nodes) if i not in self._lost}
-        while self.collected_frames < self.total_frames and not self._stop_event.is_set():
+        while self.collected_frames < self.total_frames and not stop_requested(self):
             if not self._pending:
                 raise NodeError(-1, "all nodes", "every collector node was lost", "\n".join(self._lost.values()))
             if not self._fetched:
@@ -513,7 +523,7 @@ class RayOffPolicyCollector(RayCollector):
             yield out
         if self._pending:
             ray.wait(list(self._pending), num_returns=len(self._pending), timeout=10.0)
-        if self._collection_thread is None:
+        if self._pump_thread is None:
             self.shutdown()
 
     def _count_delivered(self, idx: int, out: TensorDictBase | None) -> None:
@@ -593,7 +603,7 @@ class RayOffPolicyCollector(RayCollector):
                     self._node_lost(idx, err)  # its fetched batch is still delivered; it is not asked again
 
     def _node_lost(self, idx: int, err: Exception) -> None:
-        if self.node_restarts[idx] < self.max_node_restarts and not self._stop_event.is_set():
+        if self.node_restarts[idx] < self.max_node_restarts and not stop_requested(self):
             self._replace_node(idx, err)
             return
         self._lost[idx] = f"node {idx} on {self.node_hosts[idx]}: {err}"
@@ -625,16 +635,16 @@ class RayOffPolicyCollector(RayCollector):
             raise RuntimeError("background collection needs replay_buffer= (a local ReplayBuffer or a RayReplayBuffer)")
         self._raise_if_failed()
         self._delivered.allow(frames)
-        if self._collection_thread is None:
-            self._collection_thread = threading.Thread(target=self._pump, name="RayOffPolicyCollector", daemon=True)
-            self._collection_thread.start()
+        if self._pump_thread is None:
+            self._pump_thread = threading.Thread(target=self._pump, name="RayOffPolicyCollector", daemon=True)
+            self._pump_thread.start()
 
     def _pump(self) -> None:
         try:
             it = self.iterator()
-            while not self._stop_event.is_set():
-                self._delivered.hold(stop=self._stop_event.is_set, while_held=self._watch_nodes)
-                if self._stop_event.is_set() or next(it, StopIteration) is StopIteration:
+            while not stop_requested(self):
+                self._delivered.hold(stop=functools.partial(stop_requested, self), while_held=self._watch_nodes)
+                if stop_requested(self) or next(it, StopIteration) is StopIteration:
                     return
         except BaseException as err:  # noqa: BLE001 - handed to the learner's thread
             self._delivered.fail(err)
@@ -651,7 +661,7 @@ class RayOffPolicyCollector(RayCollector):
         """
         self._raise_if_failed()
         check_wait(frames, total_frames=self.total_frames, reachable=self._delivered.written,
-                   background=self._collection_thread is not None)
+                   background=self._pump_thread is not None)
         return self._delivered.wait_for(frames, timeout)
 
     @property
@@ -675,7 +685,8 @@ class RayOffPolicyCollector(RayCollector):
         super().update_policy_weights_(policy_or_weights, worker_ids=worker_ids, **kwargs)
         self.published_version += 1
 
-    def _send_weights_scheme(self, *, model_id, scheme, processed_weights, worker_ids) -> None:
+    def send_weights_to_nodes(self, *, model_id: str, scheme: Any, processed_weights: Any, worker_ids: Any) -> None:
+        """Sends one scheme's weights to the nodes, as ``RayCollector`` does, and to replacement nodes by a Ray call."""
         ray = _ray()
         nodes = list(self._nodes)  # the actors this publish calls
         if worker_ids is None and (self._lost or self._replaced):
@@ -693,8 +704,8 @@ class RayOffPolicyCollector(RayCollector):
                     self._weight_calls[call] = (i, self._nodes[i])
         try:
             if worker_ids is None or worker_ids:  # none left in the group when every node was replaced
-                super()._send_weights_scheme(model_id=model_id, scheme=scheme, processed_weights=processed_weights,
-                                             worker_ids=worker_ids)
+                send_weights_scheme(self, model_id=model_id, scheme=scheme, processed_weights=processed_weights,
+                                    worker_ids=worker_ids)
         except ray.exceptions.RayActorError:
             if not _any_lost(ray, [node for i, node in enumerate(nodes) if i not in self._lost]):
                 raise
@@ -769,11 +780,11 @@ class RayOffPolicyCollector(RayCollector):
             return
         self._shut = True
         ray = _ray()
-        self._stop_event.set()
-        thread = self._collection_thread
+        request_stop(self)
+        thread = self._pump_thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
-        self._collection_thread = None
+        self._pump_thread = None
         live = [i for i in range(len(getattr(self, "_nodes", []))) if i not in self._lost]
         refs = {self._nodes[i].shutdown.remote(raise_on_error=False): i for i in live}
         unfinished = []

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import torch
 from tensordict import TensorDictBase
-from torchrl.collectors.utils import _traj_ingest
 from torchrl.data import ReplayBuffer
+
+from torchrl_unilab._torchrl_private import ingest_trajectories
 
 __all__ = ["LocalBufferWriter", "local_write_reason", "storage_ndim"]
 
@@ -104,7 +105,7 @@ class LocalBufferWriter:
     def write(self, batch: TensorDictBase) -> None:
         """Extends the buffer with ``batch`` (flat rows, step-major over the envs)."""
         if self.trajs:
-            _traj_ingest(batch, self._partial, self._complete)
+            ingest_trajectories(batch, self._partial, self._complete)
             step = self.trajs_per_write or max(len(self._complete), 1)
             while self._complete:
                 trajs, self._complete = self._complete[:step], self._complete[step:]
