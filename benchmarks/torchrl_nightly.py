@@ -26,7 +26,7 @@ from unittest import mock
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
 from common import git, list_table, provenance, run_captured, run_in_own_group, work_dir  # noqa: E402
-from torchrl_conformance import compare, counts, outcomes_from_events, run_pytest  # noqa: E402
+from torchrl_conformance import _unilab_state, compare, counts, outcomes_from_events, run_pytest  # noqa: E402
 
 BENCHMARKS = Path(__file__).resolve().parent
 REPO_ROOT = BENCHMARKS.parent
@@ -512,7 +512,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     pinned, others = project_requirements()
     load_start, start = round(os.getloadavg()[0], 2), time.monotonic()
-    data: dict = {"pip_env": PIP_ENV, "rl": rl_state(args.rl_root), "pinned": pinned, "others": others, "stacks": {}}
+    commit, dirty = _unilab_state()
+    data: dict = {"pip_env": PIP_ENV, "rl": rl_state(args.rl_root), "unilab": {"commit": commit, "dirty": dirty},
+                  "pinned": pinned, "others": others, "stacks": {}}
     with work_dir("torchrl_nightly_", args.keep) as workdir:
         root = args.venv.expanduser().resolve() if args.venv else workdir / "venv"
         stable_torch = args.stable_torch
