@@ -233,7 +233,7 @@ def results_file(runs: dict[str, dict], wheel: dict | None, load_start: float, a
         >>> data["passing"], data["install_line"].startswith("pip install torch")
         (['3.11'], True)
     """
-    return {**provenance("python_versions", load_start, os.getloadavg()[0], argv=argv),
+    return {**provenance("python_versions", round(load_start, 2), round(os.getloadavg()[0], 2), argv=argv),
             "commit": git(["rev-parse", "--short", "HEAD"], cwd=ROOT), "install_line": install_line(),
             "subset": list(SUBSET), "runs": runs,
             "passing": [version for version, run in runs.items() if run.get("passes")], "wheel": wheel}
