@@ -361,13 +361,14 @@ def summary(data: dict) -> dict:
     return {key: data[key] for key in ("benchmark", "date", "wall_seconds")} | {"stacks": stacks}
 
 
-STACK_LABELS = {"nightly": "``torchrl-nightly`` and ``tensordict-nightly``",
-                "stable": "this package's pins of torchrl and tensordict, on a newer torch"}
+STACK_LABELS = {"nightly": "``torchrl-nightly``, ``tensordict-nightly``",
+                "stable": "this package's pins of torchrl and tensordict"}
 
 
 def rst(runs: list[dict]) -> str:
-    """The install page's versions section from the nightly results files (oldest first): the latest run's stacks,
-    each file's counts, the failing cases and the conformance selection against its reference run.
+    """The install page's section from the nightly results files (oldest first): one column per stack, from the
+    latest file that ran it, with its versions, its verdict and each test file's counts; then the failing cases,
+    the conformance selection against its reference run, and each file's command.
 
     Example::
 
@@ -385,24 +386,21 @@ def rst(runs: list[dict]) -> str:
     if not runs:
         return ("**not yet measured** (``python benchmarks/torchrl_nightly.py --rl-root <pytorch/rl checkout> --out "
                 "benchmarks/results/nightly/<name>.json``).\n")
-    run = runs[-1]
-    stacks = run["stacks"]
+    latest = {name: run for run in runs for name in run["stacks"]}  # each stack from the latest file that ran it
+    stacks = {name: run["stacks"][name] for name, run in latest.items()}
     files = list(dict.fromkeys(f for entry in stacks.values() for f in entry.get("tests", {})))
-    rows = []
-    for name, entry in stacks.items():
-        v = entry.get("versions") or {}
-        versions = ", ".join(f"{k} {v[k]}" for k in PINNED if v.get(k)) or "-"
-        if entry.get("install", {}).get("error"):
-            verdict = f"install fails: {_cell(entry['install']['error'])}"
-        elif not entry.get("extension", {}).get("loaded"):
-            verdict = f"C++ extension fails: {_cell(entry['extension'].get('error'))}"
-        else:
-            verdict = "**passes**" if passes(entry) else "**fails**"
-            again = sum(outcome == "passed" for outcome in (entry.get("reruns") or {}).values())
-            verdict += f" ({again} failed case{'s' * (again != 1)} passed when run again)" if again else ""
-        rows.append([STACK_LABELS.get(name, name), versions, verdict,
-                     *(_counts(entry.get("tests", {}).get(f)) for f in files)])
-    out = list_table(["stack", "resolved", "result", *(f"``{f}``" for f in files)], rows)
+    conformance = stacks.get("nightly", {}).get("conformance")
+    rows = [["resolved", *(", ".join(f"{k} {(e.get('versions') or {})[k]}" for k in PINNED
+                                     if (e.get("versions") or {}).get(k)) or "-" for e in stacks.values())],
+            ["install, C++ extension, our tests", *(_verdict(entry) for entry in stacks.values())],
+            *([f"``{f}``", *(_counts(entry.get("tests", {}).get(f)) for entry in stacks.values())] for f in files)]
+    if conformance and "error" not in conformance:
+        c = conformance["ours"]
+        rows.append(["TorchRL's collector tests, our class", *(
+            f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped" if name == "nightly" else "not run"
+            for name in stacks)])
+    rows.append(["measured", *(f"{run['date']}, ``{run['_file']}``" for run in latest.values())])
+    out = list_table(["stack", *(STACK_LABELS.get(name, name) for name in stacks)], rows)
     failures = [(name, case, error) for name, entry in stacks.items()
                 for case, error in entry.get("failures", {}).items()]
     if failures:
@@ -410,32 +408,41 @@ def rst(runs: list[dict]) -> str:
         out += "\nFailing cases:\n\n" + "".join(
             f"* {name}: ``{case}``: {_cell(error)}{again.get(stacks[name].get('reruns', {}).get(case), '')}\n"
             for name, case, error in failures)
-    conformance = stacks.get("nightly", {}).get("conformance")
     if conformance and "error" not in conformance:
-        c = conformance["ours"]
-        rl = run.get("rl") or {}
-        files = conformance.get("selection", {}).get("files") or ["test/test_collectors.py"]
-        files = ", ".join(f"``{f}``" for f in files)
-        out += (f"\nTorchRL's own collector tests with ``OffPolicyCollector`` in place of ``MultiAsyncCollector`` "
-                f"({files} of pytorch/rl ``{str(conformance.get('commit', '?'))[:9]}``"
-                + (f", committed {rl['date']}" if rl.get("date") else "") + f"), on the nightly stack: "
-                f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped, "
-                f"{len(c.get('crashed') or [])} crashed.")
+        rl = latest["nightly"].get("rl") or {}
+        tested = ", ".join(f"``{f}``" for f in conformance.get("selection", {}).get("files") or
+                           ["test/test_collectors.py"])
+        committed = f", committed {rl['date']}" if rl.get("date") else ""
+        out += (f"\nTorchRL's collector tests: those of {tested} that take ``MultiAsyncCollector``, run with "
+                f"``OffPolicyCollector`` in its place (pytorch/rl ``{str(conformance.get('commit', '?'))[:9]}``"
+                f"{committed}; {len(c.get('crashed') or [])} crashed).")
         lost = conformance.get("pass_reference_not_here") or []
         if conformance.get("reference"):
             out += (f" Against the run of the pinned release (``benchmarks/results/conformance/"
                     f"{conformance['reference']}``), {len(lost)} case{'s' * (len(lost) != 1)} that passed there "
-                    f"fail{'s' * (len(lost) == 1)} here" + (":" if lost else "."))
+                    f"fail{'s' * (len(lost) == 1)} on the nightly" + (":" if lost else "."))
         out += "\n" + ("\n" if lost else "")
         errors = conformance.get("first_errors") or {}
         out += "".join(f"* ``{case.split('::', 1)[-1]}``: {_cell(errors.get(case, ''))}\n" for case in lost)
     elif conformance:
-        out += f"\nTorchRL's own collector tests on the nightly stack did not run: {_cell(conformance['error'])}\n"
-    command = re.sub(r"--rl-root\s+\S+", "--rl-root <pytorch/rl checkout>", run["command"])
-    command = re.sub(r"--venv\s+\S+", "--venv <dir>", command)
-    command = re.sub(r"--out\s+\S+", f"--out benchmarks/results/{run['_file']}", command)
-    return out + (f"\n``{command}``; measured {run['date']} on a {run['machine']}. "
-                  f"Data: ``benchmarks/results/{run['_file']}``.\n")
+        out += f"\nTorchRL's collector tests on the nightly stack did not run: {_cell(conformance['error'])}\n"
+    out += "\nMeasured with:\n\n"
+    for run in {id(run): run for run in latest.values()}.values():  # each file once
+        command = re.sub(r"--rl-root\s+\S+", "--rl-root <pytorch/rl checkout>", run["command"])
+        command = re.sub(r"\s*--venv\s+\S+", "", command)  # where the venvs were kept
+        command = re.sub(r"--out\s+\S+", f"--out benchmarks/results/{run['_file']}", command)
+        out += f"* ``{command}``; measured {run['date']} on a {run['machine']}.\n"
+    return out
+
+
+def _verdict(entry: dict) -> str:
+    if entry.get("install", {}).get("error"):
+        return f"install fails: {_cell(entry['install']['error'])}"
+    if not entry.get("extension", {}).get("loaded"):
+        return f"C++ extension fails: {_cell(entry['extension'].get('error'))}"
+    again = sum(outcome == "passed" for outcome in (entry.get("reruns") or {}).values())
+    return ("**passes**" if passes(entry) else "**fails**") + (
+        f" ({again} failed case{'s' * (again != 1)} passed when run again)" if again else "")
 
 
 def _counts(c: dict | None) -> str:

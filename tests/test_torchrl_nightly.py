@@ -171,24 +171,47 @@ RUN = {
 def test_the_install_page_section_says_what_passes():
     text = tn.rst([RUN])
     assert text.startswith(".. list-table::")
-    nightly, stable = (line for line in text.splitlines() if line.startswith("   * - ") and "stack" not in line)
-    assert "nightly" in nightly and "this package's pins" in stable
-    assert "torch 2.15.0, torchrl 2026.10.27, tensordict 2026.10.26" in text
-    assert "**fails**" in text  # one failing case
-    assert "C++ extension fails: ImportError: undefined symbol: _ZN3c10" in text
-    assert "5 passed, 1 failed, 0 skipped" in text and "not run" in text  # stable ran test_a only
+    rows = {}
+    for block in text.split("   * - ")[1:]:
+        cells = [cell.strip() for cell in block.split("\n     - ")]
+        rows[cells[0]] = cells[1:]
+    assert rows["stack"][0].startswith("``torchrl-nightly``") and rows["stack"][1].startswith("this package's pins")
+    assert rows["resolved"] == ["torch 2.15.0, torchrl 2026.10.27, tensordict 2026.10.26",
+                                "torch 2.15.0, torchrl 0.14.1, tensordict 0.14.3"]
+    verdict = rows["install, C++ extension, our tests"]
+    assert verdict[0] == "**fails**"  # a case failed, and failed again
+    assert verdict[1] == "C++ extension fails: ImportError: undefined symbol: _ZN3c10"
+    assert rows["``tests/test_a.py``"] == ["5 passed, 1 failed, 0 skipped", "0 passed, 2 failed, 0 skipped"]
+    assert rows["``tests/test_b.py``"] == ["2 passed, 0 failed, 1 skipped", "not run"]
+    assert rows["TorchRL's collector tests, our class"][0] == "100 passed, 7 failed, 34 skipped"
     assert "* nightly: ``tests/test_a.py::test_x``: AssertionError: assert 1 == 2 (failed again)" in text
-    assert "100 passed, 7 failed, 34 skipped, 0 crashed" in text and "committed 2026-08-22" in text
-    assert "1 case that passed there fails here:" in text
+    assert "``ae9719f17``, committed 2026-08-22; 0 crashed" in text
+    assert "1 case that passed there fails on the nightly:" in text
     assert "* ``TestX::test_y[a]``: KeyError: 'k'" in text  # no reST markup from an error
-    assert ("``python benchmarks/torchrl_nightly.py --rl-root <pytorch/rl checkout> --out "
-            "benchmarks/results/nightly/n.json``") in text
+    assert ("* ``python benchmarks/torchrl_nightly.py --rl-root <pytorch/rl checkout> --out "
+            "benchmarks/results/nightly/n.json``; measured 2026-01-02 on a 2-core CPU.") in text
     passing = json.loads(json.dumps(RUN))
     passing["stacks"]["nightly"]["reruns"]["tests/test_a.py::test_x"] = "passed"
     text = tn.rst([RUN, passing])
     assert "**passes** (1 failed case passed when run again)" in text and "(passed when run again)" in text
     assert "**passes**" not in tn.rst([passing, RUN])
     assert tn.rst([]).startswith("**not yet measured**")
+
+
+def test_each_stack_comes_from_the_latest_file_that_ran_it():
+    stable = {"benchmark": "torchrl_nightly", "date": "2026-01-03", "_file": "nightly/s.json", "machine": "2-core CPU",
+              "command": "python benchmarks/torchrl_nightly.py --stacks stable --stable-torch 2.15.0 --venv /tmp/v "
+                         "--out /tmp/s.json",
+              "stacks": {"stable": {"versions": {"torch": "2.15.0", "torchrl": "0.14.1", "tensordict": "0.14.3"},
+                                    "install": {"error": None}, "extension": {"loaded": True}, "failures": {},
+                                    "tests": {"tests/test_a.py": {"passed": 6, "failed": 0, "skipped": 0,
+                                                                  "crashed": None}}}}}
+    text = tn.rst([RUN, stable])
+    assert "2026.10.27" in text and "5 passed, 1 failed, 0 skipped" in text  # the nightly from the first file
+    assert "C++ extension fails" not in text and "6 passed, 0 failed, 0 skipped" in text  # the stable from the second
+    assert "2026-01-02, ``nightly/n.json``" in text and "2026-01-03, ``nightly/s.json``" in text
+    assert ("* ``python benchmarks/torchrl_nightly.py --stacks stable --stable-torch 2.15.0 --out "
+            "benchmarks/results/nightly/s.json``") in text and "/tmp/" not in text
 
 
 def test_the_printed_line_has_each_stacks_verdict():
@@ -204,3 +227,27 @@ def test_the_scripts_examples_hold():
     import doctest
 
     assert doctest.testmod(tn, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
+
+
+def test_main_writes_the_file_the_report_renders(tmp_path, monkeypatch, capsys):
+    import report
+
+    def run_stack(stack, requirements, others, venv, workdir, tests, args):  # what an install and a run give
+        torchrl = "2026.10.27" if stack == "nightly" else "0.14.1"
+        return {"requirements": requirements, "install": {"error": None, "freeze": [], "pip_check": []},
+                "versions": {"torch": "2.15.0+cu132", "torchrl": torchrl, "tensordict": "0.14.3"},
+                "extension": {"loaded": True, "error": None}, "failures": {}, "reruns": {},
+                "tests": {test: {"passed": 4, "failed": 0, "skipped": 1, "seconds": 1.0, "crashed": None}
+                          for test in tests}}
+
+    monkeypatch.setattr(tn, "run_stack", run_stack)
+    out = tmp_path / "nightly" / "n.json"
+    assert tn.main(["--out", str(out)]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["stacks"]["nightly"]["passes"] and line["stacks"]["stable"]["versions"]["torchrl"] == "0.14.1"
+    data = json.loads(out.read_text())
+    assert data["stacks"]["stable"]["requirements"][-1] == "torch==2.15.0"  # the torch the nightly resolved
+    assert data["torch"] == "2.15.0+cu132" and data["unilab"]["commit"]
+    text = report.DOCS_TABLES["nightly.rst"](report.load(tmp_path))
+    assert text.count("**passes**") == 2 and "torch 2.15.0+cu132, torchrl 0.14.1" in text
+    assert "``python benchmarks/torchrl_nightly.py --out benchmarks/results/nightly/n.json``" in text
