@@ -93,7 +93,7 @@ def let_worker_write(collector, idx: int, beyond: int, cap_limit: int) -> bool:
 
     The other worker takes at most a batch per step, so ``idx`` gets frames however late it starts.
     """
-    control, deadline = collector._control, time.monotonic() + 180  # noqa: SLF001
+    control, deadline = collector._worker_frames.control, time.monotonic() + 180  # noqa: SLF001
     while control.worker_written(idx) <= beyond and time.monotonic() < deadline:
         if collector.wait_for_frames(control.allowed, timeout=1.0):
             if control.allowed >= cap_limit:

@@ -59,7 +59,7 @@ def test_a_sigkilled_worker_is_replaced_with_a_new_seed_stream(no_leaks):
         victim = collector.procs[0].pid
         with faults.TimedSampler(rb, batch_size=64) as sampler:
             os.kill(victim, signal.SIGKILL)
-            before = collector._control.worker_written(0)  # noqa: SLF001
+            before = collector._worker_frames.control.worker_written(0)  # noqa: SLF001
             assert wait_until(lambda: collector.procs[0].pid != victim and collector._pool.started[0], 180)  # noqa: SLF001
             assert let_worker_write(collector, 0, before, 1984), "the replacement wrote no rows"
             collector.start()
@@ -99,7 +99,7 @@ def test_a_replacement_killed_while_it_starts_is_replaced_again(start_method, no
     collector = pendulum_collector(rb, policy=policy, max_worker_restarts=3, start_method=start_method)
     try:
         collector.start()
-        assert wait_until(lambda: collector._control.worker_written(0) >= 64, timeout=180)  # noqa: SLF001
+        assert wait_until(lambda: collector._worker_frames.control.worker_written(0) >= 64, timeout=180)  # noqa: SLF001
         first, known = collector.procs[0].pid, worker_processes(os.getpid())
         os.kill(first, signal.SIGKILL)
         deadline, replacement = time.monotonic() + 60, None

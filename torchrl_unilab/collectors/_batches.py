@@ -14,7 +14,8 @@ leave locked.
 
 A replay buffer that this process writes (not shared between processes) is fed
 from the same slots: by the iterating loop, or, once collection runs in the
-background (``start()``), by a :class:`FeedThread`.
+background (``start()``), by a :class:`FeedThread`. :class:`BatchHandover` holds
+the slots, that writer and its thread for the collector.
 
 A batch that TorchRL's ``storing_device`` puts elsewhere than on the CPU is moved there once, whole, as it is
 yielded (:func:`to_storing_device`).
@@ -27,12 +28,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
-__all__ = ["BatchSlots", "FeedThread", "SlotWriter", "to_storing_device", "torchrl_layout"]
+__all__ = ["BatchHandover", "BatchSlots", "FeedThread", "SlotWriter", "to_storing_device", "torchrl_layout"]
 
 _FREE, _FILLED = 0, 1
 
@@ -245,6 +247,90 @@ class FeedThread:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+
+class BatchHandover:
+    """Batches the workers hand to this process, and the buffer this process writes with them.
+
+    Without a replay buffer the workers write whole batches into :class:`BatchSlots` (:meth:`open` lays them
+    out) and this process takes them (:meth:`take`). A replay buffer the workers cannot write is written here
+    (:meth:`write_local`): by the iterating loop, or once collection runs in the background by a
+    :class:`FeedThread` (:meth:`start_feed`) that takes each batch with ``take`` and writes it.
+
+    Args:
+        local: the writer of a buffer this process writes, or ``None``.
+        take: what the feed thread takes each batch with (a timeout in seconds; ``None`` if none came).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> handover = BatchHandover(None, take=lambda timeout: None)
+        >>> slots = handover.open(TensorDict({"x": torch.zeros(())}, []), num_workers=1, frames_per_batch=2)
+        >>> SlotWriter(slots, 0, lambda: False).extend(TensorDict({"x": torch.ones(2)}, [2]))
+        >>> handover.take(1.0, on_poll=lambda: None)["x"].tolist(), handover.handed_over
+        ([1.0, 1.0], 2)
+    """
+
+    def __init__(self, local: Any, *, take: Callable[[float], TensorDictBase | None]) -> None:
+        self._local = local
+        self._take_for_feed = take
+        self._slots: BatchSlots | None = None
+        self._feed: FeedThread | None = None
+        self._frames_per_batch = 0
+        self.fed = 0  # frames of the batches written into the local buffer
+        self.handed_over = 0  # frames of the batches taken from the slots
+
+    @property
+    def writes_locally(self) -> bool:
+        """Whether this process writes the replay buffer (the workers cannot)."""
+        return self._local is not None
+
+    @property
+    def feeding(self) -> bool:
+        """Whether the feed thread writes the local buffer in the background."""
+        return self._feed is not None
+
+    def open(self, row: TensorDictBase, num_workers: int, frames_per_batch: int) -> BatchSlots:
+        """Lays the slots out from one row, for ``num_workers`` workers' batches of ``frames_per_batch`` rows."""
+        self._slots = BatchSlots(row, num_workers, frames_per_batch)
+        self._frames_per_batch = frames_per_batch
+        return self._slots
+
+    def take(self, timeout: float | None, on_poll: Callable[[], None],
+             exclude: Sequence[NestedKey] = ()) -> TensorDictBase | None:
+        """The oldest batch a worker handed over, less the ``exclude`` keys; ``None`` after ``timeout`` s."""
+        out = self._slots.take(timeout=timeout, on_poll=on_poll, exclude=exclude)
+        if out is not None:
+            self.handed_over += self._frames_per_batch
+        return out
+
+    def holds(self, worker_idx: int, first_row: Mapping[NestedKey, int]) -> bool:
+        """Whether worker ``worker_idx``'s batch that starts with ``first_row`` was handed over
+        (:meth:`BatchSlots.holds`)."""
+        return self._slots.holds(worker_idx, first_row)
+
+    def write_local(self, batch: TensorDictBase, frames: int) -> None:
+        """Writes a batch of ``frames`` frames (as the workers count them) into the local buffer."""
+        self._local.write(batch)
+        self.fed += frames
+
+    def start_feed(self) -> None:
+        """Starts the feed thread, for a buffer this process writes, if it is not running."""
+        if self._local is not None and self._feed is None:
+            self._feed = FeedThread(self._take_for_feed, self._write_fed)
+
+    def _write_fed(self, batch: TensorDictBase) -> None:
+        self.write_local(batch, self._frames_per_batch)
+
+    def raise_if_failed(self) -> None:
+        """Raises the feed thread's error, if it failed."""
+        if self._feed is not None and self._feed.error is not None:
+            raise self._feed.error
+
+    def stop(self) -> None:
+        """Stops the feed thread once the batch it writes is in."""
+        if self._feed is not None:
+            self._feed.stop()
 
 
 def _weak(fn: Callable) -> Callable[[], Callable | None]:

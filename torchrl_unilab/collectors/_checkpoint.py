@@ -23,7 +23,7 @@ __all__ = ["CheckpointAPI"]
 class CheckpointAPI:
     """Mixin of :class:`~torchrl_unilab.OffPolicyCollector`: ``set_seed``, ``state_dict`` and ``load_state_dict``.
 
-    It reads the collector's fields (``_control``, ``_scheme``, ``_frames``, ...)
+    It reads the collector's fields (``_worker_frames``, ``_scheme``, ...)
     and is not meant to be used alone.
 
     Examples:
@@ -73,7 +73,7 @@ class CheckpointAPI:
             closed = self._scheme.shared.closed
             weights = None if closed else self._scheme.published_state_dict(like=self._user_policy)
         for idx, worker in enumerate(self._metrics.summary()["workers"]):
-            state[f"worker{idx}"] = {"frames": self._control.worker_written(idx),
+            state[f"worker{idx}"] = {"frames": self._worker_frames.control.worker_written(idx),
                                      "policy_version": worker["policy_version"]}
             if weights:
                 state[f"worker{idx}"]["policy_state_dict"] = OrderedDict(weights)
@@ -116,7 +116,7 @@ class CheckpointAPI:
             block = self.num_workers << STREAM_TRAJ_BITS
             self._stream_base = max(self._stream_base, -(-int(traj_pool["traj_id"]) // block))
         if not self._started:
-            self._set_frame_control()
+            self._worker_frames.reset(self._frame_control())
 
     def _first_free_traj_id(self) -> int:
         """An id above every trajectory id this run's workers may hand out (see ``_worker.WorkerLoop``).

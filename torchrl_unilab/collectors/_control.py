@@ -21,7 +21,6 @@ random frames it had not written.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -30,7 +29,7 @@ import torch
 
 from torchrl_unilab._sync import ProcessLock
 
-__all__ = ["NODE_STREAM_TRAJ_BITS", "STREAM_TRAJ_BITS", "DeliveredFrames", "FrameControl", "check_wait",
+__all__ = ["NODE_STREAM_TRAJ_BITS", "STREAM_TRAJ_BITS", "FrameControl", "check_wait",
            "node_traj_ids", "num_batches", "split_random_frames", "stream_seed"]
 
 #: Trajectory ids are unique over workers, their replacements and Ray nodes. A worker's seed stream ``s``
@@ -339,78 +338,3 @@ class FrameControl:
             delay = min(delay * 2, 0.01)
         return True
 
-
-class DeliveredFrames:
-    """Frames delivered in this process against an allowance: the pacing of a collector whose batches arrive here.
-
-    A collection thread :meth:`add`-s each batch it delivers and :meth:`hold`-s
-    while the learner's :meth:`allow`-ance is reached; the learner
-    :meth:`wait_for`-s frames. A failure of the collection thread
-    (:meth:`fail`) is raised to every waiter, and again on each later wait.
-    :class:`~torchrl_unilab.collectors.ray_collector.RayOffPolicyCollector`
-    paces its nodes with it; :class:`FrameControl` is the same knob shared with
-    worker processes.
-
-    Examples:
-        >>> frames = DeliveredFrames()
-        >>> frames.allow(64)
-        >>> frames.add(64)
-        >>> frames.written, frames.wait_for(64, timeout=0), frames.wait_for(128, timeout=0.01)
-        (64, True, False)
-        >>> frames.hold(stop=lambda: True)  # returns at once when told to stop
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._written = 0
-        self._allowed: float = 0
-        self._error: BaseException | None = None
-
-    @property
-    def written(self) -> int:
-        """Frames delivered so far."""
-        return self._written
-
-    def allow(self, frames: int | None) -> None:
-        """Sets the allowance (``None``: no limit)."""
-        with self._cond:
-            self._allowed = float("inf") if frames is None else frames
-            self._cond.notify_all()
-
-    def add(self, frames: int) -> None:
-        """Counts a delivered batch."""
-        with self._cond:
-            self._written += frames
-            self._cond.notify_all()
-
-    def hold(self, stop: Callable[[], bool], while_held: Callable[[], None] = lambda: None,
-             interval: float = 0.5) -> None:
-        """Blocks while the allowance is reached, until ``stop()``; calls ``while_held`` every ``interval`` s."""
-        with self._cond:
-            while self._written >= self._allowed and not stop():
-                self._cond.wait(interval)
-                while_held()
-
-    def fail(self, error: BaseException) -> None:
-        """Hands the collection thread's failure to the waiters."""
-        with self._cond:
-            self._error = error
-            self._cond.notify_all()
-
-    def raise_if_failed(self) -> None:
-        """Raises the failure given to :meth:`fail`, on every call: a later wait would otherwise block for good."""
-        if self._error is not None:
-            raise self._error
-
-    def wait_for(self, frames: int, timeout: float | None = None) -> bool:
-        """Blocks until ``frames`` frames are delivered; False on timeout. Raises the collection thread's failure."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while self._written < frames:
-                self.raise_if_failed()
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cond.wait(0.1 if left is None else min(left, 0.1))
-        self.raise_if_failed()
-        return True

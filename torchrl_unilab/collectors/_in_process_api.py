@@ -64,8 +64,8 @@ class InProcessCollectorAPI:
         for idx, (worker, engine) in enumerate(zip(out["workers"], self._engines)):
             # From the frame accounting, exact across restarts: a batch of a worker killed after its rows were in
             # and before it added them to its metrics row is counted by the parent (FrameControl.settle) only.
-            worker["frames"] = self._control.worker_written(idx)
-            worker["random_frames"] = self._control.random_written(idx)
+            worker["frames"] = self._worker_frames.control.worker_written(idx)
+            worker["random_frames"] = self._worker_frames.control.random_written(idx)
             worker["engine"] = engine
             worker["restarts"] = pool.restarts[idx] if pool is not None else 0
             last = pool.last_failure(idx) if pool is not None else None

@@ -36,12 +36,12 @@ from torchrl_unilab.collectors._arguments import (
     frames_per_batch_of,
     round_total_frames,
 )
-from torchrl_unilab.collectors._batches import BatchSlots, FeedThread, to_storing_device, torchrl_layout
+from torchrl_unilab.collectors._batches import BatchHandover, to_storing_device, torchrl_layout
 from torchrl_unilab.collectors._checkpoint import CheckpointAPI
 from torchrl_unilab.collectors._control import FrameControl, num_batches, split_random_frames
 from torchrl_unilab.collectors._env_view import EnvView
 from torchrl_unilab.collectors._in_process_api import InProcessCollectorAPI
-from torchrl_unilab.collectors._pacing_api import PacingAPI
+from torchrl_unilab.collectors._pacing import Pacing, WorkerFrames
 from torchrl_unilab.collectors._policy import PolicyFromFactory, PolicyRecipe
 from torchrl_unilab.collectors._probe import probe_in_process, probe_step
 from torchrl_unilab.collectors._processes import (
@@ -83,7 +83,7 @@ __all__ = ["OffPolicyCollector", "WorkerError"]
 _log = logging.getLogger("torchrl.unilab")
 
 
-class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, CheckpointAPI, MultiAsyncCollector):
+class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, MultiAsyncCollector):
     """TorchRL's asynchronous multi-process collector, rebuilt for off-policy training.
 
     Each of ``num_workers`` workers steps a batch of environments, picks actions with ``policy`` under
@@ -251,6 +251,7 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         self._shut_down = False
         self._pool: WorkerPool | None = None
         self._scheme: SeqlockWeightSyncScheme | None = None
+        self._handover: BatchHandover | None = None
         self._probe_env: EnvBase | None = None
         self._probe_given: EnvBase | None = None
         self._given_envs: list[EnvBase] = []
@@ -280,7 +281,7 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
             post_collect_hook=post_collect_hook, seed=seed, torchrl_kwargs=torchrl_kwargs)
         self._setup_weight_sync(weight_sync_schemes, torchrl_kwargs)
         self._metrics = CollectorMetrics(self.num_workers, self.metrics_window)
-        self._set_frame_control()
+        self._setup_pacing()
         self.frames_lost = 0
         self.closed = False
         shut_down_at_exit(self)
@@ -368,13 +369,14 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         self.replay_buffer = replay_buffer
         written_here = spec.local_write_reason
         self._row_keys = prepare_storage(replay_buffer, row, self.frames_per_batch, local=written_here is not None)
-        self._local: LocalBufferWriter | None = None
+        local = None
         if written_here is not None:
-            self._local = LocalBufferWriter(replay_buffer, self.num_envs, trajs=spec.trajs_per_batch is not None,
-                                            trajs_per_write=spec.trajs_per_write)
+            local = LocalBufferWriter(replay_buffer, self.num_envs, trajs=spec.trajs_per_batch is not None,
+                                      trajs_per_write=spec.trajs_per_write)
             _log.info(f"OffPolicyCollector: {written_here}")
-        self._feed: FeedThread | None = None  # writes into the local buffer while collection runs in the background
-        self._fed = 0  # frames of the batches extended into the local buffer
+        # The batches the workers hand over; a local buffer's writer, with the thread that feeds it while
+        # collection runs in the background.
+        self._handover = BatchHandover(local, take=functools.partial(self._take_batch, raise_failures=False))
         # As TorchRL's multi-process collectors: with a replay buffer, whole trajectories go into it and iteration
         # yields None per batch; without one, BaseCollector.__iter__ assembles trajectories to yield.
         self.trajs_per_batch = spec.trajs_per_batch if replay_buffer is None else None
@@ -406,9 +408,7 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         self._consumed_frames = 0
         # Frames the consumer counts that these workers did not write: those restored by load_state_dict.
         self._restored = 0
-        self._handed_over = 0  # frames of the batches taken from the workers (without a replay buffer)
         self._iteration = -1
-        self._in_background = False
         self._lockstep = False  # whether workers step only while the consumer waits (set as they start)
         self._started = False
 
@@ -424,15 +424,24 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
             # As MultiCollector: receivers are registered at construction, and connect before collection.
             self.register_scheme_receiver(torchrl_kwargs["weight_recv_schemes"])
 
-    def _set_frame_control(self) -> None:
-        """Shares the random frames still to collect among the workers and sets the frame accounting up.
+    def _setup_pacing(self) -> None:
+        """The workers' frame accounting and the pacing over it (``start``, ``allow_frames``, ``pause``, ...)."""
+        self._worker_frames = WorkerFrames(
+            self._frame_control(), handover=self._handover, has_buffer=self.replay_buffer is not None,
+            total=lambda: self._total_to_write, restored=lambda: self._restored, begin=self._ensure_started,
+            started=lambda: self._started, raise_if_failed=self._raise_if_failed,
+            report_failure=self._report_failure)
+        self._pacing = Pacing(self._worker_frames)
+
+    def _frame_control(self) -> FrameControl:
+        """Shares the random frames still to collect among the workers, and the frame accounting over them.
 
         Frames restored by :meth:`load_state_dict` count against ``init_random_frames`` and
         ``total_frames``, as they do in TorchRL's collectors.
         """
         random_frames = max(0, self.init_random_frames - self._restored)
         self._random_shares = split_random_frames(random_frames, self.num_workers, self.frames_per_batch)
-        self._control = FrameControl(self._random_shares, self.frames_per_batch, self._total_to_write)
+        return FrameControl(self._random_shares, self.frames_per_batch, self._total_to_write)
 
     @property
     def _total_to_write(self) -> int | float:
@@ -471,6 +480,11 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         policy = self.policy if self._worker_policy is None else self._worker_policy
         return tensor_path(policy, self._probe_env if env is None else env, self.exploration_type) is not None
 
+    @property
+    def _workers_write(self) -> bool:
+        """Whether the workers write into ``replay_buffer`` themselves (the fast path)."""
+        return self.replay_buffer is not None and not self._handover.writes_locally
+
     def _ensure_started(self) -> None:
         """Starts the workers on first use: iteration, start(), allow_frames() or wait_for_frames()."""
         if self._started:
@@ -508,10 +522,9 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
                       postproc=self.postproc if self._workers_write else None)
         sink = workers_buffer(self.replay_buffer) if self._workers_write else None
         if sink is None:
-            self._slots = BatchSlots(self._row.select(*self._row_keys), self.num_workers, self.frames_per_batch)
-            sink = self._slots
+            sink = self._handover.open(self._row.select(*self._row_keys), self.num_workers, self.frames_per_batch)
         inputs = WorkerInputs(config, sources, cloudpickle.dumps(worker_policy), cloudpickle.dumps(extras), sink,
-                              self._scheme.shared, self._metrics, self._control)
+                              self._scheme.shared, self._metrics, self._worker_frames.control)
         self._pool = WorkerPool(
             process_context(self.start_method),
             target=worker_main,
@@ -540,9 +553,9 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
             first_row = {TRAJ_KEY: traj, STEP_KEY: step}
             if self._workers_write:
                 return holds_row(self.replay_buffer, first_row)
-            return self._slots.holds(worker_idx, first_row)
+            return self._handover.holds(worker_idx, first_row)
 
-        lost, owed = self._control.settle(worker_idx, self._random_shares[worker_idx], handed_over)
+        lost, owed = self._worker_frames.control.settle(worker_idx, self._random_shares[worker_idx], handed_over)
         self.frames_lost += lost
         config = inputs.cfg
         random_frames, streams = list(config.random_frames), list(config.streams or [0] * self.num_workers)
@@ -569,19 +582,20 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         self._ensure_started()
         fpb = self.frames_per_batch
         limit = idle_limit()
+        frames, handover = self._worker_frames, self._handover
         while self._consumed_frames < self.total_frames:
             self._allow_ahead()
             if self.replay_buffer is None:
                 out = self._take_batch(limit, yielded=self._yields_torchrl_batches)
                 arrived = out is not None
-            elif self._local is not None and self._feed is None:
+            elif handover.writes_locally and not handover.feeding:
                 batch, out = self._take_batch(limit), None
                 arrived = batch is not None
                 if arrived:
                     self._write_local(batch)
             else:  # the workers, or the feed thread after start(), write the buffer
                 target = self._consumed_frames - self._restored + fpb
-                arrived, out = self._wait(lambda: self._buffer_frames >= target, limit), None
+                arrived, out = frames.wait(lambda: frames.buffered >= target, limit), None
             if not arrived:
                 raise RuntimeError(  # TorchRL's MultiAsyncCollector's words
                     f"Failed to gather all collector output within {limit} seconds. "
@@ -594,6 +608,12 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
                 self._allow_ahead()
             yield out
 
+    def _allow_ahead(self) -> None:
+        """Lets the workers collect up to one batch each past what was consumed (just the next batch in lockstep)."""
+        batches = 1 if self._lockstep else self.num_workers
+        ahead = min(self.total_frames, self._consumed_frames + batches * self.frames_per_batch)
+        self._pacing.allow_ahead(ahead - self._restored)
+
     def _take_batch(self, timeout: float | None = None, yielded: bool = False,
                     raise_failures: bool = True) -> TensorDictBase | None:
         """The oldest batch a worker handed over, made ready to write, or to yield as TorchRL's collectors do
@@ -601,11 +621,10 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
 
         The feed thread leaves a failed worker to the user's thread to raise (``raise_failures=False``).
         """
-        out = self._slots.take(timeout=timeout, on_poll=self._raise_if_failed if raise_failures else _no_op,
-                               exclude=self._rows_only_keys if yielded else ())
+        out = self._handover.take(timeout, on_poll=self._raise_if_failed if raise_failures else _no_op,
+                                  exclude=self._rows_only_keys if yielded else ())
         if out is None:
             return None
-        self._handed_over += self.frames_per_batch
         if yielded:
             if self.track_policy_version:  # TorchRL's PolicyVersion transform writes it on both sides
                 out.set(("next", VERSION_KEY), out.get(VERSION_KEY))
@@ -629,15 +648,21 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         return out
 
     def _write_local(self, batch: TensorDictBase) -> None:
-        self._local.write(batch)
-        self._fed += self.frames_per_batch  # batches, as the workers count them (nonfinite="drop" drops rows)
+        # batches, as the workers count them (nonfinite="drop" drops rows)
+        self._handover.write_local(batch, self.frames_per_batch)
 
     def _raise_if_failed(self) -> None:
         if self._pool is not None:
             self._pool.raise_if_failed()
-        feed = getattr(self, "_feed", None)
-        if feed is not None and feed.error is not None:
-            raise feed.error
+        handover = getattr(self, "_handover", None)
+        if handover is not None:
+            handover.raise_if_failed()
+
+    def _report_failure(self) -> None:
+        """Raises a worker's failure once it has had a moment to be reported: after a wait, the other workers can
+        have written the last frames before the watcher named one that died on the way."""
+        if self._pool is not None:
+            self._pool.raise_if_failed(wait_for_report=1.0)
 
     def __len__(self) -> int:
         return num_batches(self.total_frames, self.frames_per_batch)
@@ -646,6 +671,53 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         # Without it, bool() would call __len__, which raises for a collector with no frame limit. Ray tests an
         # actor's truth when it stores a task error: a node would lose its remote traceback.
         return True
+
+    # ------------------------------------------------------------------ pacing
+    def start(self) -> None:
+        """Lets every worker collect into ``replay_buffer`` in the background until ``total_frames``."""
+        self._pacing.start()
+
+    def allow_frames(self, frames: int | None) -> None:
+        """Caps the total frames workers may write (``None``: up to ``total_frames``).
+
+        Workers that reach the cap wait (they are paused, no data is dropped);
+        learners use this to bound how far collection runs ahead of training.
+
+        Examples:
+            >>> from torchrl_unilab import OffPolicyCollector, make_replay_buffer
+            >>> rb = make_replay_buffer(1_000)
+            >>> with OffPolicyCollector("Pendulum-v1", num_envs=2, frames_per_batch=32, replay_buffer=rb) as c:
+            ...     c.allow_frames(64)
+            ...     c.wait_for_frames(64, timeout=120), len(rb) >= 64
+            (True, True)
+        """
+        self._pacing.allow_frames(frames)
+
+    def pause(self, timeout: float | None = 30.0, *, resume: bool = True) -> contextlib.AbstractContextManager:
+        """Context manager: no new batch starts inside it, and batches in flight are written first.
+
+        Args:
+            timeout: seconds to wait for the batches in flight (``None``: as long as they take); past it,
+                collection goes on and ``TimeoutError`` is raised, as TorchRL's ``RayCollector.pause``.
+            resume: on exit, collection goes on as before; ``False`` keeps it paused until :meth:`start` or
+                :meth:`allow_frames` (or the next batch iterated).
+        """
+        return self._pacing.pause(timeout, resume=resume)
+
+    def wait_for_frames(self, frames: int, timeout: float | None = None) -> bool:
+        """Blocks until ``frames`` frames are written; False on timeout. Raises a worker's error.
+
+        Starts the workers if they have not started. A wait that could never end
+        raises ``ValueError`` instead: ``frames`` above ``total_frames``, or above
+        what the workers are allowed to collect (call :meth:`start` or
+        :meth:`allow_frames` first).
+        """
+        return self._pacing.wait_for_frames(frames, timeout)
+
+    @property
+    def frames_written(self) -> int:
+        """Frames collected by all workers so far (written into the buffer or handed over)."""
+        return self._pacing.frames_written
 
     # ---------------------------------------------------------------- closing
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
@@ -658,8 +730,8 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
             return
         self._shut_down = True
         self.closed = True
-        if getattr(self, "_feed", None) is not None:
-            self._feed.stop()  # first: it writes no batch once the workers are gone
+        if self._handover is not None:
+            self._handover.stop()  # first: it writes no batch once the workers are gone
         if self._pool is not None:
             self._pool.stop(timeout=4.0 if timeout is None else timeout)
         if self._scheme is not None:
@@ -694,8 +766,8 @@ class OffPolicyCollector(InProcessCollectorAPI, PacingAPI, WeightSyncAPI, Checkp
         # stores the error, raised AttributeError and the learner got "actor died unexpectedly" instead.
         fields = {name: getattr(self, name, "?") for name in ("num_workers", "num_envs", "frames_per_batch",
                                                               "total_frames")}
-        control = getattr(self, "_control", None)
-        written = control.written if control is not None and not self.closed else "closed"
+        frames = getattr(self, "_worker_frames", None)
+        written = frames.control.written if frames is not None and not self.closed else "closed"
         return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in fields.items())}, frames_written={written})"
 
 

@@ -51,13 +51,12 @@ from torchrl_unilab._torchrl_private import (
 )
 from torchrl_unilab.collectors._arguments import check_ray_arguments
 from torchrl_unilab.collectors._control import (
-    DeliveredFrames,
-    check_wait,
     node_traj_ids,
     num_batches,
     split_random_frames,
     stream_seed,
 )
+from torchrl_unilab.collectors._pacing import DeliveredFrames, Pacing
 from torchrl_unilab.collectors._processes import WorkerError, _remove_fork_server_dir, sweep_stale_fork_server_dirs
 from torchrl_unilab.collectors._worker import TRAJ_KEY, VERSION_KEY
 from torchrl_unilab.collectors.offpolicy_collector import OffPolicyCollector
@@ -406,9 +405,12 @@ class RayOffPolicyCollector(RayCollectorHooks, RayCollector):
         self._fetched: dict[Any, TensorDictBase | None] = {}  # finished calls, in arrival order
         # liveness calls to nodes whose batch waits in _fetched -> (node index, the actor pinged)
         self._pings: dict[Any, tuple[int, Any]] = {}
-        self._delivered = DeliveredFrames()  # the pacing of background collection (allow_frames, wait_for_frames)
-        self._write_lock = threading.Lock()
-        self._pump_thread: threading.Thread | None = None  # the background collection of start() / allow_frames()
+        # The batches delivered here, and the pacing over them (start, allow_frames, pause, wait_for_frames).
+        self._delivered = DeliveredFrames(
+            total_frames=total_frames if total_frames >= 0 else float("inf"),
+            has_buffer=self._local_buffer is not None or replay_buffer is not None, batches=self.iterator,
+            while_held=self._watch_nodes, stop=functools.partial(stop_requested, self), name="RayOffPolicyCollector")
+        self._pacing = Pacing(self._delivered)
         self.published_version = 1
         self.receive_s = 0.0
         super().__init__(
@@ -493,8 +495,7 @@ class RayOffPolicyCollector(RayCollectorHooks, RayCollector):
         for out in super().iterator():
             if self._local_buffer is not None and out is not None:
                 start = time.perf_counter()
-                with self._write_lock:
-                    self._local_buffer.extend(out)
+                self._local_buffer.extend(out)
                 self.receive_s += time.perf_counter() - start
                 out = None
             self._delivered.add(self.frames_per_batch)
@@ -523,7 +524,7 @@ class RayOffPolicyCollector(RayCollectorHooks, RayCollector):
             yield out
         if self._pending:
             ray.wait(list(self._pending), num_returns=len(self._pending), timeout=10.0)
-        if self._pump_thread is None:
+        if not self._delivered.collecting:
             self.shutdown()
 
     def _count_delivered(self, idx: int, out: TensorDictBase | None) -> None:
@@ -622,32 +623,16 @@ class RayOffPolicyCollector(RayCollectorHooks, RayCollector):
         return sorted(self._lost)
 
     # ------------------------------------------------- background pacing (UTD)
+    # The same pacing as OffPolicyCollector's (collectors/_pacing.py), over the batches delivered here: a thread
+    # of this process takes each node's batch once the allowance has room.
     def start(self) -> None:
         """Collects in a background thread until ``total_frames``; needs a ``replay_buffer``."""
-        self.allow_frames(None)
+        self._pacing.start()
 
     def allow_frames(self, frames: int | None) -> None:
-        """Caps the frames delivered to the buffer (``None``: up to ``total_frames``); starts the background thread.
-
-        Nodes keep at most one batch each in flight beyond the cap.
-        """
-        if self._local_buffer is None and self.replay_buffer is None:
-            raise RuntimeError("background collection needs replay_buffer= (a local ReplayBuffer or a RayReplayBuffer)")
-        self._raise_if_failed()
-        self._delivered.allow(frames)
-        if self._pump_thread is None:
-            self._pump_thread = threading.Thread(target=self._pump, name="RayOffPolicyCollector", daemon=True)
-            self._pump_thread.start()
-
-    def _pump(self) -> None:
-        try:
-            it = self.iterator()
-            while not stop_requested(self):
-                self._delivered.hold(stop=functools.partial(stop_requested, self), while_held=self._watch_nodes)
-                if stop_requested(self) or next(it, StopIteration) is StopIteration:
-                    return
-        except BaseException as err:  # noqa: BLE001 - handed to the learner's thread
-            self._delivered.fail(err)
+        """Caps the frames delivered to the buffer (``None``: up to ``total_frames``); collects in a background
+        thread up to it. Nodes keep at most one batch each in flight beyond the cap."""
+        self._pacing.allow_frames(frames)
 
     def _raise_if_failed(self) -> None:
         self._delivered.raise_if_failed()
@@ -656,24 +641,21 @@ class RayOffPolicyCollector(RayCollectorHooks, RayCollector):
         """Blocks until ``frames`` frames reached the buffer; False on timeout. Raises a node's error.
 
         A wait that could never end raises ``ValueError``, as :class:`~torchrl_unilab.OffPolicyCollector`'s:
-        ``frames`` above ``total_frames``, or above the frames written when nothing collects in the background
+        ``frames`` above ``total_frames``, or above the frames delivered when nothing collects in the background
         (call :meth:`start` or :meth:`allow_frames` first).
         """
-        self._raise_if_failed()
-        check_wait(frames, total_frames=self.total_frames, reachable=self._delivered.written,
-                   background=self._pump_thread is not None)
-        return self._delivered.wait_for(frames, timeout)
+        return self._pacing.wait_for_frames(frames, timeout)
 
     @property
     def frames_written(self) -> int:
         """Frames delivered so far (extended into the local buffer, or written by the nodes to the Ray buffer)."""
-        return self._delivered.written
+        return self._pacing.frames_written
 
-    @contextlib.contextmanager
-    def pause(self, timeout: float = 30.0, *, resume: bool = True) -> Iterator[None]:
-        """No write into the local buffer inside it (for checkpoints); nodes hold their next batch meanwhile."""
-        with self._write_lock:
-            yield
+    def pause(self, timeout: float | None = 30.0, *, resume: bool = True) -> contextlib.AbstractContextManager:
+        """Context manager: no batch is delivered inside it, the one in flight delivered first (nodes hold
+        their next batch meanwhile); ``timeout`` and ``resume`` as :meth:`OffPolicyCollector.pause
+        <torchrl_unilab.OffPolicyCollector.pause>`."""
+        return self._pacing.pause(timeout, resume=resume)
 
     # ----------------------------------------------------------------- weights
     def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None, **kwargs: Any) -> None:
@@ -781,10 +763,7 @@ class RayOffPolicyCollector(RayCollectorHooks, RayCollector):
         self._shut = True
         ray = _ray()
         request_stop(self)
-        thread = self._pump_thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5.0)
-        self._pump_thread = None
+        self._delivered.join(timeout=5.0)
         live = [i for i in range(len(getattr(self, "_nodes", []))) if i not in self._lost]
         refs = {self._nodes[i].shutdown.remote(raise_on_error=False): i for i in live}
         unfinished = []

@@ -246,7 +246,7 @@ class RecipeRun:
 
     def save_checkpoint(self) -> None:
         """Saves modules, normaliser, RNG, buffer and counters; no worker writes while the buffer is dumped."""
-        with self.collector.pause():
+        with self.collector.pause(timeout=None):  # the batches in flight are in first, however long they take
             self._save()
 
     def _save(self) -> None:
