@@ -130,7 +130,7 @@ def finalisers_in_a_bad_order():
     # What the garbage collector may do with a cycle: run its objects' finalisers in any order. Here the
     # shared-memory block's own first, then the scheme's (TorchRL's WeightSyncScheme.__del__), then the collector's.
     collector = started()
-    scheme = collector._scheme
+    scheme = collector._weight_sync_schemes["policy"]  # the scheme as given: ours by default
     scheme.shared._shm.__del__()
     scheme.__del__()
     collector.__del__()

@@ -129,6 +129,7 @@ def test_the_package_has_no_circle_of_imports() -> None:
 
 # ------------------------------------------------------------------ TorchRL's private names
 LIBRARIES = ("torchrl", "tensordict")
+PACKAGE = "torchrl_unilab"
 PRIVATE_MODULE = "torchrl_unilab._torchrl_private"
 #: The modules held to it.
 CHECKED = ("torchrl_unilab.collectors",)
@@ -138,6 +139,8 @@ OTHER_LIBRARIES = {
     "process_obj._name": "multiprocessing's process name",
     "m._buffers": "torch.nn.Module's buffers",
     "module._buffers": "torch.nn.Module's buffers",
+    "m._non_persistent_buffers_set": "torch.nn.Module's non-persistent buffer names",
+    "os._exit": "os's exit without clean-up, a documented function",
 }
 
 
@@ -180,18 +183,20 @@ def class_definition(cls: type) -> ast.AST:
 
 
 @functools.cache
+def declared_names(cls: type) -> frozenset[str]:
+    """The names a class itself defines: its class attributes, and the fields its methods set on ``self``."""
+    names = set(vars(cls))
+    for node in ast.walk(class_definition(cls)):
+        if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name) and node.value.id == "self"):
+            names.add(node.attr)
+    return frozenset(names)
+
+
+@functools.cache
 def library_class_names(cls: type) -> frozenset[str]:
     """The names a class's TorchRL/tensordict bases define: their class attributes and the fields they set on self."""
-    names: set[str] = set()
-    for base in cls.__mro__:
-        if not from_library(base):
-            continue
-        names.update(vars(base))
-        for node in ast.walk(class_definition(base)):
-            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-                    and isinstance(node.value, ast.Name) and node.value.id == "self"):
-                names.add(node.attr)
-    return frozenset(names)
+    return frozenset().union(*(declared_names(base) for base in cls.__mro__ if from_library(base)))
 
 
 def subclass_hooks(cls: type) -> set[str]:
@@ -368,3 +373,106 @@ def test_each_torchrl_private_name_the_package_uses_exists_in_torchrl() -> None:
     gone = sorted(set(PARENT_FIELDS) - fields)
     assert not gone, f"MultiAsyncCollector no longer has these fields OffPolicyCollector sets in its place: {gone}"
     assert not resolve_dotted("torchrl.collectors.MultiAsyncCollector._no_such_field")
+
+
+# ------------------------------------------------------------------ owned state in collectors/
+def defined_names(node: ast.ClassDef) -> set[str]:
+    """The names a class statement defines for its instances: its methods and class attributes, and the
+    attributes its methods assign on ``self``."""
+    names: set[str] = set()
+    for statement in node.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(statement.name)
+        elif isinstance(statement, ast.Assign):
+            names.update(target.id for target in statement.targets if isinstance(target, ast.Name))
+        elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+            names.add(statement.target.id)
+    for sub in ast.walk(node):
+        targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target] if isinstance(
+            sub, (ast.AnnAssign, ast.AugAssign)) else []
+        for target in targets:
+            for leaf in ast.walk(target):
+                if isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name) and leaf.value.id == "self":
+                    names.add(leaf.attr)
+    return names
+
+
+def private_accesses(tree: ast.Module) -> Iterator[tuple[ast.ClassDef | None, ast.expr, str, int]]:
+    """Every access to a private attribute: ``(enclosing class statement, the object, the name, line)``, with
+    ``getattr``/``setattr``/``hasattr`` of a constant name counted as one."""
+    def visit(node: ast.AST, cls: ast.ClassDef | None) -> Iterator:
+        for child in ast.iter_child_nodes(node):
+            inner = child if isinstance(child, ast.ClassDef) else cls
+            if isinstance(child, ast.Attribute) and is_private(child.attr):
+                yield cls, child.value, child.attr, child.lineno
+            elif (isinstance(child, ast.Call) and isinstance(child.func, ast.Name)
+                  and child.func.id in ("getattr", "setattr", "hasattr", "delattr") and len(child.args) >= 2
+                  and isinstance(child.args[1], ast.Constant) and isinstance(child.args[1].value, str)
+                  and is_private(child.args[1].value)):
+                yield cls, child.args[0], child.args[1].value, child.lineno
+            yield from visit(child, inner)
+
+    yield from visit(tree, None)
+
+
+def foreign_private_accesses(module: str, tree: ast.Module, namespace: dict,
+                             classes: dict[tuple[str, str], ast.ClassDef]) -> list[str]:
+    """The private attributes ``module`` reads or writes on an object of another module's class.
+
+    ``self._x`` (``cls._x``, ``super()._x``) is the class's own where the class, or a base class defined in the same
+    module, defines ``_x``; an inherited name (from a mixin, a base in another module, TorchRL's) is another's.
+    Names a base class from another library defines are that library's (TorchRL's are held to
+    :data:`PRIVATE_MODULE` by the test above). On any other object ``_x`` counts as the module's own where a class
+    of the module defines it.
+    """
+    mine = set().union(*(defined_names(node) for (where, _), node in classes.items() if where == module))
+    found = []
+    for cls, value, name, line in private_accesses(tree):
+        own_object = (isinstance(value, ast.Name) and value.id in ("self", "cls")) or (
+            isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super")
+        if own_object and cls is not None:
+            runtime = namespace.get(cls.name)
+            mro = getattr(runtime, "__mro__", ())
+            bases = [base for base in mro if base.__module__ == module and (module, base.__name__) in classes]
+            if isinstance(value, ast.Call) and bases:
+                bases = bases[1:]  # super() starts after the class itself
+            if any(name in defined_names(classes[(module, base.__name__)]) for base in bases):
+                continue
+            if any(name in declared_names(base) for base in mro if not base.__module__.startswith(PACKAGE)):
+                continue  # a library base's (TorchRL's go through PRIVATE_MODULE, checked above)
+        elif not own_object and (name in mine or ast.unparse(value) + "." + name in OTHER_LIBRARIES):
+            continue
+        found.append(f"{line}: {ast.unparse(value)}.{name}")
+    return found
+
+
+def test_the_owner_check_sees_a_mixin_and_another_modules_object() -> None:
+    source = textwrap.dedent('''
+        class Mixin:
+            def pace(self):
+                return self._control.allowed
+
+        class Owner(Mixin):
+            def __init__(self, other):
+                self._control = other
+                self._mine = other._theirs
+
+            def read(self):
+                return self._mine, getattr(self, "_missing", None), super()._mine
+        ''')
+    namespace: dict = {"__name__": "example"}
+    exec(compile(source, "example", "exec"), namespace)
+    tree = ast.parse(source)
+    classes = {("example", node.name): node for node in tree.body if isinstance(node, ast.ClassDef)}
+    found = foreign_private_accesses("example", tree, namespace, classes)
+    assert found == ["4: self._control", "9: other._theirs", "12: self._missing", "12: super()._mine"], found
+
+
+def test_no_collector_module_touches_another_modules_private_attributes() -> None:
+    trees, namespaces = package_sources()
+    classes = {(module, node.name): node for module, tree in trees.items() for node in tree.body
+               if isinstance(node, ast.ClassDef)}
+    found = {module: uses for module, tree in trees.items() if module.startswith("torchrl_unilab.collectors")
+             and (uses := foreign_private_accesses(module, tree, namespaces[module], classes))}
+    assert not found, ("each object of collectors/ owns its state: reach another module's object (a mixin's "
+                       f"self included) through its public methods: {found}")

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import logging
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -24,8 +25,11 @@ from torchrl.weight_update import WeightSyncScheme
 
 from torchrl_unilab._torchrl_private import (
     collector_devices,
+    collector_stats,
+    has_receiver_schemes,
     idle_limit,
     init_collector_fields,
+    normalize_worker_calls,
     read_compile_kwargs,
     set_weight_sync_schemes,
     set_weight_updater,
@@ -37,12 +41,11 @@ from torchrl_unilab.collectors._arguments import (
     round_total_frames,
 )
 from torchrl_unilab.collectors._batches import BatchHandover, to_storing_device, torchrl_layout
-from torchrl_unilab.collectors._checkpoint import CheckpointAPI
+from torchrl_unilab.collectors._checkpoint import CollectorCounters, saved_policy_weights
 from torchrl_unilab.collectors._control import FrameControl, num_batches, split_random_frames
 from torchrl_unilab.collectors._env_view import EnvView
-from torchrl_unilab.collectors._in_process_api import InProcessCollectorAPI
 from torchrl_unilab.collectors._pacing import Pacing, WorkerFrames
-from torchrl_unilab.collectors._policy import PolicyFromFactory, PolicyRecipe
+from torchrl_unilab.collectors._policy import BuiltPolicy, PolicyFromFactory, PolicyRecipe
 from torchrl_unilab.collectors._probe import probe_in_process, probe_step
 from torchrl_unilab.collectors._processes import (
     RestartPolicy,
@@ -51,7 +54,7 @@ from torchrl_unilab.collectors._processes import (
     process_context,
     shut_down_at_exit,
 )
-from torchrl_unilab.collectors._weights_api import WeightSyncAPI
+from torchrl_unilab.collectors._weights import WeightPublisher
 from torchrl_unilab.collectors._worker import (
     NEXT_STEP_KEY,
     STEP_KEY,
@@ -63,6 +66,7 @@ from torchrl_unilab.collectors._worker import (
     tensor_path,
     worker_main,
 )
+from torchrl_unilab.collectors._worker_view import WorkerView
 from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.data.local_writer import LocalBufferWriter
 from torchrl_unilab.data.replay_buffer import holds_row, prepare_storage
@@ -73,6 +77,7 @@ from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.weight_update.torchrl_schemes import (
     as_seqlock_scheme,
     as_weight_updater,
+    bind_receiver_schemes,
     joins_receivers_on_error,
 )
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme
@@ -83,7 +88,7 @@ __all__ = ["OffPolicyCollector", "WorkerError"]
 _log = logging.getLogger("torchrl.unilab")
 
 
-class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, MultiAsyncCollector):
+class OffPolicyCollector(MultiAsyncCollector):
     """TorchRL's asynchronous multi-process collector, rebuilt for off-policy training.
 
     Each of ``num_workers`` workers steps a batch of environments, picks actions with ``policy`` under
@@ -246,11 +251,12 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         **torchrl_kwargs: Any,
     ) -> None:
         # MultiCollector.__init__ would start TorchRL's own worker loop; this class
-        # replaces that loop, so it sets the parent's fields here instead.
+        # replaces that loop, so it sets the parent's fields here instead
+        # (torchrl_unilab._torchrl_private.PARENT_FIELDS lists them).
         self.closed = True
         self._shut_down = False
         self._pool: WorkerPool | None = None
-        self._scheme: SeqlockWeightSyncScheme | None = None
+        self._weights: WeightPublisher | None = None
         self._handover: BatchHandover | None = None
         self._probe_env: EnvBase | None = None
         self._probe_given: EnvBase | None = None
@@ -271,15 +277,15 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         self._setup_batch_size(frames_per_batch, spec)
         recipe = PolicyRecipe(algo, spec.trust_policy, obs_norm, dict(td3_noise=td3_noise, td3_std_min=td3_std_min,
                                                                       td3_std_max=td3_std_max, td3_std=td3_std))
-        acting = self._setup_policy(policy, policy_factory, recipe)
-        row = self._setup_probe(acting, spec, postproc if replay_buffer is not None else None,
+        built = self._setup_policy(policy, policy_factory, recipe)
+        row = self._setup_probe(built.acting, spec, postproc if replay_buffer is not None else None,
                                 factory_only=policy is None and policy_factory is not None)
         self._setup_storage(spec.replay_buffer, row, spec)
         self._setup_torchrl_options(
             spec, extend_buffer=extend_buffer, postproc=postproc, update_at_each_batch=update_at_each_batch,
             track_policy_version=track_policy_version, init_fn=init_fn, pre_collect_hook=pre_collect_hook,
             post_collect_hook=post_collect_hook, seed=seed, torchrl_kwargs=torchrl_kwargs)
-        self._setup_weight_sync(weight_sync_schemes, torchrl_kwargs)
+        self._setup_weight_sync(weight_sync_schemes, torchrl_kwargs, built)
         self._metrics = CollectorMetrics(self.num_workers, self.metrics_window)
         self._setup_pacing()
         self.frames_lost = 0
@@ -328,17 +334,18 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         self.frames_per_batch = self.requested_frames_per_batch = frames_per_batch
         self.total_frames = round_total_frames(spec.total_frames, self.frames_per_batch)
         self.init_random_frames = min(spec.init_random_frames, self.total_frames)
+        self._counters = CollectorCounters(self.total_frames, self.num_workers)
 
-    def _setup_policy(self, policy: Any, policy_factory: Callable | None, recipe: PolicyRecipe) -> nn.Module:
+    def _setup_policy(self, policy: Any, policy_factory: Callable | None, recipe: PolicyRecipe) -> BuiltPolicy:
         """The policy the workers act with, built from what was given as TorchRL's collectors build it."""
         # As TorchRL's collectors: a policy_factory is called in the workers only. Given alone, it is also
         # called once in a spawned process of its own, for the row a worker will write (probe_in_process).
         self._worker_policy = None if policy_factory is None else PolicyFromFactory(policy_factory, recipe)
         self.policy_factory = policy_factory
         built = recipe.build(policy, self._probe_given, self._probe_env)
-        self._user_policy, self._acts_on_copy, self.obs_norm = built.given, built.on_copy, built.obs_norm
+        self.obs_norm = built.obs_norm
         self.policy = built.acting
-        return built.acting
+        return built
 
     def _setup_probe(self, acting: nn.Module, spec: CollectorSpec, postproc: Callable | None,
                      factory_only: bool) -> TensorDictBase:
@@ -396,7 +403,6 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         counts_steps = bool(self.max_frames_per_traj) or self._given_step_count
         self._rows_only_keys = [key for key, kept in ((VERSION_KEY, track_policy_version), (STEP_KEY, counts_steps),
                                                       (NEXT_STEP_KEY, counts_steps)) if not kept]
-        self._stream_base = 0  # the workers' first seed stream (trajectory ids); load_state_dict moves it on
         self.init_fn = init_fn
         self._pre_hook, self._post_hook = pre_collect_hook, post_collect_hook
         # TorchRL's per-worker device tuples. Workers act and store on CPU whatever these name; a yielded batch
@@ -405,19 +411,16 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         self.storing_device, self.policy_device, self.env_device = devices
         self.worker_idx = torchrl_kwargs.get("worker_idx")
         init_collector_fields(self)
-        self._consumed_frames = 0
-        # Frames the consumer counts that these workers did not write: those restored by load_state_dict.
-        self._restored = 0
-        self._iteration = -1
         self._lockstep = False  # whether workers step only while the consumer waits (set as they start)
         self._started = False
 
     def _setup_weight_sync(self, weight_sync_schemes: Mapping[str, WeightSyncScheme] | None,
-                           torchrl_kwargs: Mapping[str, Any]) -> None:
+                           torchrl_kwargs: Mapping[str, Any], built: BuiltPolicy) -> None:
         """The workers' weights (ours, or TorchRL's scheme on our block), and TorchRL's other weight paths."""
-        self._scheme = self._setup_scheme(weight_sync_schemes)
-        # As TorchRL's collectors: the schemes as given (ours by default); an adapter of TorchRL's runs in _scheme.
-        set_weight_sync_schemes(self, {"policy": getattr(self._scheme, "scheme", None) or self._scheme})
+        self._weights = WeightPublisher(self._setup_scheme(weight_sync_schemes), policy=built.acting,
+                                        given=built.given, on_copy=built.on_copy)
+        # As TorchRL's collectors: the schemes as given (ours by default); an adapter of TorchRL's runs on our block.
+        set_weight_sync_schemes(self, {"policy": self._weights.scheme})
         self._setup_compile(torchrl_kwargs.get("compile_policy"), torchrl_kwargs.get("cudagraph_policy"))
         set_weight_updater(self, as_weight_updater(torchrl_kwargs.get("weight_updater"), self))
         if torchrl_kwargs.get("weight_recv_schemes") is not None:
@@ -426,9 +429,10 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
 
     def _setup_pacing(self) -> None:
         """The workers' frame accounting and the pacing over it (``start``, ``allow_frames``, ``pause``, ...)."""
+        counters = self._counters
         self._worker_frames = WorkerFrames(
             self._frame_control(), handover=self._handover, has_buffer=self.replay_buffer is not None,
-            total=lambda: self._total_to_write, restored=lambda: self._restored, begin=self._ensure_started,
+            total=lambda: counters.to_write, restored=lambda: counters.restored, begin=self._ensure_started,
             started=lambda: self._started, raise_if_failed=self._raise_if_failed,
             report_failure=self._report_failure)
         self._pacing = Pacing(self._worker_frames)
@@ -439,14 +443,9 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         Frames restored by :meth:`load_state_dict` count against ``init_random_frames`` and
         ``total_frames``, as they do in TorchRL's collectors.
         """
-        random_frames = max(0, self.init_random_frames - self._restored)
+        random_frames = max(0, self.init_random_frames - self._counters.restored)
         self._random_shares = split_random_frames(random_frames, self.num_workers, self.frames_per_batch)
-        return FrameControl(self._random_shares, self.frames_per_batch, self._total_to_write)
-
-    @property
-    def _total_to_write(self) -> int | float:
-        """``total_frames`` less the frames restored by :meth:`load_state_dict`: what these workers write."""
-        return self.total_frames - self._restored
+        return FrameControl(self._random_shares, self.frames_per_batch, self._counters.to_write)
 
     def _setup_scheme(self, schemes: Mapping[str, Any] | None) -> SeqlockWeightSyncScheme:
         schemes = dict(schemes or {})
@@ -480,6 +479,7 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         policy = self.policy if self._worker_policy is None else self._worker_policy
         return tensor_path(policy, self._probe_env if env is None else env, self.exploration_type) is not None
 
+    # ----------------------------------------------------------------- workers
     @property
     def _workers_write(self) -> bool:
         """Whether the workers write into ``replay_buffer`` themselves (the fast path)."""
@@ -504,7 +504,7 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
             policy_row=self._policy_row,
             set_truncated=self.set_truncated,
             num_threads=self.num_sub_threads,
-            streams=[self._stream_base] * self.num_workers,
+            streams=[self._counters.stream_base] * self.num_workers,
         )
         in_thread = [isinstance(env, EnvBase) for env in self._worker_envs]
         # tensordict's exploration type is one setting for the whole process. A policy module reads and sets it as
@@ -524,7 +524,7 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         if sink is None:
             sink = self._handover.open(self._row.select(*self._row_keys), self.num_workers, self.frames_per_batch)
         inputs = WorkerInputs(config, sources, cloudpickle.dumps(worker_policy), cloudpickle.dumps(extras), sink,
-                              self._scheme.shared, self._metrics, self._worker_frames.control)
+                              self._weights.shared, self._metrics, self._worker_frames.control)
         self._pool = WorkerPool(
             process_context(self.start_method),
             target=worker_main,
@@ -537,7 +537,7 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         self.procs = self._pool.procs
         # Workers start from the policy as it is now, as TorchRL's do (a policy loaded or changed in place after
         # construction): under the same version, since no worker has read the block yet.
-        self._publish(new_version=False)
+        self._weights.publish(new_version=False)
         self._pool.start()
 
     def _replacement_args(self, inputs: WorkerInputs, worker_idx: int, restarts: int) -> tuple[WorkerInputs]:
@@ -559,7 +559,7 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         self.frames_lost += lost
         config = inputs.cfg
         random_frames, streams = list(config.random_frames), list(config.streams or [0] * self.num_workers)
-        random_frames[worker_idx], streams[worker_idx] = owed, self._stream_base + restarts
+        random_frames[worker_idx], streams[worker_idx] = owed, self._counters.stream_base + restarts
         return (dataclasses.replace(inputs, cfg=dataclasses.replace(config, random_frames=random_frames,
                                                                     streams=streams)),)
 
@@ -568,6 +568,19 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         if probe is not None and not isinstance(self._worker_envs[0], EnvBase):
             with contextlib.suppress(Exception):
                 probe.close(raise_if_closed=False)
+
+    def _raise_if_failed(self) -> None:
+        if self._pool is not None:
+            self._pool.raise_if_failed()
+        handover = getattr(self, "_handover", None)
+        if handover is not None:
+            handover.raise_if_failed()
+
+    def _report_failure(self) -> None:
+        """Raises a worker's failure once it has had a moment to be reported: after a wait, the other workers can
+        have written the last frames before the watcher named one that died on the way."""
+        if self._pool is not None:
+            self._pool.raise_if_failed(wait_for_report=1.0)
 
     # -------------------------------------------------------------- iteration
     def iterator(self) -> Iterator[TensorDictBase | None]:
@@ -582,8 +595,8 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         self._ensure_started()
         fpb = self.frames_per_batch
         limit = idle_limit()
-        frames, handover = self._worker_frames, self._handover
-        while self._consumed_frames < self.total_frames:
+        counters, frames, handover = self._counters, self._worker_frames, self._handover
+        while counters.frames < self.total_frames:
             self._allow_ahead()
             if self.replay_buffer is None:
                 out = self._take_batch(limit, yielded=self._yields_torchrl_batches)
@@ -594,14 +607,13 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
                 if arrived:
                     self._write_local(batch)
             else:  # the workers, or the feed thread after start(), write the buffer
-                target = self._consumed_frames - self._restored + fpb
+                target = counters.frames - counters.restored + fpb
                 arrived, out = frames.wait(lambda: frames.buffered >= target, limit), None
             if not arrived:
                 raise RuntimeError(  # TorchRL's MultiAsyncCollector's words
                     f"Failed to gather all collector output within {limit} seconds. "
                     "Increase the MAX_IDLE_COUNT environment variable to bypass this error.")
-            self._consumed_frames += fpb
-            self._iteration += 1
+            counters.count_batch(fpb)
             if self.update_at_each_batch:
                 self.update_policy_weights_()
             if not self._lockstep:  # the workers collect the next batches while the consumer uses this one
@@ -611,8 +623,8 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
     def _allow_ahead(self) -> None:
         """Lets the workers collect up to one batch each past what was consumed (just the next batch in lockstep)."""
         batches = 1 if self._lockstep else self.num_workers
-        ahead = min(self.total_frames, self._consumed_frames + batches * self.frames_per_batch)
-        self._pacing.allow_ahead(ahead - self._restored)
+        ahead = min(self.total_frames, self._counters.frames + batches * self.frames_per_batch)
+        self._pacing.allow_ahead(ahead - self._counters.restored)
 
     def _take_batch(self, timeout: float | None = None, yielded: bool = False,
                     raise_failures: bool = True) -> TensorDictBase | None:
@@ -651,19 +663,6 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         # batches, as the workers count them (nonfinite="drop" drops rows)
         self._handover.write_local(batch, self.frames_per_batch)
 
-    def _raise_if_failed(self) -> None:
-        if self._pool is not None:
-            self._pool.raise_if_failed()
-        handover = getattr(self, "_handover", None)
-        if handover is not None:
-            handover.raise_if_failed()
-
-    def _report_failure(self) -> None:
-        """Raises a worker's failure once it has had a moment to be reported: after a wait, the other workers can
-        have written the last frames before the watcher named one that died on the way."""
-        if self._pool is not None:
-            self._pool.raise_if_failed(wait_for_report=1.0)
-
     def __len__(self) -> int:
         return num_batches(self.total_frames, self.frames_per_batch)
 
@@ -671,6 +670,11 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         # Without it, bool() would call __len__, which raises for a collector with no frame limit. Ray tests an
         # actor's truth when it stores a task error: a node would lose its remote traceback.
         return True
+
+    @property
+    def frames_iterated(self) -> int:
+        """Frames iteration has counted: those yielded, and those a restored checkpoint counts."""
+        return self._counters.frames
 
     # ------------------------------------------------------------------ pacing
     def start(self) -> None:
@@ -719,6 +723,365 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         """Frames collected by all workers so far (written into the buffer or handed over)."""
         return self._pacing.frames_written
 
+    # ----------------------------------------------------------------- weights
+    def update_policy_weights_(
+        self,
+        policy_or_weights: TensorDictBase | nn.Module | Mapping[str, torch.Tensor] | None = None,
+        *,
+        worker_ids: int | list[int] | None = None,
+        model_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Publishes new weights; every worker loads them before its next step.
+
+        Args:
+            policy_or_weights: a module, a ``state_dict`` or a TensorDict of weights
+                (``TensorDict.from_module(actor)``), for the policy given to the
+                constructor or any of its submodules: names are resolved under
+                whatever the collector wrapped around it (``algo=``, ``obs_norm=``),
+                and the rest (normaliser statistics) is published as it is now.
+                ``None`` publishes the ``policy`` given to the constructor, which
+                the learner typically trains in place (when it lives on a GPU, the
+                workers act on a CPU copy, and this publishes the original). CUDA
+                tensors reach the shared CPU block with one batched copy.
+            worker_ids: accepted for TorchRL compatibility; all workers share one
+                copy of the weights, so it must be ``None``.
+            model_id: ``None`` or ``"policy"``, the one model the workers run. TorchRL's receiving
+                schemes pass it once they have received weights.
+
+        A ``weight_updater`` given to the constructor is called first, as TorchRL's
+        collectors call it; the weights then go to the workers as above.
+
+        Examples:
+            >>> from tensordict.nn import TensorDictModule
+            >>> from torchrl_unilab import OffPolicyCollector
+            >>> policy = TensorDictModule(torch.nn.Linear(3, 1), ["observation"], ["action"])
+            >>> with OffPolicyCollector("Pendulum-v1", policy, num_envs=2, frames_per_batch=32) as collector:
+            ...     collector.update_policy_weights_()
+            ...     collector.policy_version
+            2
+        """
+        if "policy_weights" in kwargs:
+            policy_or_weights = kwargs.pop("policy_weights")
+        if kwargs:
+            raise TypeError(f"update_policy_weights_() got unexpected keyword arguments {sorted(kwargs)}")
+        if model_id not in (None, "policy"):
+            raise ValueError(f"model_id must be None or 'policy' (the model the workers run), got {model_id!r}")
+        self._raise_if_failed()
+        if self.weight_updater is not None:
+            self.weight_updater(policy_or_weights=policy_or_weights, worker_ids=worker_ids)
+        self._weights.publish(policy_or_weights, worker_ids=worker_ids)
+
+    def register_scheme_receiver(self, weight_recv_schemes: Mapping[str, WeightSyncScheme], *,
+                                 synchronize_weights: bool = True) -> None:
+        """Takes weights from a parent collector through TorchRL's receiving schemes, as TorchRL's collectors do.
+
+        TorchRL's Ray, RPC and distributed collectors call this on the collector
+        they run on a node. Each scheme applies the weights it receives to the
+        policy given to the constructor, then calls :meth:`update_policy_weights_`,
+        which publishes them to the workers
+        (:func:`~torchrl_unilab.weight_update.torchrl_schemes.bind_receiver_schemes`).
+        """
+        bind_receiver_schemes(self, weight_recv_schemes, self._weights.receiving_model(self.policy_factory),
+                              log=self._says_how_weights_arrive)
+        MultiAsyncCollector.register_scheme_receiver(self, weight_recv_schemes,
+                                                     synchronize_weights=synchronize_weights)
+
+    def receive_weights(self, *args: Any, **kwargs: Any) -> None:
+        """Receives weights through the schemes :meth:`register_scheme_receiver` registered, as TorchRL does.
+
+        Without such a scheme this collector is the sender of its workers' weights, and this raises
+        ``NotImplementedError``.
+        """
+        if not has_receiver_schemes(self):
+            raise NotImplementedError("OffPolicyCollector receives weights only through the schemes given as "
+                               "weight_recv_schemes or to register_scheme_receiver(); call update_policy_weights_() "
+                               "to publish the learner's weights")
+        MultiAsyncCollector.receive_weights(self, *args, **kwargs)
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the latest published weights (1 = the initial policy)."""
+        return self._weights.version
+
+    def get_policy_version(self) -> int:
+        """Same as :attr:`policy_version`."""
+        return self.policy_version
+
+    def increment_version(self) -> None:
+        """Publishes the constructor's policy again, as a new version (versions count publishes here)."""
+        self.update_policy_weights_()
+
+    def get_cached_weights(self, model_id: str) -> TensorDictBase:
+        """The weights last published for ``model_id`` (``"policy"``), as a TensorDict."""
+        self.get_model(model_id)
+        return self._weights.cached_weights()
+
+    # ------------------------------------------------------------ checkpoint
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seeds the workers' envs; call it before collection starts. Returns the next free seed.
+
+        Env ``j`` of worker ``i`` gets ``seed + i * num_envs + j``, so the next
+        free seed is ``seed + num_workers * num_envs``.
+        """
+        if static_seed:
+            raise ValueError("static_seed=True is not supported: every env of every worker gets its own seed")
+        if self._started:
+            raise RuntimeError(
+                "set_seed() must be called before collection starts (the first iteration, start(), "
+                "allow_frames() or wait_for_frames()); pass seed= to the constructor, or call it earlier"
+            )
+        self.seed = int(seed)
+        return self.seed + self.num_workers * self.num_envs
+
+    def state_dict(self) -> OrderedDict:
+        """Counters in TorchRL's collector shape (``"worker<i>"``, ``"frames"``, ``"iter"``), for checkpoints.
+
+        Per worker: frames collected, the policy version it acts with and, as in
+        TorchRL's collectors, ``"policy_state_dict"`` under the names of the policy
+        given to the constructor (none for a policy without weights): a CPU
+        policy's own weights, which TorchRL's workers share, and for a policy on
+        a GPU the weights published last. The workers act with the version
+        published last (``"policy_version"``). Env states stay in the workers; a
+        resumed run starts new episodes.
+        ``"traj_pool"`` is TorchRL's ``{"traj_id": ...}``: here the first trajectory id
+        no worker of this run hands out, so that a run resumed from it numbers its
+        trajectories after those already in a saved buffer.
+
+        Examples:
+            >>> from torchrl_unilab import OffPolicyCollector
+            >>> with OffPolicyCollector("Pendulum-v1", num_envs=2, frames_per_batch=32, total_frames=64) as c:
+            ...     for _ in c:
+            ...         pass
+            ...     state = c.state_dict()
+            >>> state["frames"], sorted(key for key in state if key.startswith("worker"))
+            (64, ['worker0'])
+        """
+        control = self._worker_frames.control
+        workers = [(control.worker_written(idx), worker["policy_version"])
+                   for idx, worker in enumerate(self._metrics.summary()["workers"])]
+        return self._counters.state_dict(
+            workers=workers, weights=self._weights.saved_weights(), frames_written=self.frames_written,
+            policy_version=self.policy_version, restarts=max(self._pool.restarts) if self._pool is not None else 0)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+        """Restores the consumer-side counters saved by :meth:`state_dict`, to continue a run.
+
+        As with TorchRL's collectors, iteration goes on from the restored
+        ``frames`` to ``total_frames``, and the restored frames count against
+        ``init_random_frames`` (loaded before collection starts; once workers
+        run, the random frames they were given stay). The workers start new
+        episodes. A ``"policy_state_dict"`` (of the first worker that has one)
+        is loaded into the collector's policy and published: every worker acts
+        with it from its next step; ``strict`` as in ``nn.Module.load_state_dict``
+        (TorchRL's ``RayCollector`` passes ``strict=False``).
+        """
+        weights = saved_policy_weights(state_dict)
+        if weights is not None:
+            self._weights.restore(weights, strict=strict)
+        self._counters.load_state_dict(state_dict, started=self._started)
+        if not self._started:
+            self._worker_frames.reset(self._frame_control())
+
+    # --------------------------------------------- answered in this process
+    # TorchRL's multi-process collectors forward these calls to their workers over a command pipe. Ours run a
+    # batched loop with no command channel, so each answer comes from what this process holds or shares with the
+    # workers: the env's specs probed at construction, the replay buffer, the policy as published, the hooks
+    # handed to the workers when they start.
+    def metrics(self) -> dict[str, Any]:
+        """Collection figures, readable at any time from the main process.
+
+        Returns a dict with ``frames`` (collected), ``fps``, ``random_frames``,
+        ``nonfinite_dropped``, ``episodes``, ``terminated``, ``truncated``,
+        ``mean_return`` and ``mean_length`` over the recent-episode windows,
+        ``time`` (seconds per worker phase), ``policy_version`` (the oldest any
+        worker acts with), ``published_version``, ``buffer_size`` (``None``
+        without a replay buffer), ``engine`` (what steps the envs: ``"envpool"``,
+        ``"gymnasium"``, ``"torchrl"`` for an env stack run as given, or ``"mixed"``)
+        and ``workers`` (the same figures per worker, with each one's ``engine``).
+        With ``max_worker_restarts``: ``worker_restarts`` (in all), ``frames_lost``
+        (claimed by workers that died before writing them; not in ``frames``), and per
+        worker ``restarts`` and ``last_error`` (the last failure's message and traceback,
+        ``None`` if none).
+        Raises :class:`~torchrl_unilab.WorkerError` if a worker failed for good.
+        """
+        self._raise_if_failed()
+        out = self._metrics.summary()
+        out["frames"] = self.frames_written
+        out["buffer_size"] = len(self.replay_buffer) if self.replay_buffer is not None else None
+        out["published_version"] = self.policy_version
+        out["engine"] = self._engines[0] if len(set(self._engines)) == 1 else "mixed"
+        pool, control = self._pool, self._worker_frames.control
+        out["worker_restarts"] = sum(pool.restarts) if pool is not None else 0
+        out["frames_lost"] = self.frames_lost
+        for idx, (worker, engine) in enumerate(zip(out["workers"], self._engines)):
+            # From the frame accounting, exact across restarts: a batch of a worker killed after its rows were in
+            # and before it added them to its metrics row is counted by the parent (FrameControl.settle) only.
+            worker["frames"] = control.worker_written(idx)
+            worker["random_frames"] = control.random_written(idx)
+            worker["engine"] = engine
+            worker["restarts"] = pool.restarts[idx] if pool is not None else 0
+            last = pool.last_failure(idx) if pool is not None else None
+            worker["last_error"] = None if last is None else f"{last}"
+        out["random_frames"] = sum(worker["random_frames"] for worker in out["workers"])
+        return out
+
+    def stats(self, workers: str = "aggregate") -> dict[str, int | float | bool]:
+        """TorchRL's progress snapshot, from :meth:`metrics`.
+
+        Args:
+            workers: ``"aggregate"`` (default), ``"per_worker"`` (entries named
+                ``"worker_<idx>/<metric>"``) or ``"both"``.
+        """
+        if workers not in ("aggregate", "per_worker", "both"):
+            raise ValueError(f"workers must be one of 'aggregate', 'per_worker' or 'both', got {workers!r}")
+        metrics = self.metrics()
+        out: dict[str, int | float | bool] = {}
+        if workers in ("aggregate", "both"):
+            out.update(collector_stats(self, frames=self._counters.frames, iteration=self._counters.iteration))
+            out.update(frames_written=metrics["frames"], fps=metrics["fps"], episodes=metrics["episodes"],
+                       random_frames=metrics["random_frames"])
+        out["workers"] = self.num_workers
+        out["workers_alive"] = self._pool.alive() if self._pool is not None else 0
+        if workers in ("per_worker", "both"):
+            for idx, worker in enumerate(metrics["workers"]):
+                for key, value in worker.items():
+                    if isinstance(value, (int, float, bool)):
+                        out[f"worker_{idx}/{key}"] = value
+        return out
+
+    def get_model(self, model_id: str) -> nn.Module:
+        """The model synced under ``model_id``; only ``"policy"`` exists."""
+        if model_id != "policy":
+            raise KeyError(f"model_id must be 'policy', got {model_id!r}")
+        return self.policy
+
+    def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
+        """Not supported: workers reset their envs as episodes end; bound episodes with ``max_frames_per_traj``."""
+        raise NotImplementedError(
+            "OffPolicyCollector workers reset their envs themselves as episodes end; bound episode length "
+            "with max_frames_per_traj"
+        )
+
+    def getattr_policy(self, attr: str) -> Any:
+        """An attribute of the policy the workers run (this process holds the same module)."""
+        return getattr(self.policy, attr)
+
+    def getattr_env(self, attr: str) -> Any:
+        """An attribute of the env: specs and batch size always, anything while an env lives in this process.
+
+        The specs are a snapshot of the env probed at construction; other
+        attributes live in the worker processes (an env instance stepped by a
+        thread of this process answers them all).
+
+        Examples:
+            >>> from torchrl_unilab import OffPolicyCollector
+            >>> with OffPolicyCollector("Pendulum-v1", num_envs=4, frames_per_batch=64) as collector:
+            ...     collector.getattr_env("batch_size"), collector.get_model("policy") is collector.policy
+            (torch.Size([4]), True)
+        """
+        return self._env_view.get(attr)
+
+    def _live_env(self) -> EnvBase | None:
+        if self._probe_given is not None:
+            return self._probe_given
+        return self._worker_envs[0] if isinstance(self._worker_envs[0], EnvBase) else None
+
+    @property
+    def env(self) -> Any:
+        """The env, as TorchRL's single-process ``Collector`` exposes it (its trainers read ``collector.env``).
+
+        The envs run in the workers, so this is a view whose attributes are
+        :meth:`getattr_env`'s: the specs and batch size always (TorchRL's TD3
+        trainer reads ``collector.env.action_spec`` to bound its loss), anything
+        else while an env lives in this process.
+
+        Examples:
+            >>> from torchrl_unilab import OffPolicyCollector
+            >>> with OffPolicyCollector("Pendulum-v1", num_envs=4, frames_per_batch=64) as collector:
+            ...     collector.env.action_spec_unbatched.shape
+            torch.Size([1])
+        """
+        return self._env_view
+
+    def getattr_rb(self, attr: str) -> Any:
+        """An attribute of the replay buffer."""
+        if self.replay_buffer is None:
+            raise RuntimeError("this collector has no replay_buffer")
+        return getattr(self.replay_buffer, attr)
+
+    def fake_tensordict(self) -> TensorDictBase:
+        """One batch of zeroed rows with every key a worker writes (for laying out a storage)."""
+        return self._row.select(*self._row_keys).expand(self.num_envs).clone().zero_()
+
+    def map_fn(self, method_name: str, list_of_args: list[tuple] | None = None,
+               list_of_kwargs: list[dict] | None = None) -> list[Any]:
+        """Calls the method at the dotted path ``method_name`` for each worker, one entry of arguments each.
+
+        As with TorchRL's collectors, e.g. ``map_fn("replay_buffer.__len__")``. It is answered in
+        this process from what each worker shares with it (its ``worker_idx``, the
+        ``replay_buffer``, the ``policy`` as published):
+        our workers run a batched loop with no command channel.
+
+        Examples:
+            >>> from torchrl.envs.utils import RandomPolicy
+            >>> from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv
+            >>> from torchrl_unilab import OffPolicyCollector
+            >>> collector = OffPolicyCollector([ContinuousActionVecMockEnv] * 2,
+            ...                                RandomPolicy(ContinuousActionVecMockEnv().action_spec),
+            ...                                frames_per_batch=16, total_frames=32)
+            >>> collector.map_fn("get_distant_attr", list_of_args=[("worker_idx",), ("worker_idx",)])
+            [0, 1]
+            >>> collector.shutdown()
+        """
+        list_of_args, list_of_kwargs = normalize_worker_calls(self, list_of_args, list_of_kwargs)
+        return [view.get_distant_attr(method_name)(*args, **kwargs)
+                for view, args, kwargs in zip(self._worker_views(), list_of_args, list_of_kwargs)]
+
+    def get_distant_attr(self, attr: str) -> list[Any]:
+        """The attribute at the dotted path ``attr`` for each worker, e.g. ``"replay_buffer.write_count"``
+        (see :meth:`map_fn`)."""
+        return [view.get_distant_attr(attr) for view in self._worker_views()]
+
+    def _worker_views(self) -> list[WorkerView]:
+        self._raise_if_failed()
+        return [WorkerView(idx, self.replay_buffer, self._weights.given) for idx in range(self.num_workers)]
+
+    def enable_profile(self, **kwargs: Any) -> None:
+        """Not supported: use the worker trace and per-phase timings instead."""
+        raise NotImplementedError(
+            "OffPolicyCollector workers are profiled with their phase timers: metrics()['time'] gives seconds per "
+            "phase, and torchrl_unilab.worker.off_policy_collector_fn(trace_enabled=True) writes a Perfetto trace"
+        )
+
+    def disable_profile(self) -> None:
+        """Not supported: see :meth:`enable_profile`."""
+        self.enable_profile()
+
+    @property
+    def pre_collect_hook(self) -> Callable[[], None] | None:
+        """Called in each worker before a batch; set it before collection starts."""
+        return self._pre_hook
+
+    @pre_collect_hook.setter
+    def pre_collect_hook(self, hook: Callable[[], None] | None) -> None:
+        self._check_not_started("pre_collect_hook")
+        self._pre_hook = hook
+
+    @property
+    def post_collect_hook(self) -> Callable[[TensorDictBase], None] | None:
+        """Called in each worker with each batch once written; set it before collection starts."""
+        return self._post_hook
+
+    @post_collect_hook.setter
+    def post_collect_hook(self, hook: Callable[[TensorDictBase], None] | None) -> None:
+        self._check_not_started("post_collect_hook")
+        self._post_hook = hook
+
+    def _check_not_started(self, what: str) -> None:
+        if getattr(self, "_started", False):
+            raise RuntimeError(f"{what} must be set before collection starts: workers take it when they start")
+
     # ---------------------------------------------------------------- closing
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
         """Stops every worker within ``timeout`` seconds (default 4) and frees shared resources.
@@ -734,8 +1097,8 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
             self._handover.stop()  # first: it writes no batch once the workers are gone
         if self._pool is not None:
             self._pool.stop(timeout=4.0 if timeout is None else timeout)
-        if self._scheme is not None:
-            self._scheme.shutdown()
+        if self._weights is not None:
+            self._weights.shutdown()
         self._close_probe()
         if close_env:
             for env in self._given_envs:
@@ -771,8 +1134,5 @@ class OffPolicyCollector(InProcessCollectorAPI, WeightSyncAPI, CheckpointAPI, Mu
         return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in fields.items())}, frames_written={written})"
 
 
-
 def _no_op() -> None:
     pass
-
-

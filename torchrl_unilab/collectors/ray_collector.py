@@ -249,7 +249,7 @@ class RayNodeCollector(OffPolicyCollector):
 
     def layout_row(self) -> TensorDictBase:
         """One zero row with every key and dtype this node writes, to lay out the learner's buffer."""
-        return self._row.select(*self._row_keys).clone()
+        return self.fake_tensordict()[0]
 
     def host(self) -> str:
         """Host name and actor process id of this node, for error messages."""
@@ -263,7 +263,7 @@ class RayNodeCollector(OffPolicyCollector):
         """:meth:`~torchrl_unilab.OffPolicyCollector.metrics` plus the node's host and frames read so far."""
         out = self.metrics()
         out["host"] = self.node_host
-        out["frames_yielded"] = self._consumed_frames
+        out["frames_yielded"] = self.frames_iterated
         return out
 
 
