@@ -14,6 +14,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from torchrl_unilab.collectors._policy import RandomActions
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme, resolve_weight_names
 
 __all__ = ["WeightPublisher"]
@@ -110,8 +111,9 @@ class WeightPublisher:
 
     def receiving_model(self, policy_factory: Callable[[], nn.Module] | None) -> nn.Module | None:
         """The module a parent collector's weights are for: the policy as given, or one built by ``policy_factory``
-        (then published from)."""
-        if self._given is None and policy_factory is not None:
+        (then published from) when it was given without a policy: the collector then acts with random actions,
+        whose weights (none) would leave a receiving scheme waiting while its sender sends the factory module's."""
+        if policy_factory is not None and (self._given is None or isinstance(self._given, RandomActions)):
             self._given = policy_factory()
         return self._given
 
