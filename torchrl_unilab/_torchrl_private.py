@@ -27,6 +27,7 @@ from torchrl.envs.utils import _make_compatible_policy
 from torchrl.weight_update.utils import _resolve_attr
 
 __all__ = [
+    "CounterFields",
     "PARENT_FIELDS",
     "TORCHRL_PRIVATE",
     "RayCollectorHooks",
@@ -160,6 +161,8 @@ PARENT_FIELDS: dict[str, str] = {
     "_weight_sync_schemes": "_extract_weights_if_needed",
     "_profile_config": "the profile_config property",
     "_iterator": "next()",
+    "_frames": "TorchRL's own tests (a CounterFields view of frames_iterated)",
+    "_iter": "TorchRL's own tests (a CounterFields view of batches_iterated)",
 }
 
 
@@ -217,6 +220,24 @@ def collector_stats(collector: MultiAsyncCollector, *, frames: int, iteration: i
     """``BaseCollector.stats()``'s entries (``frames``, ``batches``, ``total_frames``, ...). TorchRL reads the
     frames and batches from its private ``_frames`` and ``_iter`` fields; the collector passes its own counts."""
     return BaseCollector.stats(_CountedView(collector, frames, iteration))
+
+
+class CounterFields:
+    """``MultiAsyncCollector``'s ``_frames`` and ``_iter``, read-only, from the public counts of the collector that
+    mixes this in: ``frames_iterated`` and ``batches_iterated``.
+
+    TorchRL's class sets both in its ``__init__`` and counts with them; its own tests read them
+    (``test_collector_reloading`` compares them across ``state_dict``/``load_state_dict``). The collector keeps its
+    counts in its own object, so these are views of it, never written.
+    """
+
+    @property
+    def _frames(self) -> int:
+        return self.frames_iterated
+
+    @property
+    def _iter(self) -> int:
+        return self.batches_iterated - 1
 
 
 def idle_limit() -> float | None:

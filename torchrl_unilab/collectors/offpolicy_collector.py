@@ -24,6 +24,7 @@ from torchrl.envs.utils import ExplorationType
 from torchrl.weight_update import WeightSyncScheme
 
 from torchrl_unilab._torchrl_private import (
+    CounterFields,
     collector_devices,
     collector_stats,
     has_receiver_schemes,
@@ -88,7 +89,7 @@ __all__ = ["OffPolicyCollector", "WorkerError"]
 _log = logging.getLogger("torchrl.unilab")
 
 
-class OffPolicyCollector(MultiAsyncCollector):
+class OffPolicyCollector(CounterFields, MultiAsyncCollector):
     """TorchRL's asynchronous multi-process collector, rebuilt for off-policy training.
 
     Each of ``num_workers`` workers steps a batch of environments, picks actions with ``policy`` under
@@ -675,6 +676,11 @@ class OffPolicyCollector(MultiAsyncCollector):
     def frames_iterated(self) -> int:
         """Frames iteration has counted: those yielded, and those a restored checkpoint counts."""
         return self._counters.frames
+
+    @property
+    def batches_iterated(self) -> int:
+        """Batches iteration has counted (a restored checkpoint's included)."""
+        return self._counters.iteration + 1
 
     # ------------------------------------------------------------------ pacing
     def start(self) -> None:
