@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import linear_policy
+from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, ReplayBuffer
@@ -200,16 +201,76 @@ def test_a_policy_factory_builds_in_the_workers_and_the_parents_policy_is_never_
     assert len(pids) == 2 and len(set(pids)) == 2 and os.getpid() not in pids
 
 
-def test_a_policy_factory_alone_is_never_called_in_this_process(tmp_path, no_leaks):
-    """Without ``policy``, the rows are laid out from one step in a spawned process of its own, so the factory is
-    called once more than there are workers, and never here (ours called it here)."""
+def test_a_policy_factory_alone_builds_in_the_workers_and_once_here_for_the_weights(tmp_path, no_leaks):
+    """Without ``policy``, each worker builds its policy, the rows are laid out from one step in a spawned process of
+    its own, and one more instance, built here, is what the weights are published from."""
     factory = PidRecordingFactory(tmp_path / "pids")
     with OffPolicyCollector([pendulum, pendulum], policy_factory=factory, frames_per_batch=16,
                             total_frames=32) as collector:
         batches = list(collector)
     assert len(batches) == 2 and all((batch["action"] == 0).all() for batch in batches)
     pids = [int(line) for line in (tmp_path / "pids").read_text().split()]
-    assert len(pids) == 3 and len(set(pids)) == 3 and os.getpid() not in pids
+    assert len(pids) == 4 and len(set(pids)) == 4 and pids.count(os.getpid()) == 1
+
+
+class BiasHereOnly:
+    """A policy factory whose policy's bias is ``here`` in the process that made the factory, 0 elsewhere."""
+
+    def __init__(self, here: float, lazy: bool = False) -> None:
+        self.pid, self.here, self.lazy = os.getpid(), here, lazy
+
+    def __call__(self) -> TensorDictModule:
+        net = torch.nn.LazyLinear(1) if self.lazy else Biased()
+        if not self.lazy:
+            with torch.no_grad():
+                net.bias.fill_(self.here if os.getpid() == self.pid else 0.0)
+        return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
+
+
+def actions_become(batches, value: float, within: int = 30) -> bool:
+    """Whether a batch whose actions all equal ``value`` comes within ``within`` batches."""
+    return any(torch.allclose(batch["action"], torch.full_like(batch["action"], value))
+               for batch, _ in zip(batches, range(within)))
+
+
+def test_a_policy_factory_alone_takes_weights_and_its_workers_act_with_them(no_leaks):
+    """``update_policy_weights_`` of a collector given only ``policy_factory`` reaches the workers' factory-built
+    policies: weights, a module, and ``None`` (what was published last). Until the first update each worker acts with
+    its own factory call's weights, as TorchRL's workers do, not with the instance built here (bias 1)."""
+    factory = BiasHereOnly(here=1.0)
+    with OffPolicyCollector([pendulum, pendulum], policy_factory=factory, frames_per_batch=16,
+                            total_frames=-1) as collector:
+        batches = iter(collector)
+        assert all((next(batches)["action"] == 0).all() for _ in range(4)), "the workers' own weights until an update"
+        collector.update_policy_weights_(TensorDict({"module": {"bias": torch.tensor([1.5])}}, []))
+        assert actions_become(batches, 1.5), "published weights reach the workers"
+        learner = BiasHereOnly(here=-1.0)()  # built in this process: bias -1
+        collector.update_policy_weights_(learner)
+        assert actions_become(batches, -1.0), "a module's weights reach the workers"
+        collector.update_policy_weights_()  # the weights published last, not the instance's own (1)
+        assert actions_become(batches, -1.0) and collector.policy_version == 4
+        assert not any((next(batches)["action"] == 1.0).any() for _ in range(4))
+
+
+def test_a_policy_factory_with_a_policy_starts_from_the_policys_weights(no_leaks):
+    """With ``policy`` given too, the workers' factory-built policies start from its weights, as a pickled one does."""
+    policy = TensorDictModule(Biased(), in_keys=["observation"], out_keys=["action"])
+    with torch.no_grad():
+        policy.module.bias.fill_(0.5)
+    with OffPolicyCollector([pendulum], policy, policy_factory=BiasHereOnly(here=1.0), frames_per_batch=16,
+                            total_frames=32) as collector:
+        assert all((batch["action"] == 0.5).all() for batch in collector)
+
+
+def test_a_policy_factory_alone_with_lazy_layers_takes_weights(no_leaks):
+    """Lazy layers get their shapes at a step; the instance built here takes them from the probe's policy, so that
+    the weights have a layout before any worker steps."""
+    with OffPolicyCollector([pendulum], policy_factory=BiasHereOnly(0.0, lazy=True), frames_per_batch=16,
+                            total_frames=-1) as collector:
+        batches = iter(collector)
+        next(batches)
+        collector.update_policy_weights_({"module.weight": torch.zeros(1, 3), "module.bias": torch.full((1,), 0.5)})
+        assert actions_become(batches, 0.5)
 
 
 # ------------------------------------------------------------------ schemes, remote helpers, idle limit

@@ -1,10 +1,13 @@
 """The policy an :class:`~torchrl_unilab.OffPolicyCollector`'s workers act with, built from the user's.
 
 One path for both of TorchRL's ways to give a policy: ``policy=`` (built here,
-pickled to the workers) and ``policy_factory=`` (called in each worker, never in
-the parent, as TorchRL's multi-process collectors do: a policy that cannot be
-pickled, or that must be built where it runs, stays out of this process). Either
-way the same steps make the acting policy: TorchRL's auto-wrapping of a
+pickled to the workers) and ``policy_factory=`` (called in each worker, as
+TorchRL's multi-process collectors do: what the workers act with is never
+pickled). Given without ``policy``, the factory is also called once here, for the
+policy the collector publishes weights from (:meth:`PolicyRecipe.build` of it lays
+out the weights every worker's factory-built policy loads), and once in a spawned
+process for the rows' layout (:func:`~torchrl_unilab.collectors._probe.probe_in_process`).
+Either way the same steps make the acting policy: TorchRL's auto-wrapping of a
 tensor-in module (:func:`wrapped_as_torchrl_does`), the env's spec for
 exploration modules built with ``spec=None``, a CPU copy, and the algorithm's
 exploration (:func:`~torchrl_unilab.modules.exploration.make_collector_policy`).
@@ -14,12 +17,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDictBase
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torchrl.data import TensorSpec
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import RandomPolicy
@@ -29,7 +33,7 @@ from torchrl_unilab._torchrl_private import make_compatible_policy
 from torchrl_unilab.modules.exploration import make_collector_policy
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 
-__all__ = ["BuiltPolicy", "PolicyFromFactory", "PolicyRecipe", "RandomActions", "wrapped_as_torchrl_does"]
+__all__ = ["BuiltPolicy", "PolicyFromFactory", "PolicyRecipe", "RandomActions", "shaped_as", "wrapped_as_torchrl_does"]
 
 
 class BuiltPolicy(NamedTuple):
@@ -131,6 +135,14 @@ class PolicyRecipe:
 class PolicyFromFactory:
     """What a worker gets instead of a pickled policy when the user gave ``policy_factory``: it builds there.
 
+    Args:
+        factory: the user's ``policy_factory``.
+        recipe: how the factory's policy becomes the acting policy, as in the parent.
+        keeps_own_weights: whether the worker acts with the weights its own factory call gave it until the collector
+            publishes after construction, as TorchRL's workers do with a factory and no policy (the block's initial
+            weights are then those of the parent's own instance). ``False`` when a ``policy`` was given too: the
+            workers start from its weights, as they do from a pickled policy's.
+
     Examples:
         >>> from torchrl.envs import GymEnv
         >>> from torchrl_unilab.envs.resolve import as_batched_env
@@ -144,9 +156,30 @@ class PolicyFromFactory:
 
     factory: Callable[[], Callable]
     recipe: PolicyRecipe
+    keeps_own_weights: bool = True
 
     def __call__(self, batched_env: EnvBase) -> nn.Module:
         return self.recipe.build(self.factory(), batched_env, batched_env).acting
+
+
+def shaped_as(policy: Callable, weights: Mapping[str, torch.Tensor]) -> None:
+    """Loads ``weights`` into ``policy`` if it still has lazy (uninitialised) parameters or buffers, which their
+    shapes then initialise; a policy without any is left as it is.
+
+    A factory-built policy's lazy layers take their shapes at its first step. The parent never steps its own
+    instance (the probe steps another one, in a process of its own), so it takes the probe's weights instead, and
+    with them the layout that every worker's policy has once it has stepped.
+
+    Examples:
+        >>> lazy = torch.nn.LazyLinear(2)
+        >>> shaped_as(lazy, torch.nn.Linear(3, 2).state_dict())
+        >>> lazy.weight.shape
+        torch.Size([2, 3])
+    """
+    if not isinstance(policy, nn.Module):
+        return
+    if any(is_lazy(tensor) for tensor in (*policy.parameters(), *policy.buffers())):
+        policy.load_state_dict(dict(weights))
 
 
 def _on_cpu(policy: Callable) -> Callable:

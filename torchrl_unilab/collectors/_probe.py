@@ -14,6 +14,7 @@ from collections.abc import Callable
 import cloudpickle
 import torch
 from tensordict import TensorDict
+from torch import nn
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
@@ -99,16 +100,20 @@ def probe_step(env: EnvBase, policy, exploration_type: ExplorationType,
 
 
 def probe_in_process(env_source: EnvBase | Callable[[], EnvBase], make_policy: PolicyFromFactory,
-                     exploration_type: ExplorationType, set_truncated: bool = False) -> tuple[TensorDict, TensorDict]:
+                     exploration_type: ExplorationType, set_truncated: bool = False,
+                     ) -> tuple[TensorDict, TensorDict, dict[str, torch.Tensor]]:
     """:func:`probe_step` with a policy built by ``make_policy`` from the user's ``policy_factory``, in a spawned
-    process of its own when ``env_source`` is a callable (the workers are processes, and TorchRL's collectors never
-    call the factory in the parent); in this process for an env instance, whose workers are threads of it anyway.
+    process of its own when ``env_source`` is a callable (the workers are processes, and their policy may not run
+    here); in this process for an env instance, whose workers are threads of it anyway.
+
+    Returns :func:`probe_step`'s two rows and the probed policy's ``state_dict`` after its step (lazy layers then
+    have their shapes: :func:`~torchrl_unilab.collectors._policy.shaped_as`).
 
     The spawn costs what starting a worker does (imports, a few seconds); it happens only for a
     ``policy_factory`` given without ``policy``, whose outputs cannot be known otherwise.
     """
     if isinstance(env_source, EnvBase):
-        return probe_step(env_source, make_policy(as_batched_env(env_source)), exploration_type, set_truncated)
+        return _probe_with(as_batched_env(env_source), make_policy, exploration_type, set_truncated)
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
         job = pool.submit(_probe_built_here, cloudpickle.dumps((env_source, make_policy)), exploration_type,
                           set_truncated)
@@ -116,13 +121,21 @@ def probe_in_process(env_source: EnvBase | Callable[[], EnvBase], make_policy: P
 
 
 def _probe_built_here(payload: bytes, exploration_type: ExplorationType, set_truncated: bool,
-                      ) -> tuple[TensorDict, TensorDict]:
+                      ) -> tuple[TensorDict, TensorDict, dict[str, torch.Tensor]]:
     env_fn, make_policy = cloudpickle.loads(payload)
     env = as_batched_env(env_fn())
     try:
-        return probe_step(env, make_policy(env), exploration_type, set_truncated)
+        return _probe_with(env, make_policy, exploration_type, set_truncated)
     finally:
         env.close(raise_if_closed=False)
+
+
+def _probe_with(env: EnvBase, make_policy: PolicyFromFactory, exploration_type: ExplorationType,
+                set_truncated: bool) -> tuple[TensorDict, TensorDict, dict[str, torch.Tensor]]:
+    policy = make_policy(env)
+    row, policy_row = probe_step(env, policy, exploration_type, set_truncated)
+    state = policy.state_dict() if isinstance(policy, nn.Module) else {}
+    return row, policy_row, {name: value.detach().clone() for name, value in state.items()}
 
 
 def probe_row(env: EnvBase, policy, exploration_type: ExplorationType) -> TensorDict:

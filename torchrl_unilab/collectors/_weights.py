@@ -7,14 +7,13 @@ worker reads between steps), restores them from a checkpoint, and reads back wha
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from torchrl_unilab.collectors._policy import RandomActions
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme, resolve_weight_names
 
 __all__ = ["WeightPublisher"]
@@ -26,8 +25,11 @@ class WeightPublisher:
     Args:
         scheme: the collector's scheme, initialised on the sender.
         policy: the policy the workers act with (the given one, wrapped as the collector wraps it).
-        given: the policy as given to the collector (``None`` for a ``policy_factory`` alone).
+        given: the policy as given to the collector, or the one built here by a ``policy_factory`` given alone.
         on_copy: whether the workers act on a CPU copy of ``given`` (a policy on a GPU).
+        holds_published: whether ``given`` was built by the collector (a ``policy_factory`` given alone), so that no
+            learner trains it: each publish also loads the published weights into it, and into ``policy``, so that
+            ``publish()``, :meth:`saved_weights` and a parent collector's weights start from what was published last.
 
     Examples:
         >>> from tensordict.nn import TensorDictModule
@@ -43,9 +45,10 @@ class WeightPublisher:
     """
 
     def __init__(self, scheme: SeqlockWeightSyncScheme, *, policy: nn.Module, given: nn.Module | None,
-                 on_copy: bool) -> None:
+                 on_copy: bool, holds_published: bool = False) -> None:
         self._scheme = scheme
         self._policy, self._given, self._on_copy = policy, given, on_copy
+        self._holds_published = holds_published
         self._restored = False  # weights load_state_dict put in the policy, not yet published over
 
     @property
@@ -60,7 +63,8 @@ class WeightPublisher:
 
     @property
     def given(self) -> nn.Module | None:
-        """The policy as given to the collector (or built by :meth:`receiving_model`)."""
+        """The policy as given to the collector, or built by its ``policy_factory`` (given alone); a parent
+        collector's weights are for it."""
         return self._given
 
     @property
@@ -81,6 +85,16 @@ class WeightPublisher:
         if restored and not kwargs.get("new_version", True):
             policy_or_weights = None  # the collector's policy, where restore() put the weights
         self._scheme.send(policy_or_weights, **kwargs)
+        if self._holds_published and policy_or_weights is not None and policy_or_weights is not self._given:
+            self._hold_published()
+
+    def _hold_published(self) -> None:
+        """Loads the weights published last into the policy the collector built, and into its original (a policy
+        on a GPU) if the workers act on a copy."""
+        if isinstance(self._policy, nn.Module):
+            self._policy.load_state_dict(self._scheme.published_state_dict())
+        if self._on_copy and isinstance(self._given, nn.Module):
+            self._given.load_state_dict(self._scheme.published_state_dict(like=self._given))
 
     def restore(self, weights: Mapping[str, torch.Tensor], strict: bool = True) -> None:
         """Loads checkpointed weights into the policy and publishes them; ``strict`` as in
@@ -108,14 +122,6 @@ class WeightPublisher:
         version_and_tensors = self._scheme.shared.read()
         names = [name for name, _, _ in self._scheme.shared.layout]
         return TensorDict(dict(zip(names, version_and_tensors[1])), []).unflatten_keys(".")
-
-    def receiving_model(self, policy_factory: Callable[[], nn.Module] | None) -> nn.Module | None:
-        """The module a parent collector's weights are for: the policy as given, or one built by ``policy_factory``
-        (then published from) when it was given without a policy: the collector then acts with random actions,
-        whose weights (none) would leave a receiving scheme waiting while its sender sends the factory module's."""
-        if policy_factory is not None and (self._given is None or isinstance(self._given, RandomActions)):
-            self._given = policy_factory()
-        return self._given
 
     def shutdown(self) -> None:
         """Closes the shared block."""

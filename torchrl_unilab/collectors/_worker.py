@@ -751,6 +751,8 @@ def worker_main(worker_idx: int, inputs: WorkerInputs, stop_event, error_pipe, s
         env = as_batched_env(cloudpickle.loads(source)() if in_process else source)
         policy = cloudpickle.loads(inputs.policy_bytes)
         if isinstance(policy, PolicyFromFactory):  # the user's policy_factory, called here as TorchRL's workers do
+            if policy.keeps_own_weights:  # the block's initial weights are the parent's own instance's
+                weights.keep_initial()
             policy = policy(env)
         hooks = LoopHooks(before_batch=extras.get("pre_collect_hook"), postproc=extras.get("postproc"),
                           after_batch=extras.get("post_collect_hook"))

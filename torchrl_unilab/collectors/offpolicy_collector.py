@@ -46,7 +46,7 @@ from torchrl_unilab.collectors._checkpoint import CollectorCounters, saved_polic
 from torchrl_unilab.collectors._control import FrameControl, num_batches, split_random_frames
 from torchrl_unilab.collectors._env_view import EnvView
 from torchrl_unilab.collectors._pacing import Pacing, WorkerFrames
-from torchrl_unilab.collectors._policy import BuiltPolicy, PolicyFromFactory, PolicyRecipe
+from torchrl_unilab.collectors._policy import BuiltPolicy, PolicyFromFactory, PolicyRecipe, shaped_as
 from torchrl_unilab.collectors._probe import probe_in_process, probe_step
 from torchrl_unilab.collectors._processes import (
     RestartPolicy,
@@ -155,8 +155,12 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector):
             and not counted. Thread-stepped env instances are not restarted.
         start_method: ``"forkserver"`` (default; workers fork from a server that imported torch and TorchRL once)
             or ``"spawn"``.
-        policy_factory: TorchRL's argument: builds the policy in each worker, never here; ``policy``, if also
-            given, is the source of the weights each publish sends.
+        policy_factory: TorchRL's argument: builds the policy each worker acts with (never pickled); ``policy``, if
+            also given, is the source of the weights each publish sends. Given alone, it is also called once here,
+            for the policy the weights are published from (:attr:`policy`, which holds the weights published last),
+            and once in a spawned process, for the rows' layout; each worker then acts with its own factory call's
+            weights until the first :meth:`update_policy_weights_`, as TorchRL's workers do, which takes weights (or
+            a module) named as the factory's policy (``None``: :attr:`policy`, the weights published last).
         postproc: applied to each batch, laid out as TorchRL's: in the worker before a buffer write, or here.
         create_env_kwargs, max_frames_per_traj, update_at_each_batch, track_policy_version, split_trajs: TorchRL's
             options, honoured as TorchRL's collectors honour them.
@@ -278,15 +282,15 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector):
         self._setup_batch_size(frames_per_batch, spec)
         recipe = PolicyRecipe(algo, spec.trust_policy, obs_norm, dict(td3_noise=td3_noise, td3_std_min=td3_std_min,
                                                                       td3_std_max=td3_std_max, td3_std=td3_std))
+        factory_only = policy is None and policy_factory is not None
         built = self._setup_policy(policy, policy_factory, recipe)
-        row = self._setup_probe(built.acting, spec, postproc if replay_buffer is not None else None,
-                                factory_only=policy is None and policy_factory is not None)
+        row = self._setup_probe(built.acting, spec, postproc if replay_buffer is not None else None, factory_only)
         self._setup_storage(spec.replay_buffer, row, spec)
         self._setup_torchrl_options(
             spec, extend_buffer=extend_buffer, postproc=postproc, update_at_each_batch=update_at_each_batch,
             track_policy_version=track_policy_version, init_fn=init_fn, pre_collect_hook=pre_collect_hook,
             post_collect_hook=post_collect_hook, seed=seed, torchrl_kwargs=torchrl_kwargs)
-        self._setup_weight_sync(weight_sync_schemes, torchrl_kwargs, built)
+        self._setup_weight_sync(weight_sync_schemes, torchrl_kwargs, built, factory_only)
         self._metrics = CollectorMetrics(self.num_workers, self.metrics_window)
         self._setup_pacing()
         self.frames_lost = 0
@@ -339,11 +343,15 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector):
 
     def _setup_policy(self, policy: Any, policy_factory: Callable | None, recipe: PolicyRecipe) -> BuiltPolicy:
         """The policy the workers act with, built from what was given as TorchRL's collectors build it."""
-        # As TorchRL's collectors: a policy_factory is called in the workers only. Given alone, it is also
-        # called once in a spawned process of its own, for the row a worker will write (probe_in_process).
-        self._worker_policy = None if policy_factory is None else PolicyFromFactory(policy_factory, recipe)
+        # As TorchRL's collectors: a policy_factory builds the policy each worker acts with. Given alone, it is also
+        # called here once, for the policy the weights are published from (the seqlock block is laid out from it, as
+        # the policy each worker builds), and once in a spawned process of its own, for the row a worker will write
+        # (probe_in_process).
+        self._worker_policy = (None if policy_factory is None
+                               else PolicyFromFactory(policy_factory, recipe, keeps_own_weights=policy is None))
         self.policy_factory = policy_factory
-        built = recipe.build(policy, self._probe_given, self._probe_env)
+        source = policy_factory() if policy is None and policy_factory is not None else policy
+        built = recipe.build(source, self._probe_given, self._probe_env)
         self.obs_norm = built.obs_norm
         self.policy = built.acting
         return built
@@ -354,8 +362,9 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector):
         with contextlib.ExitStack() as on_error:
             on_error.callback(self._close_probe)
             if factory_only:
-                row, self._policy_row = probe_in_process(self._worker_envs[0], self._worker_policy,
-                                                         spec.exploration_type, spec.set_truncated)
+                row, self._policy_row, stepped = probe_in_process(self._worker_envs[0], self._worker_policy,
+                                                                  spec.exploration_type, spec.set_truncated)
+                shaped_as(acting, stepped)  # lazy layers, which only a step shapes, as the probe's policy has them
             else:
                 row, self._policy_row = probe_step(self._probe_env, acting, spec.exploration_type,
                                                    set_truncated=spec.set_truncated)
@@ -416,10 +425,11 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector):
         self._started = False
 
     def _setup_weight_sync(self, weight_sync_schemes: Mapping[str, WeightSyncScheme] | None,
-                           torchrl_kwargs: Mapping[str, Any], built: BuiltPolicy) -> None:
+                           torchrl_kwargs: Mapping[str, Any], built: BuiltPolicy, factory_only: bool) -> None:
         """The workers' weights (ours, or TorchRL's scheme on our block), and TorchRL's other weight paths."""
+        # A policy built here from policy_factory is no learner's: it holds what was published last instead.
         self._weights = WeightPublisher(self._setup_scheme(weight_sync_schemes), policy=built.acting,
-                                        given=built.given, on_copy=built.on_copy)
+                                        given=built.given, on_copy=built.on_copy, holds_published=factory_only)
         # As TorchRL's collectors: the schemes as given (ours by default); an adapter of TorchRL's runs on our block.
         set_weight_sync_schemes(self, {"policy": self._weights.scheme})
         self._setup_compile(torchrl_kwargs.get("compile_policy"), torchrl_kwargs.get("cudagraph_policy"))
@@ -748,8 +758,10 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector):
                 and the rest (normaliser statistics) is published as it is now.
                 ``None`` publishes the ``policy`` given to the constructor, which
                 the learner typically trains in place (when it lives on a GPU, the
-                workers act on a CPU copy, and this publishes the original). CUDA
-                tensors reach the shared CPU block with one batched copy.
+                workers act on a CPU copy, and this publishes the original); for a
+                ``policy_factory`` given alone, the weights published last (the first
+                time, those of the policy the factory built here). CUDA tensors reach
+                the shared CPU block with one batched copy.
             worker_ids: accepted for TorchRL compatibility; all workers share one
                 copy of the weights, so it must be ``None``.
             model_id: ``None`` or ``"policy"``, the one model the workers run. TorchRL's receiving
@@ -788,8 +800,7 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector):
         which publishes them to the workers
         (:func:`~torchrl_unilab.weight_update.torchrl_schemes.bind_receiver_schemes`).
         """
-        bind_receiver_schemes(self, weight_recv_schemes, self._weights.receiving_model(self.policy_factory),
-                              log=self._says_how_weights_arrive)
+        bind_receiver_schemes(self, weight_recv_schemes, self._weights.given, log=self._says_how_weights_arrive)
         MultiAsyncCollector.register_scheme_receiver(self, weight_recv_schemes,
                                                      synchronize_weights=synchronize_weights)
 

@@ -332,6 +332,20 @@ class SharedWeights:
                 raise TimeoutError(f"could not read a consistent set of weights from {self.name!r} within {timeout}s")
             time.sleep(0)
 
+    def keep_initial(self) -> None:
+        """Counts the block's initial weights (version 1) as loaded: :meth:`load_into` then loads only later
+        publishes, and a module that starts from weights of its own keeps them until then.
+
+        Examples:
+            >>> weights = SharedWeights.create(torch.nn.Linear(2, 1))
+            >>> reader = SharedWeights.attach(weights.name, weights.layout)
+            >>> reader.keep_initial()
+            >>> reader.load_into(torch.nn.Linear(2, 1)) is None, reader.loaded_version
+            (True, 1)
+            >>> reader.close(); weights.close()
+        """
+        self.loaded_version = max(self.loaded_version, 1)
+
     def load_into(self, module: nn.Module, *, since_version: int | None = None) -> int | None:
         """Loads a newer version into ``module``; returns it, or ``None`` if nothing is newer.
 
