@@ -14,14 +14,23 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import importlib.metadata
 import json
 import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from common import first_error, open_rl, provenance, run_in_own_group, shm_entries, shm_left, with_pythonpath, work_dir
+from common import (
+    first_error,
+    open_rl,
+    provenance,
+    run_in_own_group,
+    shm_entries,
+    shm_left,
+    torchrl_version,
+    with_pythonpath,
+    work_dir,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SWAP_TARGET = "torchrl_unilab.OffPolicyCollector"
@@ -517,8 +526,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sota, commit = open_checkout(args.rl_root.expanduser().resolve(), workdir)
         except ValueError as err:
             parser.error(str(err))
-        torchrl_version = importlib.metadata.version("torchrl")
-        print(f"torchrl {torchrl_version}; checkout {args.rl_root} at commit {commit}", flush=True)
+        version = torchrl_version()
+        print(f"torchrl {version}; checkout {args.rl_root} at commit {commit}", flush=True)
         print(f"torchrl_unilab under test: {REPO_ROOT / 'torchrl_unilab'}"
               + ("; --stock: TorchRL's own collectors (control)" if args.stock else ""), flush=True)
         for script in scripts:
@@ -533,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  $ cd {workdir / script.name} && {result.command}", flush=True)
             print(result.line(label), flush=True)
         summary = {
-            "benchmark": "sota_dropin", "torchrl": torchrl_version, "commit": commit,
+            "benchmark": "sota_dropin", "torchrl": version, "commit": commit,
             "collector": "stock" if args.stock else SWAP_TARGET, "trainer_collector": args.trainer_collector,
             "frames": args.frames, "compile": args.compile, "set": args.extra,
             "results": {path: {k: v for k, v in dataclasses.asdict(r).items() if v not in ([], None, "")}

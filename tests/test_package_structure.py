@@ -1,4 +1,5 @@
-"""The package's shape, read from its source: no circle of imports between ``torchrl_unilab``'s modules."""
+"""The package's shape, read from its source: no circle of imports between ``torchrl_unilab``'s modules, TorchRL's
+private names used through one module only, and each object of ``collectors/`` the owner of its state."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import ast
 import functools
 import importlib
 import inspect
+import re
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,8 +133,6 @@ def test_the_package_has_no_circle_of_imports() -> None:
 LIBRARIES = ("torchrl", "tensordict")
 PACKAGE = "torchrl_unilab"
 PRIVATE_MODULE = "torchrl_unilab._torchrl_private"
-#: The modules held to it.
-CHECKED = ("torchrl_unilab.collectors",)
 #: Private names of other libraries that share a name with one of TorchRL's: the expression, and whose it is.
 OTHER_LIBRARIES = {
     "mp.current_process()._config": "multiprocessing's process config",
@@ -141,6 +141,12 @@ OTHER_LIBRARIES = {
     "module._buffers": "torch.nn.Module's buffers",
     "m._non_persistent_buffers_set": "torch.nn.Module's non-persistent buffer names",
     "os._exit": "os's exit without clean-up, a documented function",
+    "value._metadata": "the version metadata torch.nn.Module.state_dict() sets on its OrderedDict",
+    "out._metadata": "the version metadata torch.nn.Module.state_dict() sets on its OrderedDict",
+    "pool._action_keys": "EnvPool's action keys",
+    "self._pools[lane]._reset": "EnvPool's raw reset",
+    "self._pools[lane]._send": "EnvPool's raw send",
+    "self._pools[lane]._recv": "EnvPool's raw receive",
 }
 
 
@@ -211,11 +217,23 @@ def subclass_hooks(cls: type) -> set[str]:
     return hooks
 
 
-def on_self(node: ast.Attribute) -> bool:
-    """``self.x``, ``cls.x`` or ``super().x``."""
-    value = node.value
+def on_self(value: ast.expr) -> bool:
+    """Whether ``value`` (the object of ``value.x``) is ``self``, ``cls`` or ``super()``."""
     return (isinstance(value, ast.Name) and value.id in ("self", "cls")) or (
         isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super")
+
+
+def attribute_uses(tree: ast.AST) -> Iterator[tuple[ast.expr, str, int, str]]:
+    """Every private attribute read or written: ``(the object, the name, line, as written)``, with ``getattr``,
+    ``setattr``, ``hasattr`` and ``delattr`` of a constant name counted as one."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr):
+            yield node.value, node.attr, node.lineno, ast.unparse(node)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "setattr", "hasattr", "delattr") and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+              and is_private(node.args[1].value)):
+            yield node.args[0], node.args[1].value, node.lineno, f"{ast.unparse(node.args[0])}.{node.args[1].value}"
 
 
 def library_imports(tree: ast.AST) -> tuple[dict[str, str], list[tuple[int, str]]]:
@@ -254,7 +272,7 @@ def own_private_names(trees: dict[str, ast.Module], namespaces: dict[str, dict])
             for sub in ast.walk(node):
                 if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     names.add(sub.name)
-                elif isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) and on_self(sub):
+                elif isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) and on_self(sub.value):
                     names.add(sub.attr)
     return names
 
@@ -265,6 +283,7 @@ def torchrl_private_uses(trees: dict[str, ast.Module], namespaces: dict[str, dic
     A use is: importing a private name (or from a private module); ``name._x`` on a name bound to a TorchRL
     import; ``self._x`` / ``super()._x``, or a method ``_x``, in a class (or a mixin of it) whose TorchRL bases
     define ``_x``; and ``obj._x`` where ``_x`` is one of TorchRL's private names the package does not define.
+    ``getattr(obj, "_x")`` (``setattr``, ``hasattr``, ``delattr``) counts as ``obj._x``.
     """
     own = own_private_names(trees, namespaces)
     classes = {(module, node.name): node for module, tree in trees.items() for node in tree.body
@@ -279,22 +298,22 @@ def torchrl_private_uses(trees: dict[str, ast.Module], namespaces: dict[str, dic
             body = classes.get((ours.__module__, ours.__name__))
             if body is None:
                 continue
+            for value, attr, line, text in attribute_uses(body):
+                if attr in theirs and on_self(value):
+                    found[ours.__module__].add((line, f"{text} ({name}'s TorchRL base)"))
             for sub in ast.walk(body):
-                if isinstance(sub, ast.Attribute) and sub.attr in theirs and on_self(sub):
-                    found[ours.__module__].add((sub.lineno, f"{ast.unparse(sub)} ({name}'s TorchRL base)"))
-                elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and sub.name in theirs:
+                if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and sub.name in theirs:
                     found[ours.__module__].add((sub.lineno, f"def {sub.name} (overrides {name}'s TorchRL base)"))
     for module, tree in trees.items():
         bound, imports = library_imports(tree)
         found[module].update(imports)
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Attribute) or not is_private(node.attr) or on_self(node):
+        for value, attr, line, text in attribute_uses(tree):
+            if on_self(value):
                 continue
-            text = ast.unparse(node)
-            if isinstance(node.value, ast.Name) and node.value.id in bound:
-                found[module].add((node.lineno, text))
-            elif node.attr in library_private_names() and node.attr not in own and text not in OTHER_LIBRARIES:
-                found[module].add((node.lineno, text))
+            if isinstance(value, ast.Name) and value.id in bound:
+                found[module].add((line, text))
+            elif attr in library_private_names() and attr not in own and text not in OTHER_LIBRARIES:
+                found[module].add((line, text))
     return {module: [f"{line}: {what}" for line, what in sorted(uses)] for module, uses in found.items() if uses}
 
 
@@ -322,6 +341,9 @@ def test_the_private_name_finder_sees_each_kind_of_use() -> None:
 
         def limit(rb):
             return _constants._TIMEOUT, MultiAsyncCollector._get_devices, rb._writer, rb._mine
+
+        def lock(rb):
+            return getattr(rb, "_write_lock", None), getattr(rb, "_mine", None)
         ''')
     namespace: dict = {"__name__": "example"}
     exec(compile(source, "example", "exec"), namespace)
@@ -329,13 +351,13 @@ def test_the_private_name_finder_sees_each_kind_of_use() -> None:
     assert [use.split(": ", 1)[1].split(" (")[0] for use in found] == [
         "from torchrl.collectors import _constants", "from torchrl.collectors.utils import _traj_ingest",
         "self._weight_updater", "def _get_devices", "super()._read_compile_kwargs",
-        "MultiAsyncCollector._get_devices", "_constants._TIMEOUT", "rb._writer"], found
+        "MultiAsyncCollector._get_devices", "_constants._TIMEOUT", "rb._writer", "rb._write_lock"], found
 
 
 def test_no_module_but_one_uses_a_torchrl_private_name() -> None:
     trees, namespaces = package_sources()
-    uses = {module: found for module, found in torchrl_private_uses(trees, namespaces).items()
-            if module.startswith(CHECKED)}
+    uses = torchrl_private_uses(trees, namespaces)
+    assert len(trees) > 50, f"only {len(trees)} modules found under {PACKAGE_DIR}"
     assert set(uses) <= {PRIVATE_MODULE}, (
         f"TorchRL's private names go through {PRIVATE_MODULE} only (add a function there, with why it is used "
         f"and what breaks if it changes): {({m: u for m, u in uses.items() if m != PRIVATE_MODULE})}")
@@ -373,6 +395,17 @@ def test_each_torchrl_private_name_the_package_uses_exists_in_torchrl() -> None:
     gone = sorted(set(PARENT_FIELDS) - fields)
     assert not gone, f"MultiAsyncCollector no longer has these fields OffPolicyCollector sets in its place: {gone}"
     assert not resolve_dotted("torchrl.collectors.MultiAsyncCollector._no_such_field")
+
+
+def test_each_private_name_the_module_uses_is_listed() -> None:
+    from torchrl_unilab._torchrl_private import PARENT_FIELDS, TORCHRL_PRIVATE
+
+    listed = {part for path in [*TORCHRL_PRIVATE, *PARENT_FIELDS] for part in path.split(".")}
+    trees, namespaces = package_sources()
+    unlisted = [use for use in torchrl_private_uses(trees, namespaces)[PRIVATE_MODULE]
+                if not set(re.findall(r"\b_[A-Za-z]\w*", use.split(": ", 1)[1].split(" (")[0])) <= listed]
+    assert not unlisted, (f"{PRIVATE_MODULE} uses these TorchRL private names without their line in TORCHRL_PRIVATE "
+                          f"(why it is used, what breaks if it changes): {unlisted}")
 
 
 # ------------------------------------------------------------------ owned state in collectors/

@@ -5,7 +5,8 @@ without notice. Each function or entry here says why it is used and what
 breaks if it changes; no other module of the package touches a private name
 of TorchRL or tensordict (``tests/test_package_structure.py`` holds both: every
 name in :data:`TORCHRL_PRIVATE` still exists in the installed TorchRL, and no
-other module uses one).
+other module uses one). Private names of other libraries (torch, multiprocessing,
+gymnasium, EnvPool) stay where they are used, each with its reason beside it.
 
 :class:`~torchrl_unilab.OffPolicyCollector` subclasses TorchRL's
 ``MultiAsyncCollector`` without calling its ``__init__``, which would start
@@ -20,9 +21,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torchrl.collectors import BaseCollector, MultiAsyncCollector, _constants as torchrl_constants
 from torchrl.collectors.utils import _traj_ingest, _validate_traj_format
+from torchrl.envs import Transform
 from torchrl.envs.utils import _make_compatible_policy
 from torchrl.weight_update.utils import _resolve_attr
 
@@ -32,27 +34,57 @@ __all__ = [
     "TORCHRL_PRIVATE",
     "RayCollectorHooks",
     "SUBCLASS_HOOKS",
+    "StepAndMaybeResetHook",
+    "WritesEveryDoneKey",
+    "attached_entities",
+    "buffer_locks",
+    "buffer_writer",
     "collector_devices",
     "collector_stats",
+    "env_step",
+    "has_own_inverse",
+    "has_post_step_mdp_hooks",
     "has_receiver_schemes",
     "idle_limit",
     "ingest_trajectories",
+    "init_collector_fields",
     "initialize_ray_weight_sync",
+    "lay_out_storage",
     "make_compatible_policy",
     "make_node_actor",
+    "mark_written",
     "normalize_worker_calls",
+    "post_step_mdp_hooks",
     "read_compile_kwargs",
     "replace_node_actor",
     "request_stop",
     "resolve_attr",
+    "sac_alpha",
+    "sac_version",
+    "sampler_capacity",
     "send_weights_scheme",
-    "init_collector_fields",
+    "set_buffer_batch_size",
+    "set_buffer_transform",
+    "set_last_cursor",
     "set_node_frames_per_batch",
+    "set_online_buffer",
     "set_ray_rendezvous_timeout",
+    "set_storage_length",
     "set_weight_sync_schemes",
     "set_weight_updater",
+    "set_write_lock",
+    "share_storage_counters",
+    "share_writer_counters",
+    "shared_mem_buffers",
+    "soft_update_tensors",
+    "step_mdp",
     "stop_requested",
+    "storage_tensors",
+    "transform_step",
+    "unchecked_tensordict",
     "validate_traj_format",
+    "writer_cursor",
+    "writer_storage",
 ]
 
 #: Each private name used, by its dotted path in TorchRL: why it is used, and what breaks if it changes.
@@ -115,6 +147,101 @@ TORCHRL_PRIVATE: dict[str, str] = {
     "torchrl.weight_update._ray._DIST_TIMEOUT":
         "the Ray weight-sync rendezvous timeout, raised for nodes slow to start; renamed: the rendezvous "
         "keeps TorchRL's 60 s",
+    # replay buffers
+    "torchrl.data.ReplayBuffer._writer":
+        "the writer as it stands (the public property sets the buffer up first); renamed: make_replay_buffer's "
+        "layout checks see no writer, and holds_row always answers False",
+    "torchrl.data.ReplayBuffer._write_lock":
+        "the lock extend() and sample() take, replaced by CommitWriter's lock that the kernel releases when its "
+        "holder dies; renamed: a SIGKILLed writer can leave TorchRL's lock held and the buffer blocked",
+    "torchrl.data.ReplayBuffer._replay_lock":
+        "the other lock sample() takes, held with the write lock by buffer_lock; renamed: buffer_lock raises "
+        "AttributeError",
+    "torchrl.data.ReplayBuffer._batch_size":
+        "the default sample() batch size restored from a checkpoint; renamed: a resumed buffer samples with the "
+        "batch size it was built with",
+    "torchrl.data.ReplayBuffer._transform":
+        "the transform a worker's view of the buffer applies (the public attribute is read-only); renamed: "
+        "workers apply the PolicyAgeFilter meant for sampling only",
+    "torchrl.data.OfflineToOnlineReplayBuffer._online_buffer":
+        "the online part, replaced by a process-shared buffer (TorchRL gives no setter); renamed: the collector's "
+        "workers write a buffer the learner never samples",
+    "torchrl.data.TensorStorage._storage":
+        "the TensorDict behind the storage, read for its keys and layout, shared and sliced; renamed: laying out, "
+        "checking and checkpointing a buffer raise AttributeError",
+    "torchrl.data.TensorStorage._init":
+        "allocates the storage for a row without writing it; renamed: laying a buffer out ahead of the "
+        "collector raises AttributeError",
+    "torchrl.data.TensorStorage._len":
+        "the storage's length, set by CommitWriter after a commit and by a checkpoint's restore; renamed: "
+        "written rows stay invisible to sample()",
+    "torchrl.data.TensorStorage._set_last_cursor":
+        "the last written index, which write_count reads; renamed: CommitWriter raises AttributeError",
+    "torchrl.data.TensorStorage._len_value":
+        "the storage's shared length, replaced by a lock-free word in CommitWriter's file; renamed: TorchRL's "
+        "mp.Value is used again and its lock can stay held by a killed writer",
+    "torchrl.data.TensorStorage._mutation_revision_value":
+        "the storage's shared revision, replaced as _len_value; renamed: as _len_value",
+    "torchrl.data.TensorStorage._last_cursor_index_value":
+        "the storage's shared last index, replaced as _len_value; renamed: as _len_value",
+    "torchrl.data.TensorStorage._attached_entities_iter":
+        "the buffers attached to a storage, where SharedPrioritizedSampler reads the write count; renamed: "
+        "sample() raises AttributeError",
+    "torchrl.data.RoundRobinWriter._cursor":
+        "where the next row goes (the newest rows end there); renamed: CommitWriter and "
+        "RunningNormalizer.update_from_buffer raise AttributeError",
+    "torchrl.data.RoundRobinWriter._cursor_value":
+        "the writer's shared cursor, replaced by a lock-free word in CommitWriter's file; renamed: TorchRL's "
+        "mp.Value is used again, unseen by the other processes' CommitWriter",
+    "torchrl.data.RoundRobinWriter._write_count_value":
+        "the writer's shared write count, replaced as _cursor_value; renamed: as _cursor_value",
+    "torchrl.data.RoundRobinWriter._storage":
+        "the storage the writer writes into; renamed: CommitWriter raises AttributeError",
+    "torchrl.data.RoundRobinWriter._bump_generation":
+        "the per-row generations TorchRL's writers keep after a write; renamed: CommitWriter raises AttributeError",
+    "torchrl.data.RoundRobinWriter._mark_update_entities":
+        "tells a sampler of written rows after a write; renamed: CommitWriter raises AttributeError",
+    "torchrl.data.PrioritizedSampler._max_capacity":
+        "the rows the priority trees hold; renamed: SharedPrioritizedSampler raises AttributeError",
+    # envs
+    "tensordict.TensorDict._new_unsafe":
+        "a TensorDict built without per-entry checks on the batched envs' hot path; renamed: the envs raise "
+        "AttributeError",
+    "torchrl.envs.EnvBase._complete_done":
+        "skipped for envs that write every done key (WritesEveryDoneKey); renamed: TorchRL's completion runs "
+        "again, correct but slower",
+    "torchrl.envs.EnvBase._step_and_maybe_reset":
+        "what step_and_maybe_reset calls, given a shorter path over EnvPool (StepAndMaybeResetHook); renamed: the "
+        "short path is never taken, correct but slower",
+    "torchrl.envs.EnvBase._step":
+        "the base env's own step, called by the short path; renamed: the short path raises AttributeError",
+    "torchrl.envs.EnvBase._step_mdp":
+        "the env's cached step_mdp, called by the short path; renamed: the short path raises AttributeError",
+    "torchrl.envs.TransformedEnv._post_step_mdp_hooks":
+        "the transforms' post-step hooks, run by the short path; renamed: the short path raises AttributeError",
+    "torchrl.envs.Transform._step":
+        "a transform's step, applied by the short path; renamed: the short path raises AttributeError",
+    "torchrl.envs.Transform._post_step_mdp_hooks":
+        "tells whether a transform has a post-step hook; renamed: building the short path raises AttributeError",
+    "torchrl.envs.Transform._inv_call":
+        "tells whether a transform has an inverse; renamed: building the short path raises AttributeError",
+    # objectives
+    "torchrl.objectives.SACLoss._alpha":
+        "the entropy coefficient as SACLoss computes it, for the tensor-level loss; renamed: it raises "
+        "AttributeError",
+    "torchrl.objectives.SACLoss._version":
+        "SACLoss's formulation (1 with a value network); renamed: every SACLoss is taken as version 2 and a "
+        "version-1 loss would get the tensor-level loss it does not match",
+    "torchrl.objectives.SoftUpdate._sources":
+        "the loss's parameters a target updater follows; renamed: ForeachSoftUpdate raises AttributeError",
+    "torchrl.objectives.SoftUpdate._targets":
+        "the target copies a target updater moves; renamed: ForeachSoftUpdate raises AttributeError",
+    # weight sync
+    "torchrl.weight_update.SharedMemWeightSyncScheme._shared_transport":
+        "the transport holding the buffers the scheme was initialised with, mirrored on each publish; renamed: "
+        "those buffers stop receiving weights",
+    "torchrl.weight_update._shared.SharedMemTransport._unique_weights":
+        "the buffers themselves; renamed: as _shared_transport",
 }
 
 #: TorchRL's methods a subclass defines by TorchRL's design (abstract in the base class, or the step its public method
@@ -334,3 +461,269 @@ def set_ray_rendezvous_timeout(seconds: float) -> None:
 
     if getattr(torchrl_ray, "_DIST_TIMEOUT", None) is not None:
         torchrl_ray._DIST_TIMEOUT = datetime.timedelta(seconds=seconds)
+
+
+# --------------------------------------------------------------- replay buffers
+def buffer_writer(replay_buffer: Any) -> Any:
+    """The buffer's writer as it stands, without the lazy set-up the public ``writer`` property runs; ``None``
+    for an object with no writer.
+
+    Examples:
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> type(buffer_writer(ReplayBuffer(storage=LazyTensorStorage(4)))).__name__, buffer_writer(object())
+        ('RoundRobinWriter', None)
+    """
+    return getattr(replay_buffer, "_writer", None)
+
+
+def set_write_lock(replay_buffer: Any, lock: Any) -> None:
+    """The lock the buffer's ``extend`` and ``sample`` take (TorchRL makes a ``multiprocessing.Lock``)."""
+    replay_buffer._write_lock = lock
+
+
+def buffer_locks(replay_buffer: Any) -> tuple[Any, Any]:
+    """The buffer's ``(replay lock, write lock)``, as its ``sample`` and ``extend`` take them.
+
+    Examples:
+        >>> import threading
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(4))
+        >>> lock = threading.RLock()
+        >>> set_write_lock(rb, lock)
+        >>> buffer_locks(rb)[1] is lock
+        True
+    """
+    return replay_buffer._replay_lock, replay_buffer._write_lock
+
+
+def set_buffer_batch_size(replay_buffer: Any, batch_size: int | None) -> None:
+    """The batch size ``sample()`` draws when given none, set without the checks of the constructor.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(4))
+        >>> _ = rb.extend(torch.arange(4))
+        >>> set_buffer_batch_size(rb, 3)
+        >>> rb.sample().shape
+        torch.Size([3])
+    """
+    replay_buffer._batch_size = batch_size
+
+
+def set_buffer_transform(replay_buffer: Any, transform: Any) -> None:
+    """The transform the buffer applies; TorchRL's ``transform`` attribute is read-only."""
+    replay_buffer._transform = transform
+
+
+def set_online_buffer(replay_buffer: Any, online: Any) -> None:
+    """The online part of an ``OfflineToOnlineReplayBuffer``, which TorchRL gives no setter; its ``sample``,
+    ``extend`` and ``online_buffer`` all read it."""
+    replay_buffer._online_buffer = online
+
+
+def storage_tensors(storage: Any) -> TensorDictBase:
+    """The TensorDict behind a TorchRL tensor storage (memory-mapped for a ``LazyMemmapStorage``).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage
+        >>> storage = LazyTensorStorage(4)
+        >>> storage.set(torch.arange(2), TensorDict({"x": torch.ones(2)}, [2]))
+        >>> storage_tensors(storage).shape
+        torch.Size([4])
+    """
+    return storage._storage
+
+
+def lay_out_storage(storage: Any, row: TensorDictBase) -> None:
+    """Allocates the storage's tensors for rows shaped like ``row``, writing none.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage
+        >>> storage = LazyTensorStorage(4)
+        >>> lay_out_storage(storage, TensorDict({"x": torch.zeros(3)}, []))
+        >>> storage.initialized, len(storage), storage_tensors(storage)["x"].shape
+        (True, 0, torch.Size([4, 3]))
+    """
+    storage._init(row)
+
+
+def set_storage_length(storage: Any, length: int) -> None:
+    """The storage's length (its rows that ``sample`` may draw), set without writing a row."""
+    storage._len = length
+
+
+def set_last_cursor(storage: Any, index: int) -> None:
+    """The index of the row written last, which the storage keeps for ``ReplayBuffer``'s ``write_count``."""
+    storage._set_last_cursor(index)
+
+
+def share_storage_counters(storage: Any, *, length: Any, revision: Any, last_cursor: Any) -> None:
+    """Puts the storage's length, mutation revision and last written index in the given values (each with a
+    ``value`` attribute), in place of the ``multiprocessing.Value`` each TorchRL makes for a shared storage."""
+    storage._len_value = length
+    storage._mutation_revision_value = revision
+    storage._last_cursor_index_value = last_cursor
+
+
+def attached_entities(storage: Any) -> Iterator[Any]:
+    """The objects (buffers, samplers, writers) TorchRL attached to the storage."""
+    return storage._attached_entities_iter()
+
+
+def share_writer_counters(writer: Any, *, cursor: Any, write_count: Any) -> None:
+    """Puts a round-robin writer's cursor and write count in the given values (each with a ``value``
+    attribute), in place of the ``multiprocessing.Value`` each TorchRL makes for a shared writer."""
+    writer._cursor_value = cursor
+    writer._write_count_value = write_count
+
+
+def writer_cursor(writer: Any) -> int:
+    """Where a round-robin writer writes its next row.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(4))
+        >>> _ = rb.extend(torch.arange(6))
+        >>> writer_cursor(rb.writer)
+        2
+    """
+    return writer._cursor
+
+
+def writer_storage(writer: Any) -> Any:
+    """The storage a writer writes into (``None`` before one is registered)."""
+    return writer._storage
+
+
+def mark_written(writer: Any, index: torch.Tensor, data: Any) -> None:
+    """What a round-robin writer does after writing ``data`` at ``index``: bumps the rows' generations (when the
+    buffer tracks them) and tells the storage's other entities (a sampler's priorities) of the update."""
+    writer._bump_generation(index, data)
+    writer._mark_update_entities(index)
+
+
+def sampler_capacity(sampler: Any) -> int:
+    """The rows a ``PrioritizedSampler``'s priority trees hold.
+
+    Examples:
+        >>> from torchrl.data import PrioritizedSampler
+        >>> sampler_capacity(PrioritizedSampler(8, alpha=0.6, beta=0.4))
+        8
+    """
+    return sampler._max_capacity
+
+
+# ------------------------------------------------------------------------- envs
+def unchecked_tensordict(source: dict[str, Any], *, batch_size: Any, device: Any = None) -> TensorDict:
+    """A ``TensorDict`` built without checking its entries' shapes and devices (the caller guarantees them).
+
+    Examples:
+        >>> import torch
+        >>> unchecked_tensordict({"x": torch.zeros(2, 3)}, batch_size=[2])["x"].shape
+        torch.Size([2, 3])
+    """
+    return TensorDict._new_unsafe(source, batch_size=batch_size, device=device)
+
+
+class WritesEveryDoneKey:
+    """Mixin for an ``EnvBase`` whose ``_step`` and ``_reset`` write every done key with the spec's shape.
+
+    TorchRL's ``EnvBase._complete_done`` fills in the done keys an env leaves out, and a ``TransformedEnv``
+    calls it on every step; for such an env it would only look each key up again, so this skips it.
+    """
+
+    @classmethod
+    def _complete_done(cls, done_spec: Any, data: TensorDictBase) -> TensorDictBase:
+        return data
+
+
+class StepAndMaybeResetHook:
+    """Mixin for a ``TransformedEnv`` (listed before it) with its own path through ``step_and_maybe_reset``.
+
+    ``EnvBase.step_and_maybe_reset`` calls ``_step_and_maybe_reset``; this routes it to the subclass's public
+    ``short_step_and_maybe_reset(tensordict)``, and to TorchRL's own where that returns ``None``.
+    """
+
+    def _step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        out = self.short_step_and_maybe_reset(tensordict)
+        return super()._step_and_maybe_reset(tensordict) if out is None else out
+
+
+def env_step(env: Any, tensordict: TensorDictBase) -> TensorDictBase:
+    """The env's own ``_step``: the ``"next"`` TensorDict, without ``step``'s checks and wrapping."""
+    return env._step(tensordict)
+
+
+def transform_step(transform: Any, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+    """The transform's ``_step``, as ``TransformedEnv._step`` applies it to the base env's ``"next"``."""
+    return transform._step(tensordict, next_tensordict)
+
+
+def step_mdp(env: Any, tensordict: TensorDictBase) -> TensorDictBase:
+    """The next root TensorDict, as the env's ``step_and_maybe_reset`` makes it (the env's cached ``step_mdp``)."""
+    return env._step_mdp(tensordict)
+
+
+def post_step_mdp_hooks(env: Any, tensordict: TensorDictBase,
+                        next_root: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+    """The transforms' hooks that ``step_and_maybe_reset`` runs after ``step_mdp``."""
+    return env._post_step_mdp_hooks(tensordict, next_root)
+
+
+def has_post_step_mdp_hooks(transform: Any) -> bool:
+    """Whether the transform's class defines its own post-``step_mdp`` hook (``Transform``'s does nothing).
+
+    Examples:
+        >>> from torchrl.envs import StepCounter
+        >>> has_post_step_mdp_hooks(StepCounter())
+        False
+    """
+    return type(transform)._post_step_mdp_hooks is not Transform._post_step_mdp_hooks
+
+
+def has_own_inverse(transform: Any) -> bool:
+    """Whether the transform's class defines its own inverse call (``Transform``'s applies ``in_keys_inv``).
+
+    Examples:
+        >>> from torchrl.envs import DoubleToFloat, StepCounter
+        >>> has_own_inverse(StepCounter()), has_own_inverse(DoubleToFloat())
+        (False, True)
+    """
+    return type(transform)._inv_call is not Transform._inv_call
+
+
+# ------------------------------------------------------------------- objectives
+def sac_alpha(loss: Any) -> torch.Tensor:
+    """``SACLoss``'s entropy coefficient: ``log_alpha`` clamped as the loss clamps it, ``exp()``, without grad."""
+    return loss._alpha
+
+
+def sac_version(loss: Any) -> int:
+    """``SACLoss``'s formulation: 1 with a value network, 2 without (2 for a loss that records none).
+
+    Examples:
+        >>> from torchrl.objectives import SACLoss
+        >>> from torchrl_unilab.modules.models import make_actor, make_critic
+        >>> sac_version(SACLoss(make_actor("sac", 3, 1, hidden_dim=8), make_critic(3, 1, hidden_dim=8)))
+        2
+    """
+    return getattr(loss, "_version", 2)
+
+
+def soft_update_tensors(updater: Any) -> tuple[TensorDictBase, TensorDictBase]:
+    """A target updater's ``(sources, targets)``: the loss's parameters and their target copies."""
+    return updater._sources, updater._targets
+
+
+# ------------------------------------------------------------------ weight sync
+def shared_mem_buffers(scheme: Any) -> list[TensorDictBase]:
+    """The buffers a ``SharedMemWeightSyncScheme`` was initialised with (none for another scheme)."""
+    transport = getattr(scheme, "_shared_transport", None)
+    buffers = getattr(transport, "_unique_weights", None)
+    return list(buffers) if buffers else []

@@ -40,6 +40,7 @@ from torchrl.data import ReplayBuffer
 from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.envs.utils import ExplorationType, RandomPolicy
 
+from torchrl_unilab._torchrl_private import storage_tensors
 from torchrl_unilab.collectors._control import FrameControl
 from torchrl_unilab.collectors._probe import probe_row
 from torchrl_unilab.collectors._processes import (
@@ -169,7 +170,7 @@ def init_offpolicy_storage(
         >>> from torchrl_unilab import make_replay_buffer
         >>> rb = make_replay_buffer(100)
         >>> init_offpolicy_storage(rb, "Pendulum-v1")
-        >>> "policy_version" in [str(k) for k in rb.storage._storage.keys()]
+        >>> "policy_version" in [str(k) for k in storage_keys(rb)]
         True
     """
     env = _make_env(env_name, num_envs, sim_backend, env_cfg_override, privileged)
@@ -197,7 +198,7 @@ def make_pack_slots(replay_buffer: ReplayBuffer, batch_size: int, num_slots: int
     """
     if storage_keys(replay_buffer) is None:
         raise ValueError("replay_buffer's storage is not laid out yet; call init_offpolicy_storage() first")
-    row = replay_buffer.storage._storage[0]
+    row = storage_tensors(replay_buffer.storage)[0]
     return [row.expand(batch_size).clone().share_memory_() for _ in range(num_slots)]
 
 

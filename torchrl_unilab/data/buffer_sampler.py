@@ -18,6 +18,7 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from torchrl.data import ReplayBuffer
 
+from torchrl_unilab._torchrl_private import storage_tensors
 from torchrl_unilab.data.replay_buffer import buffer_lock
 
 __all__ = ["SAMPLE_KEYS", "BufferSampler"]
@@ -106,7 +107,7 @@ class BufferSampler:
         self.pin_memory = bool(pin_memory)
         self.replay_buffer = replay_buffer
         self.batch_size = batch_size
-        data = storage._storage  # noqa: SLF001 - the memory-mapped TensorDict behind the storage
+        data = storage_tensors(storage)  # the memory-mapped TensorDict behind the storage
         self._sources = []
         out = TensorDict(batch_size=[batch_size])
         for key in keys:

@@ -40,6 +40,15 @@ from torchrl.data.replay_buffers.writers import RoundRobinWriter, Writer
 
 from torchrl_unilab._residue import pid_alive
 from torchrl_unilab._sync import FlockLock
+from torchrl_unilab._torchrl_private import (
+    mark_written,
+    set_last_cursor,
+    set_storage_length,
+    share_storage_counters,
+    share_writer_counters,
+    writer_cursor,
+    writer_storage,
+)
 
 __all__ = ["BufferLock", "CommitWriter", "SharedCounters", "SYNC_FILE"]
 
@@ -271,8 +280,8 @@ class CommitWriter(RoundRobinWriter):
     copy of another complete row, so ``sample()`` never returns a torn row; the
     next ``extend`` writes over the same slots.
 
-    It must be used with ``replay_buffer._write_lock = writer.lock``
-    (:func:`~torchrl_unilab.make_replay_buffer` does this).
+    Its :attr:`lock` must also be the buffer's write lock, which TorchRL keeps
+    private (:func:`~torchrl_unilab.make_replay_buffer` sets it).
 
     Args:
         directory: where the counters-and-lock file goes (the storage's scratch directory).
@@ -283,10 +292,11 @@ class CommitWriter(RoundRobinWriter):
     Examples:
         >>> import tempfile, torch
         >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> from torchrl_unilab._torchrl_private import set_write_lock
         >>> with tempfile.TemporaryDirectory() as tmp:
         ...     writer = CommitWriter(tmp)
         ...     rb = ReplayBuffer(storage=LazyTensorStorage(4), writer=writer)
-        ...     rb._write_lock = writer.lock
+        ...     set_write_lock(rb, writer.lock)
         ...     _ = rb.extend(torch.arange(6))
         ...     rb.write_count, len(rb), sorted(rb[:].tolist())
         (6, 4, [2, 3, 4, 5])
@@ -297,8 +307,8 @@ class CommitWriter(RoundRobinWriter):
         self.counters = SharedCounters(Path(directory) / SYNC_FILE)
         if self.counters[_WRITE_COUNT] == 0:
             self.counters[_LAST_CURSOR] = -1  # TorchRL's "nothing written yet"
-        self._cursor_value = _Slot(self.counters, _CURSOR)
-        self._write_count_value = _Slot(self.counters, _WRITE_COUNT)
+        share_writer_counters(self, cursor=_Slot(self.counters, _CURSOR),
+                              write_count=_Slot(self.counters, _WRITE_COUNT))
         self.lock = BufferLock(self.counters, timeout=lock_timeout, on_acquire=self.recover)
 
     def register_storage(self, storage) -> None:
@@ -307,9 +317,9 @@ class CommitWriter(RoundRobinWriter):
         super().register_storage(storage)
         # TorchRL's own counters on the storage are mp.Values with locks that a
         # SIGKILL can leave held; these words have none.
-        storage._len_value = _Slot(self.counters, _LEN)  # noqa: SLF001
-        storage._mutation_revision_value = _Slot(self.counters, _REVISION)  # noqa: SLF001
-        storage._last_cursor_index_value = _Slot(self.counters, _LAST_CURSOR)  # noqa: SLF001
+        share_storage_counters(storage, length=_Slot(self.counters, _LEN),
+                               revision=_Slot(self.counters, _REVISION),
+                               last_cursor=_Slot(self.counters, _LAST_CURSOR))
 
     @property
     def write_count(self) -> int:
@@ -317,7 +327,7 @@ class CommitWriter(RoundRobinWriter):
         return self.counters[_WRITE_COUNT]
 
     def add(self, data: Any) -> int:
-        index = self._cursor
+        index = writer_cursor(self)
         self._write(torch.tensor([index]), data, single=True)
         return index
 
@@ -328,12 +338,12 @@ class CommitWriter(RoundRobinWriter):
             raise TypeError(f"CommitWriter writes tensors and TensorDicts, got {type(data).__name__}")
         if n == 0:
             raise RuntimeError("extend() needs at least one row, got an empty batch")
-        max_size = self._storage.max_size
+        max_size = writer_storage(self).max_size
         skipped = max(n - max_size, 0)
         if skipped:
             # Only the last max_size rows would survive; writing the others twice into one slot is undefined.
             data = data[skipped:]
-        index = (torch.arange(n - skipped) + self._cursor + skipped) % max_size
+        index = (torch.arange(n - skipped) + writer_cursor(self) + skipped) % max_size
         self._write(index, data, written=n)
         return index
 
@@ -342,16 +352,15 @@ class CommitWriter(RoundRobinWriter):
         rows = index.numel()
         counters[_PENDING_START] = int(index[0])
         counters[_PENDING_N] = rows  # from here until the commit, these slots may be torn
-        storage = self._storage
+        storage = writer_storage(self)
         storage.set(int(index[0]) if single else index, data, set_cursor=False)
         # Commit: the storage's length, the cursor, the count.
-        storage._set_last_cursor(int(index[-1]))  # noqa: SLF001
-        storage._len = min(len(storage) + rows, storage.max_size)  # noqa: SLF001
+        set_last_cursor(storage, int(index[-1]))
+        set_storage_length(storage, min(len(storage) + rows, storage.max_size))
         counters[_CURSOR] = (int(index[-1]) + 1) % storage.max_size
         counters[_WRITE_COUNT] = counters[_WRITE_COUNT] + (written or rows)
         counters[_PENDING_N] = 0
-        self._bump_generation(index, data)
-        self._mark_update_entities(index)
+        mark_written(self, index, data)
 
     def write_at(self, index, data):  # noqa: ANN001
         raise NotImplementedError("CommitWriter does not support consuming buffers (write_at)")
@@ -366,9 +375,11 @@ class CommitWriter(RoundRobinWriter):
         """
         counters = self.counters
         pending = counters[_PENDING_N]
-        if pending == 0 or self._storage is None:
+        if pending == 0:
             return 0
-        storage = self._storage
+        storage = writer_storage(self)
+        if storage is None:
+            return 0
         max_size = storage.max_size
         size = len(storage)
         torn = torch.unique((torch.arange(pending) + counters[_PENDING_START]) % max_size)
@@ -378,7 +389,7 @@ class CommitWriter(RoundRobinWriter):
             complete[torn] = False
             sources = complete.nonzero().squeeze(-1)
             if sources.numel() == 0:
-                storage._len = 0  # noqa: SLF001
+                set_storage_length(storage, 0)
                 counters[_CURSOR] = 0
             else:
                 fill = sources[torch.arange(torn.numel()) % sources.numel()]

@@ -32,6 +32,8 @@ from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler, RandomSampler, prioritized as _torchrl_prioritized
 from torchrl.data.replay_buffers.storages import Storage
 
+from torchrl_unilab._torchrl_private import attached_entities, sampler_capacity
+
 __all__ = ["SharedPrioritizedSampler"]
 
 _CATCH_UP_FILE = "shared_sampler.json"
@@ -93,7 +95,7 @@ class SharedPrioritizedSampler(PrioritizedSampler):
     @staticmethod
     def _write_count(storage: Storage) -> int | None:
         # The storage knows the buffers it belongs to (TorchRL attaches them); the write count is the buffer's.
-        for entity in storage._attached_entities_iter():  # noqa: SLF001
+        for entity in attached_entities(storage):
             if isinstance(entity, ReplayBuffer):
                 return int(entity.write_count)
         return None
@@ -110,10 +112,11 @@ class SharedPrioritizedSampler(PrioritizedSampler):
         new = write_count - self._caught_up
         if new <= 0:
             return 0
-        if new >= self._max_capacity:
-            index = torch.arange(self._max_capacity)
+        capacity = sampler_capacity(self)
+        if new >= capacity:
+            index = torch.arange(capacity)
         else:
-            index = torch.arange(self._caught_up, write_count).remainder_(self._max_capacity)
+            index = torch.arange(self._caught_up, write_count).remainder_(capacity)
         PrioritizedSampler.mark_update(self, index, storage=storage)
         self._caught_up = write_count
         return int(index.numel())

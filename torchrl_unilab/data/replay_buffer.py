@@ -26,6 +26,13 @@ from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
 from torchrl.data.replay_buffers.writers import TensorDictMaxValueWriter, TensorDictRoundRobinWriter
 
 from torchrl_unilab._residue import SCRATCH_PREFIX, sweep_stale
+from torchrl_unilab._torchrl_private import (
+    buffer_locks,
+    buffer_writer,
+    lay_out_storage,
+    set_write_lock,
+    storage_tensors,
+)
 from torchrl_unilab.data.buffer_writer import CommitWriter
 
 __all__ = ["buffer_lock", "holds_row", "make_replay_buffer", "init_storage", "prepare_storage", "storage_keys",
@@ -89,7 +96,7 @@ def make_replay_buffer(
                       shared=True)
     # The lock TorchRL's extend() and sample() take; its multiprocessing.Lock stays held forever
     # once a holder is killed, the writer's lock does not.
-    rb._write_lock = writer.lock  # noqa: SLF001
+    set_write_lock(rb, writer.lock)
     if owned is not None:
         setattr(rb, _OWNED_DIR_ATTR, owned)
         weakref.finalize(rb, shutil.rmtree, owned, True)
@@ -116,7 +123,7 @@ def storage_keys(replay_buffer: ReplayBuffer) -> list | None:
     storage = replay_buffer.storage
     if not getattr(storage, "initialized", False):
         return None
-    return sorted(storage._storage.keys(include_nested=True, leaves_only=True), key=str)
+    return sorted(storage_tensors(storage).keys(include_nested=True, leaves_only=True), key=str)
 
 
 #: Writers that stamp each row they store with its storage index under ``"index"``
@@ -140,7 +147,7 @@ def writer_keys(replay_buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
         >>> writer_keys(make_replay_buffer(10))
         {}
     """
-    if isinstance(replay_buffer._writer, _INDEXING_WRITERS):  # noqa: SLF001 - TorchRL keeps the writer private
+    if isinstance(buffer_writer(replay_buffer), _INDEXING_WRITERS):
         return {"index": torch.zeros((), dtype=torch.long)}
     return {}
 
@@ -190,8 +197,9 @@ def prepare_storage(replay_buffer: ReplayBuffer | None, row: TensorDictBase, fra
         return all_keys
     if have is None:
         init_storage(replay_buffer, row)
-        if not replay_buffer.storage._storage.is_shared() and not replay_buffer.storage._storage.is_memmap():
-            replay_buffer.storage._storage.share_memory_()
+        tensors = storage_tensors(replay_buffer.storage)
+        if not tensors.is_shared() and not tensors.is_memmap():
+            tensors.share_memory_()
         return all_keys
     names = {str(k): k for k in all_keys}
     filled = set(writer_keys(replay_buffer))
@@ -210,7 +218,7 @@ def prepare_storage(replay_buffer: ReplayBuffer | None, row: TensorDictBase, fra
             f"the rows have {sorted(names)}. Lay the storage out from the same env and policy, or pass an "
             "empty buffer and let the collector lay it out"
         )
-    laid_out = replay_buffer.storage._storage  # noqa: SLF001 - TorchRL keeps the storage's TensorDict private
+    laid_out = storage_tensors(replay_buffer.storage)
     dims = getattr(replay_buffer.storage, "ndim", 1) or 1
     for key in have:
         stored, value = laid_out.get(key), row.get(names[str(key)])
@@ -255,7 +263,7 @@ def init_storage(replay_buffer: ReplayBuffer, row: TensorDictBase) -> None:
     want = sorted(row.keys(include_nested=True, leaves_only=True), key=str)
     have = storage_keys(replay_buffer)
     if have is None:
-        storage._init(row)
+        lay_out_storage(storage, row)
         return
     if have != want:
         missing = sorted(set(map(str, want)) - set(map(str, have)))
@@ -291,8 +299,7 @@ class buffer_lock:  # noqa: N801 - used like a function: ``with buffer_lock(rb):
     """
 
     def __init__(self, replay_buffer: ReplayBuffer) -> None:
-        # TorchRL keeps both locks private.
-        self._locks = (replay_buffer._replay_lock, replay_buffer._write_lock)  # noqa: SLF001
+        self._locks = buffer_locks(replay_buffer)
 
     def __enter__(self) -> buffer_lock:
         replay_lock, write_lock = self._locks
@@ -330,7 +337,7 @@ def holds_row(replay_buffer: ReplayBuffer, values: Mapping[NestedKey, int]) -> b
         >>> holds_row(rb, {"step_count": 2}), holds_row(rb, {"step_count": 7}), holds_row(rb, {"other": 2})
         (True, False, False)
     """
-    if not isinstance(getattr(replay_buffer, "_writer", None), CommitWriter):  # TorchRL keeps the writer private
+    if not isinstance(buffer_writer(replay_buffer), CommitWriter):
         return False
     keys = storage_keys(replay_buffer)
     if keys is None:
@@ -342,5 +349,5 @@ def holds_row(replay_buffer: ReplayBuffer, values: Mapping[NestedKey, int]) -> b
         rows = len(storage)
         found = torch.ones(rows, dtype=torch.bool)
         for key, value in values.items():
-            found &= storage._storage.get(key)[:rows].reshape(-1) == value  # noqa: SLF001
+            found &= storage_tensors(storage).get(key)[:rows].reshape(-1) == value  # noqa: SLF001
         return bool(found.any())

@@ -31,6 +31,7 @@ from torchrl.data.replay_buffers.samplers import RandomSampler
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
 from torchrl.envs.transforms import Compose, PolicyAgeFilter
 
+from torchrl_unilab._torchrl_private import set_buffer_transform, set_online_buffer
 from torchrl_unilab.data.replay_buffer import LAYOUT_SOURCE_ATTR, init_storage, make_replay_buffer
 
 __all__ = ["resolve_replay_buffer", "workers_buffer"]
@@ -84,8 +85,7 @@ def _shared_online_buffer(replay_buffer: OfflineToOnlineReplayBuffer) -> ReplayB
         # TensorDictReplayBuffer's sample() adds ("index"): __getitem__ reads the storage only.
         init_storage(shared, offline[:1][0])
         setattr(shared, LAYOUT_SOURCE_ATTR, "the OfflineToOnlineReplayBuffer's offline dataset")
-    # TorchRL gives the online part no setter; sample(), extend() and online_buffer all read this attribute.
-    replay_buffer._online_buffer = shared  # noqa: SLF001
+    set_online_buffer(replay_buffer, shared)
     return shared
 
 
@@ -121,8 +121,7 @@ def workers_buffer(replay_buffer: ReplayBuffer) -> ReplayBuffer:
             age_filter.current_version = _LearnerVersion(age_filter.current_version)
     view = object.__new__(type(replay_buffer))
     view.__dict__.update(replay_buffer.__dict__)  # the same locks, not the fresh ones a pickled copy makes
-    # TorchRL's transform attribute is read-only; extend() applies this one.
-    view._transform = Compose(*(t.clone() for t in transform if not isinstance(t, PolicyAgeFilter)))  # noqa: SLF001
+    set_buffer_transform(view, Compose(*(t.clone() for t in transform if not isinstance(t, PolicyAgeFilter))))
     return view
 
 

@@ -20,9 +20,11 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
+
+from torchrl_unilab._torchrl_private import WritesEveryDoneKey, unchecked_tensordict
 
 __all__ = ["BatchedGymEnv", "BatchedTaskEnv", "make_gym_env"]
 
@@ -78,7 +80,7 @@ def make_gym_env(env_id: str, **env_kwargs: Any) -> gym.Env:
     return gym.make(name, **env_kwargs)
 
 
-class BatchedTaskEnv(EnvBase):
+class BatchedTaskEnv(WritesEveryDoneKey, EnvBase):
     """What every batched MuJoCo-task env of this package shares: specs, time limit, in-place autoreset.
 
     Subclasses own the simulators and implement two hooks:
@@ -199,19 +201,13 @@ class BatchedTaskEnv(EnvBase):
         if len(ids):
             self._obs[ids] = self._reset_envs(ids)
             self._steps[ids] = 0
-        # Every done key is written (all False after a reset), so _complete_done has nothing to add.
+        # Every done key is written (all False after a reset): TorchRL's done completion is skipped.
         not_done = torch.zeros(self.num_envs, 1, dtype=torch.bool)
-        return TensorDict._new_unsafe(
+        return unchecked_tensordict(
             {**self._split_obs(self._obs.copy()), "done": not_done, "terminated": not_done.clone(),
              "truncated": not_done.clone()},
             batch_size=self.batch_size, device=self.device,
         )
-
-    @classmethod
-    def _complete_done(cls, done_spec: Composite, data: TensorDictBase) -> TensorDictBase:
-        # _step and _reset write every done key with the spec's shape; TorchRL's generic
-        # completion would only look them up again (a TransformedEnv calls it on every step).
-        return data
 
     def _clip(self, action: torch.Tensor) -> np.ndarray:
         # torch.clamp costs about half of np.clip on a small batch.
@@ -246,7 +242,7 @@ class BatchedTaskEnv(EnvBase):
         next_obs, reward, terminated, truncated = self._step_all(tensordict.get("action"))
         self._obs[:] = next_obs
         # Built without per-key validation: every entry has the shape and dtype the specs declare.
-        return TensorDict._new_unsafe(self._next_td(next_obs, reward, terminated, truncated),
+        return unchecked_tensordict(self._next_td(next_obs, reward, terminated, truncated),
                                       batch_size=self.batch_size, device=self.device)
 
     def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
@@ -274,16 +270,16 @@ class BatchedTaskEnv(EnvBase):
         batch_size = torch.Size([len(next_obs)])
         # Built without per-key validation: every entry comes from this env's
         # own preallocated arrays, with the batch size the specs declare.
-        transition = TensorDict._new_unsafe(
+        transition = unchecked_tensordict(
             {
                 **{key: tensordict.get(key) for key in self._obs_columns},
                 "action": tensordict.get("action"),
-                "next": TensorDict._new_unsafe(self._next_td(next_obs, reward, terminated, truncated),
+                "next": unchecked_tensordict(self._next_td(next_obs, reward, terminated, truncated),
                                                batch_size=batch_size),
             },
             batch_size=batch_size,
         )
-        root = TensorDict._new_unsafe(self._split_obs(root_obs), batch_size=batch_size)
+        root = unchecked_tensordict(self._split_obs(root_obs), batch_size=batch_size)
         return transition, root
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import gymnasium as gym
 import torch
+from tensordict import TensorDictBase
 from torchrl.envs import (
     CatTensors,
     ClipTransform,
@@ -63,6 +64,15 @@ from torchrl.envs import (
     UnsqueezeTransform,
 )
 
+from torchrl_unilab._torchrl_private import (
+    StepAndMaybeResetHook,
+    env_step,
+    has_own_inverse,
+    has_post_step_mdp_hooks,
+    post_step_mdp_hooks,
+    step_mdp,
+    transform_step,
+)
 from torchrl_unilab.envs.batched_env import BatchedGymEnv
 from torchrl_unilab.envs.envpool_env import ENGINES, EnvPoolEnv, envpool_task_ids, select_engine
 
@@ -335,7 +345,7 @@ def recognise_env_stack(env: EnvBase) -> EnvStackPlan | str:
     return f"{plan.describe()}: EnvPool's {mismatch}" if mismatch else plan
 
 
-class _StackOnEnvPool(TransformedEnv):
+class _StackOnEnvPool(StepAndMaybeResetHook, TransformedEnv):
     """TorchRL's ``TransformedEnv`` with a shorter :meth:`step_and_maybe_reset` over an :class:`EnvPoolEnv`.
 
     ``EnvBase.step_and_maybe_reset`` of a ``TransformedEnv`` runs ``step``, whose wrapping
@@ -359,31 +369,33 @@ class _StackOnEnvPool(TransformedEnv):
 
     @functools.cached_property
     def _has_post_hooks(self) -> bool:
-        return any(type(t)._post_step_mdp_hooks is not Transform._post_step_mdp_hooks
-                   for t in _flat_transforms(self.transform))
+        return any(has_post_step_mdp_hooks(t) for t in _flat_transforms(self.transform))
 
     @functools.cached_property
     def _layout(self) -> tuple[torch.device, torch.Size]:
         # Both properties walk the transforms on every read; an EnvPoolEnv stack stays on its CPU batch.
         return self.device, self.batch_size
 
-    def _step_and_maybe_reset(self, tensordict):
+    def short_step_and_maybe_reset(
+        self, tensordict: TensorDictBase
+    ) -> tuple[TensorDictBase, TensorDictBase] | None:
+        """``step_and_maybe_reset`` without ``step``'s wrapping; ``None`` where TorchRL's generic path must run."""
         if not self._short_path or "_step" in tensordict.keys() or "next" in tensordict.keys() \
                 or (tensordict.device, tensordict.batch_size) != self._layout:
-            return super()._step_and_maybe_reset(tensordict)
+            return None
         tensordict_in = tensordict.clone(False)  # what transform.inv hands on when no transform inverts
-        next_tensordict = self.transform._step(tensordict_in, self.base_env._step(tensordict_in))
+        next_tensordict = transform_step(self.transform, tensordict_in, env_step(self.base_env, tensordict_in))
         tensordict.set("next", next_tensordict)
-        tensordict_ = self._step_mdp(tensordict)
+        tensordict_ = step_mdp(self, tensordict)
         if self._has_post_hooks:
-            tensordict, tensordict_ = self._post_step_mdp_hooks(tensordict, tensordict_)
+            tensordict, tensordict_ = post_step_mdp_hooks(self, tensordict, tensordict_)
         return tensordict, self.maybe_reset(tensordict_)
 
 
 def _no_inverse(transform: Transform) -> bool:
     """Whether ``transform.inv`` hands the root on unchanged (once the transform knows its parent's specs)."""
     keys = transform.in_keys_inv
-    if type(transform)._inv_call is Transform._inv_call:
+    if not has_own_inverse(transform):
         return not keys
     # DoubleToFloat & co. cast every float entry back while their keys are unresolved (None), none once
     # resolved to an empty list (the action is not float64).

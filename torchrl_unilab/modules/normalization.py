@@ -9,6 +9,8 @@ from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import Tensor
 
+from torchrl_unilab._torchrl_private import writer_cursor
+
 __all__ = ["ObservationNormalizer", "normalize_batch"]
 
 
@@ -216,7 +218,7 @@ class ObservationNormalizer(TensorDictModuleBase):
         n = min(new, len(storage))
         if n <= 0:
             return 0
-        end = int(replay_buffer.writer._cursor)  # noqa: SLF001 - where the newest row ends
+        end = int(writer_cursor(replay_buffer.writer))  # where the newest row ends
         index = torch.arange(end - n, end) % int(storage.max_size)
         self.update(storage[index].get(key))
         return n

@@ -34,6 +34,7 @@ from torchrl.objectives import LossModule, SACLoss, TD3Loss
 from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import TD0Estimator
 
+from torchrl_unilab._torchrl_private import sac_alpha, sac_version
 from torchrl_unilab.modules._mlp import MLPExecutor, concatenates_inputs, mlp_steps
 from torchrl_unilab.modules._tanh_normal import TanhNormalSampler
 from torchrl_unilab.modules.models import PassThroughActor
@@ -128,7 +129,7 @@ class _SACTensorLoss(_TensorLoss):
     def __call__(self, batch: TensorDictBase, update_actor: bool = True) -> dict[str, torch.Tensor]:
         loss, act = self.loss, self.action_key
         _check_unweighted(loss, batch)
-        alpha = loss._alpha  # noqa: SLF001 - clamps log_alpha as SACLoss does, returns exp() without grad
+        alpha = sac_alpha(loss)
         # The Q-target first: SACLoss draws the next action before the current one.
         with torch.no_grad():
             next_action, next_log_prob = self._sample(self.actor.inputs(batch, next_=True))
@@ -236,7 +237,7 @@ def tensor_loss(loss: LossModule,
 
 def _sac(loss: SACLoss, critic: _Network, matmul_dtype: torch.dtype) -> _SACTensorLoss | None:
     actor = loss.actor_network
-    if getattr(loss, "_version", 2) != 2 or getattr(loss, "skip_done_states", False):
+    if sac_version(loss) != 2 or getattr(loss, "skip_done_states", False):
         return None
     if not isinstance(actor, ProbabilisticActor) or len(actor.module) != 2:
         return None

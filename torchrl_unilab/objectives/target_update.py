@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torchrl.objectives import SoftUpdate
 
+from torchrl_unilab._torchrl_private import soft_update_tensors
+
 __all__ = ["ForeachSoftUpdate"]
 
 
@@ -46,9 +48,10 @@ class ForeachSoftUpdate(SoftUpdate):
         super().__init__(loss_module, eps=eps, tau=tau)
         self._target_data: list[torch.Tensor] = []
         self._source_data: list[torch.Tensor] = []
-        for key, source in self._sources.items(True, True):
+        sources, targets = soft_update_tensors(self)
+        for key, source in sources.items(True, True):
             key = key if isinstance(key, tuple) else (key,)
-            target = self._targets.get(("target_" + key[0], *key[1:]))
+            target = targets.get(("target_" + key[0], *key[1:]))
             self._target_data.append(target.data)
             self._source_data.append(source.data)
 

@@ -43,6 +43,7 @@ from tensordict import TensorDict
 from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers.samplers import RandomSampler
 
+from torchrl_unilab._torchrl_private import lay_out_storage, set_buffer_batch_size, set_storage_length, storage_tensors
 from torchrl_unilab.data.prioritized_sampler import SharedPrioritizedSampler
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 
@@ -285,9 +286,9 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> None:
             f"{storage.max_size}; pass a buffer of the saved capacity"
         )
     if not storage.initialized:
-        storage._init(data[0])  # noqa: SLF001
-    storage._storage.update_(data)  # noqa: SLF001
-    storage._len = int(meta["len"])  # noqa: SLF001
+        lay_out_storage(storage, data[0])
+    storage_tensors(storage).update_(data)
+    set_storage_length(storage, int(meta["len"]))
     replay_buffer.writer.loads(path / "writer")  # JSON (and, when tracked, a memmap of generations)
     if isinstance(sampler, SharedPrioritizedSampler):
         if not (path / "sampler" / "sampler_metadata.json").exists():
@@ -299,7 +300,7 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> None:
         rng.set_state(rng_state["rng_state"])
         replay_buffer.set_rng(rng)
     with open(path / "buffer_metadata.json") as file:
-        replay_buffer._batch_size = json.load(file)["batch_size"]  # noqa: SLF001
+        set_buffer_batch_size(replay_buffer, json.load(file)["batch_size"])
 
 
 def _refuse_pickles(path: Path) -> None:

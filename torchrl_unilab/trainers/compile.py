@@ -5,7 +5,7 @@ LeanRL (torch.compile plus CUDA graphs for the whole update: CleanRL's SAC went
 from 127 to 725 updates/s on an H100 in LeanRL's figures):
 
 * ``compile.compile=true`` compiles the update with
-  :func:`torchrl._utils.compile_with_warmup` on a GPU (the first call runs
+  :func:`torchrl.compile_with_warmup` on a GPU (the first call runs
   eagerly). A ``compile.compile_mode`` of ``null`` becomes ``"default"`` when
   CUDA graphs wrap the update and ``"reduce-overhead"`` (inductor's own CUDA
   graphs) otherwise, as TorchRL does. On the CPU the update is compiled with
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
-from torchrl._utils import compile_with_warmup
+from torchrl import compile_with_warmup
 
 __all__ = ["compile_delayed_update", "compile_update"]
 

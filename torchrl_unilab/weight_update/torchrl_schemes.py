@@ -52,6 +52,7 @@ from torch import nn
 from torchrl.collectors.weight_update import WeightUpdaterBase
 from torchrl.weight_update import DistributedWeightSyncScheme, NoWeightSyncScheme, WeightSyncScheme
 
+from torchrl_unilab._torchrl_private import shared_mem_buffers
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme, _prefix_of
 
 __all__ = ["FIRST_SEND_WAIT_S", "TorchRLSchemeAdapter", "as_seqlock_scheme", "as_weight_updater",
@@ -298,10 +299,7 @@ class TorchRLSchemeAdapter(SeqlockWeightSyncScheme):
             super().send(weights, worker_ids, new_version=new_version)
 
     def _mirrors(self) -> list[TensorDictBase]:
-        # SharedMemWeightSyncScheme keeps the buffers it was initialised with in its transport.
-        transport = getattr(self.scheme, "_shared_transport", None)
-        buffers = getattr(transport, "_unique_weights", None)
-        return list(buffers) if buffers else []
+        return shared_mem_buffers(self.scheme)
 
     def _published(self, state: dict[str, torch.Tensor]) -> None:
         for buffer in self._mirrors():

@@ -137,7 +137,7 @@ class SeqlockWeightSyncScheme(SharedMemWeightSyncScheme):
                              **kwargs: Any) -> None:
         if model is None and context is not None:
             model = getattr(context, model_id)
-        self._model_id = model_id
+        self.model_id = model_id
         # A policy that is no nn.Module (TorchRL's RandomPolicy, a plain callable) has no weights: an empty block
         # still carries the version.
         self._sender_model = model if isinstance(model, nn.Module) else nn.Module()
@@ -146,7 +146,7 @@ class SeqlockWeightSyncScheme(SharedMemWeightSyncScheme):
 
     def _init_on_receiver_impl(self, model_id: str = "policy", context: Any = None, model: nn.Module | None = None,
                                **kwargs: Any) -> None:
-        self._model_id = model_id
+        self.model_id = model_id
         if model is not None:
             self.model = model
         self.synchronized_on_receiver = True
@@ -213,12 +213,12 @@ class SeqlockWeightSyncScheme(SharedMemWeightSyncScheme):
 
     def __getstate__(self) -> dict:
         # Workers get the block's handle; the sender's model stays with the sender.
-        return {"shared": self.shared, "_model_id": self._model_id}
+        return {"shared": self.shared, "_model_id": self.model_id}
 
     def __setstate__(self, state: dict) -> None:
         super().__init__(strategy="tensordict")
         self.shared = state["shared"]
-        self._model_id = state["_model_id"]
+        self.model_id = state["_model_id"]
         self._sender_model = None
 
     def shutdown(self) -> None:
