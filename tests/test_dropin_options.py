@@ -40,8 +40,7 @@ def assert_whole_trajectories(rows) -> None:
 
 # ---------------------------------------------------------------- frames_per_batch
 def test_frames_per_batch_as_a_list_makes_each_batch_their_sum(no_leaks):
-    """TorchRL takes one value per worker; MultiAsyncCollector's batches (one worker's each) hold their sum.
-    Before: ``frames_per_batch must be an int >= 1, got [8, 8]``."""
+    """TorchRL takes one value per worker; MultiAsyncCollector's batches (one worker's each) hold their sum."""
     with pendulum(frames_per_batch=[8, 8], total_frames=64) as collector:
         shapes = [batch.shape for batch in collector]
         assert collector.frames_per_batch == collector.frames_per_batch_worker() == 16
@@ -57,7 +56,7 @@ def test_a_bad_frames_per_batch_list_names_the_argument(value):
 # ------------------------------------------------------------------ init_random_frames
 @pytest.mark.parametrize("value", [-1, None])
 def test_init_random_frames_below_zero_or_none_means_none(value, no_leaks):
-    """TorchRL reads them so (its own examples pass -1). Before: ``init_random_frames must be an int >= 0``."""
+    """TorchRL reads them so (its own examples pass -1)."""
     with pendulum(policy=linear_policy(3, 1), init_random_frames=value, total_frames=64,
                   track_policy_version=True) as collector:
         rows = torch.cat(list(collector))
@@ -68,7 +67,7 @@ def test_init_random_frames_below_zero_or_none_means_none(value, no_leaks):
 # ---------------------------------------------------------------- a buffer of this process
 def test_a_plain_replay_buffer_is_extended_by_this_process(unilab_log, no_leaks):
     """A buffer that is not shared: iteration yields None and each batch is in it, whole, as with TorchRL's
-    collector. Before: ``replay_buffer must be shared between processes``."""
+    collector."""
     rb = ReplayBuffer(storage=LazyTensorStorage(1000))
     with pendulum(policy=linear_policy(3, 1), replay_buffer=rb) as collector:
         seen = []
@@ -150,8 +149,7 @@ def test_a_failed_write_into_a_plain_buffer_raises_instead_of_hanging(no_leaks):
 # ---------------------------------------------------------------- trajs_per_batch
 @pytest.mark.parametrize("traj_format", ["padded", "cat"])
 def test_trajs_per_batch_yields_whole_trajectories(traj_format, no_leaks):
-    """As TorchRL's collectors: batches of trajs_per_batch complete trajectories, padded with a mask or flat.
-    Before: refused."""
+    """As TorchRL's collectors: batches of trajs_per_batch complete trajectories, padded with a mask or flat."""
     with pendulum(trajs_per_batch=3, traj_format=traj_format, max_frames_per_traj=12, total_frames=512,
                   stagger_resets=False) as collector:
         batches = list(collector)
@@ -171,7 +169,7 @@ def test_trajs_per_batch_yields_whole_trajectories(traj_format, no_leaks):
 @pytest.mark.parametrize("background", [False, True], ids=["iterate", "start"])
 def test_trajs_per_batch_writes_only_whole_trajectories_into_the_buffer(background, unilab_log, no_leaks):
     """With a replay buffer (shared or not), each trajectory goes in flat once it is done; running episodes
-    never do. Before: refused."""
+    never do."""
     rb = ReplayBuffer(storage=LazyTensorStorage(2048), shared=True)
     # 16 steps per env and batch, 10 per episode: a worker's last episodes are unfinished, whatever its share
     with pendulum(replay_buffer=rb, trajs_per_batch=2, max_frames_per_traj=10, stagger_resets=False,
