@@ -482,6 +482,28 @@ def compare_reruns(runs: dict[str, dict[int, dict]], sb3: dict[int, dict] | None
     return lines
 
 
+def time_to_sb3(ours: dict[int, dict], sb3: dict[int, dict]) -> dict:
+    """The wall-clock each side needs to SB3's mean return at the last mark both mean curves have (``mark``,
+    ``sb3_return``): SB3's mean minutes to that mark (``sb3_min``), and the first mark where the recipe's mean curve
+    reaches it with its mean minutes there (``recipe_frames``, ``recipe_min``; both ``None`` if it never does).
+
+    Examples:
+        >>> sb3 = {0: {"curve": [(10000.0, 1.0), (20000.0, 5.0)], "elapsed_at": {10000.0: 60.0, 20000.0: 240.0}}}
+        >>> ours = {0: {"curve": [(10048.0, 6.0), (20032.0, 7.0)], "elapsed_at": {10048.0: 120.0, 20032.0: 200.0}}}
+        >>> time_to_sb3(ours, sb3)
+        {'mark': 20000, 'sb3_return': 5.0, 'sb3_min': 4.0, 'recipe_frames': 10000, 'recipe_min': 2.0}
+    """
+    ours_mean, sb3_mean = mean_curve(ours), mean_curve(sb3)
+    marks = sorted(set(ours_mean) & set(sb3_mean))
+    last = marks[-1]
+    reached = next((f for f in marks if ours_mean[f] >= sb3_mean[last]), None)
+    return {"mark": int(last), "sb3_return": sb3_mean[last],
+            "sb3_min": statistics.mean(time_at_mark(r, last) for r in sb3.values()) / 60,
+            "recipe_frames": None if reached is None else int(reached),
+            "recipe_min": None if reached is None else statistics.mean(time_at_mark(r, reached)
+                                                                        for r in ours.values()) / 60}
+
+
 def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: float = 30_000,
                      last_within: float | None = 0.1, band_mark: float | None = 40_000.0,
                      speedup: float | None = None) -> list[str]:
@@ -521,15 +543,13 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: 
                           for seed, value in at["ours"].items())
         lines += ["", f"SB3's band at {int(band_mark)} frames: {low:.0f} to {high:.0f} ({seed_count(at['sb3'])}); "
                   f"recipe: {seeds}"]
-    # the wall-clock each side needs to SB3's mean return at the last mark
-    goal = sb3_mean[last]
-    sb3_minutes = statistics.mean(time_at_mark(r, last) for r in sb3.values()) / 60
-    reached = next((f for f in marks if ours_mean[f] >= goal), None)
+    timing = time_to_sb3(ours, sb3)
+    goal, sb3_minutes, reached, ours_minutes = (timing[k] for k in ("sb3_return", "sb3_min", "recipe_frames",
+                                                                    "recipe_min"))
     said = f"SB3's mean return at {int(last)} frames, {goal:.0f}, is reached by SB3 in {sb3_minutes:.1f} min"
     if reached is None:
         lines += ["", f"{said}; the recipe's mean curve does not reach it"]
     else:
-        ours_minutes = statistics.mean(time_at_mark(r, reached) for r in ours.values()) / 60
         lines += ["", f"{said}, by the recipe's mean curve at {int(reached)} frames in {ours_minutes:.1f} min "
                   f"({ours_minutes / sb3_minutes:.2f} of SB3's wall-clock)"]
     if speedup is not None:
@@ -539,6 +559,69 @@ def compare_with_sb3(ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: 
     lines += ["", f"wall-clock per run: recipe {minutes[0]:.1f} min, SB3 {minutes[1]:.1f} min; "
               f"targets ({', '.join(targets)}): {'passed' if ok else 'not passed'}"]
     return lines
+
+
+def sb3_summary(suite: str, algo: str, ours: dict[int, dict], sb3: dict[int, dict], *, from_mark: float = 30_000,
+                last_within: float | None = 0.1, band_mark: float | None = 40_000.0,
+                speedup: float | None = None) -> dict:
+    """The ``sb3`` and ``td3`` suites' results file (``<algo>_vs_sb3.json``, read by ``report.py``): each seed's
+    return at every 10k mark (``None`` where a run has no evaluation) and minutes per run, each side's mean, their
+    difference with its 90 % interval over seeds (``None`` below 3 seeds a side), :func:`time_to_sb3`, and
+    :func:`compare_with_sb3`'s targets (same keyword arguments; ``band_mark`` is the table's only).
+
+    Examples:
+        >>> def run(values, minutes):
+        ...     return {"curve": [(10000.0 * (i + 1), v) for i, v in enumerate(values)], "elapsed_s": 60.0 * minutes,
+        ...             "elapsed_at": {10000.0 * (i + 1): 30.0 * minutes * (i + 1) for i in range(len(values))}}
+        >>> summary = sb3_summary("td3", "td3", {0: run([1.0, 9.0], 4)}, {0: run([2.0, 8.0], 8)}, from_mark=20_000)
+        >>> summary["marks"], summary["recipe"], summary["difference"], summary["interval_90"]
+        ([10000, 20000], {0: {'returns': [1, 9], 'minutes': 4.0}}, [-1.0, 1.0], {'10000': None, '20000': None})
+        >>> summary["time_to_sb3_return"], summary["targets"]["passed"]
+        ({'mark': 20000, 'sb3_return': 8.0, 'sb3_min': 8.0, 'recipe_frames': 20000, 'recipe_min': 4.0, \
+'ratio': 0.5}, True)
+    """
+    sides = {"recipe": ours, f"sb3_{algo}": sb3}
+    means = {key: mean_curve(runs) for key, runs in sides.items()}
+    marks = sorted({m for curve in means.values() for m in curve})
+    timing = time_to_sb3(ours, sb3)
+    below, last_ok = return_targets(means["recipe"], means[f"sb3_{algo}"], from_mark=from_mark,
+                                    last_within=last_within)
+    passed = not below and last_ok and (speedup is None or timing["recipe_min"] is not None
+                                        and timing["recipe_min"] <= timing["sb3_min"] / speedup)
+
+    def rounded(value: float | None, digits: int | None = None) -> float | None:
+        return None if value is None else round(value, digits)
+
+    def difference(mark: float) -> float | None:
+        if mark not in means["recipe"] or mark not in means[f"sb3_{algo}"]:
+            return None
+        return means["recipe"][mark] - means[f"sb3_{algo}"][mark]
+
+    def interval(mark: float) -> list[float] | None:
+        values = [[on_grid(r["curve"])[mark] for r in runs.values() if mark in on_grid(r["curve"])]
+                  for runs in sides.values()]
+        bounds = difference_interval(*values)
+        return None if bounds is None else [round(bound) for bound in bounds]
+
+    return {
+        **provenance("learning"), "suite": suite, "algo": algo, "task": "HalfCheetah-v5",
+        "frames": int(marks[-1]), "marks": [int(m) for m in marks],
+        **{key: {seed: {"returns": [rounded(on_grid(r["curve"]).get(m)) for m in marks],
+                        "minutes": round(r["elapsed_s"] / 60, 1)} for seed, r in sorted(runs.items())}
+           for key, runs in sides.items()},
+        "means": {key: [rounded(curve.get(m), 1) for m in marks] for key, curve in means.items()},
+        "means_note": "the mean over seeds of their unrounded returns",
+        "difference": [rounded(difference(m), 1) for m in marks],
+        "interval_90": {str(int(m)): interval(m) for m in marks},
+        "time_to_sb3_return": {**{k: rounded(v, 1) if k != "mark" and k != "recipe_frames" else v
+                                  for k, v in timing.items()},
+                               "ratio": None if timing["recipe_min"] is None
+                               else round(timing["recipe_min"] / timing["sb3_min"], 2)},
+        "targets": {"at_or_above_from": int(from_mark),
+                    "within_percent_at_last_mark": None if last_within is None else round(100 * last_within),
+                    "time_ratio_at_most": None if speedup is None else round(1 / speedup, 2),
+                    "below_at": [int(m) for m in below], "last_mark_within": last_ok, "passed": passed},
+    }
 
 
 def rst_table(sides: dict[str, dict[int, dict]]) -> list[str]:
@@ -602,10 +685,28 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
                      sb3_saved: dict | None, minutes: float, algo: str = "sac") -> dict:
     """The ``wallclock`` suite's table, plot and targets for one algorithm (``wallclock.md/.png/.json`` for SAC,
     ``wallclock_<algo>.*`` else); returns its summary. SB3's reference is its runs in this suite (``sb3_runs``), else
-    a saved one (``sb3_saved``, from :func:`sb3_references`)."""
-    reference = sb3_saved
+    a saved one (``sb3_saved``, from :func:`sb3_references`). Without a reference (SB3's runs stopped before 100k
+    frames, or none at all) the summary's ``reference`` is ``None``, ``reference_missing`` says why, and no
+    configuration has targets.
+
+    Examples:
+        >>> import tempfile
+        >>> run = {"snapshots": [{"elapsed_s": 60.5, "frames": 2000, "updates": 500, "return": 7.0}],
+        ...        "elapsed_s": 61.0, "frames": 2000, "updates": 500}
+        >>> sb3 = {0: {"curve": [(10000.0, -3.0)], "elapsed_at": {10000.0: 80.0}, "elapsed_s": 80.0, "updates": 5000}}
+        >>> with tempfile.TemporaryDirectory() as out:
+        ...     summary = report_wallclock(Path(out), {"defaults": {0: run}}, sb3, None, 1.0)  # doctest: +ELLIPSIS
+        | config | seeds | minutes | ...
+        >>> summary["reference"], summary["reference_missing"].split(",")[0]
+        (None, "SB3's run of seed 0 ends at 10000 frames")
+    """
+    reference, missing = sb3_saved, None
     if sb3_runs:
-        reference = {**wallclock.sb3_reference(sb3_runs), "seeds": len(sb3_runs), "source": "this suite's runs"}
+        missing = wallclock.sb3_reference_missing(sb3_runs)
+        reference = None if missing else {**wallclock.sb3_reference(sb3_runs), "seeds": len(sb3_runs),
+                                          "source": "this suite's runs"}
+    elif sb3_saved is None:
+        missing = f"no SB3 runs in this suite (--algo sb3_{SB3_COUNTERPART.get(algo, algo)}) and no --sb3-reference"
     overrides = {task.label: [f"--config-name {task.config}"] * bool(task.config) + task.overrides
                  for task in SUITES["wallclock"] if task.algo == algo}
     stem = {"sac": "wallclock", "torchrl_sac": "wallclock_anchor"}.get(algo, f"wallclock_{algo}")
@@ -637,6 +738,8 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
     if reference is not None:
         lines += ["", f"SB3's {against.upper()}: mean return {reference['return']:.0f} at 100k frames after "
                       f"{reference['minutes']:.1f} min ({reference['seeds']} seeds; {reference['source']})."]
+    else:
+        lines += ["", f"No SB3 reference, no targets: {missing}."]
     write(out / f"{stem}.md", lines, show=True)
     wallclock.plot_against_minutes(out / f"{stem}.png", f"{TORCHRL_SCRIPTS.get(algo, algo.upper())} HalfCheetah-v5: "
                                    "return against wall-clock", curves, reference)
@@ -654,6 +757,7 @@ def report_wallclock(out: Path, sides: dict[str, dict[int, dict]], sb3_runs: dic
     summary = {**provenance("learning", note=note), "suite": "wallclock", "algo": algo, "sb3_algo": against,
                **({"script_runs": scripts} if scripts else {}),
                "task": "HalfCheetah-v5", "snapshot_every_s": wallclock.SNAPSHOT_EVERY_S, "reference": reference,
+               **({"reference_missing": missing} if missing else {}),
                # SB3's runs behind the reference, per seed: the return and minutes at each evaluation
                "sb3_runs": {seed: {"updates": sb3_runs[seed]["updates"], "frames": [p["frames"] for p in run],
                                    "returns": [round(p["return"], 1) for p in run],
@@ -734,7 +838,8 @@ def report_robot(out: Path, by_env: dict[tuple[str, str], dict[str, dict[int, di
     frames = max(r["frames"] for sides in by_env.values() for runs in sides.values() for r in runs.values())
     marks = [float(m) for m in range(SB3_EVAL_EVERY, frames + 1, SB3_EVAL_EVERY)]
     references = {t.env: t.target for t in SUITES["robot"]}
-    summary = {**provenance("learning", note=note), "suite": "robot", "frames": int(marks[-1]),
+    # a run shorter than the first mark (a reduced --frames) has none: its frames stand
+    summary = {**provenance("learning", note=note), "suite": "robot", "frames": int(marks[-1]) if marks else frames,
                "marks": [int(m) for m in marks], "tasks": {}}
     for (algo, env), sides in by_env.items():
         entry = {"algo": algo, **({"reference": references[env]} if references[env] is not None else {}),
@@ -807,6 +912,10 @@ def main(argv: list[str] | None = None) -> None:
     if scripts and args.rl_root is None and not args.reuse:
         parser.error(f"--rl-root is needed for {', '.join(sorted(scripts))} (TorchRL's own scripts); give a "
                      "pytorch/rl checkout, or pick other algorithms with --algo")
+    short = sorted({task.algo for tasks in chosen.values() for task in tasks if task.algo.startswith("sb3_")})
+    if short and args.frames is not None and args.frames < SB3_EVAL_EVERY:
+        parser.error(f"--frames must be at least {SB3_EVAL_EVERY} for {', '.join(short)} (SB3's runs are evaluated "
+                     f"every {SB3_EVAL_EVERY} frames), got {args.frames}; or leave SB3 out with --algo")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for suite in suites:
@@ -847,9 +956,19 @@ def main(argv: list[str] | None = None) -> None:
                                      minutes, algo)
             continue
         for algo, targets in SB3_TARGETS.items():
-            if {algo, f"sb3_{algo}"} <= set(results):
+            shared = {algo, f"sb3_{algo}"} <= set(results) and sorted(
+                set(mean_curve(results[algo])) & set(mean_curve(results[f"sb3_{algo}"])))
+            if {algo, f"sb3_{algo}"} <= set(results) and not shared:  # a --frames too short for the recipe
+                print(json.dumps({"benchmark": "learning", "suite": suite, "algo": algo, "compared": None,
+                                  "reason": f"the recipe's evaluations ({sorted(mean_curve(results[algo]))}) and "
+                                            f"SB3's ({sorted(mean_curve(results[f'sb3_{algo}']))}) share no 10k mark; "
+                                            "no comparison written"}), flush=True)
+            if shared:
                 ours, sb3, name = results[algo], results[f"sb3_{algo}"], f"SB3 {algo.upper()}"
                 write(args.out / f"{algo}_vs_sb3.md", compare_with_sb3(ours, sb3, **targets), show=True)
+                summary = sb3_summary(suite, algo, ours, sb3, **targets)
+                (args.out / f"{algo}_vs_sb3.json").write_text(json.dumps(summary) + "\n")
+                print(json.dumps(summary), flush=True)
                 write(args.out / f"{algo}_vs_sb3_table.rst", rst_table({f"``recipes/{algo}.py``": ours, name: sb3}))
                 plot_sides(args.out / f"{algo}_vs_sb3.png", f"{algo.upper()} HalfCheetah-v5: recipe against SB3",
                            {f"recipes/{algo}.py": ours, name: sb3})

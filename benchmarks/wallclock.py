@@ -117,6 +117,26 @@ def sb3_reference(sb3_runs: dict[int, dict], frames: int = 100_000) -> dict[str,
     return {"return": statistics.fmean(returns), "minutes": statistics.fmean(minutes)}
 
 
+def sb3_reference_missing(sb3_runs: dict[int, dict], frames: int = 100_000) -> str | None:
+    """Why ``learning.run_sb3``'s runs give no :func:`sb3_reference` at ``frames``, or ``None`` when they all have an
+    evaluation there: a run at a reduced ``--frames`` stops before it.
+
+    Examples:
+        >>> full = {"curve": [(100000.0, 10.0)], "elapsed_at": {100000.0: 600.0}}
+        >>> sb3_reference_missing({0: full}) is None
+        True
+        >>> sb3_reference_missing({0: full, 3: {"curve": [(10000.0, 1.0)], "elapsed_at": {10000.0: 60.0}}})
+        "SB3's run of seed 3 ends at 10000 frames, before the 100000-frame mark the reference is taken at \
+(a reduced --frames)"
+    """
+    for seed, run in sb3_runs.items():
+        if float(frames) not in dict(run["curve"]) or float(frames) not in run["elapsed_at"]:
+            last = max((f for f, _ in run["curve"]), default=0.0)
+            return (f"SB3's run of seed {seed} ends at {last:.0f} frames, before the {frames}-frame mark the reference "
+                    "is taken at (a reduced --frames)")
+    return None
+
+
 def sb3_reference_from_results(saved: dict, source: str, algo: str = "sac") -> dict[str, float]:
     """:func:`sb3_reference` from a saved SB3 comparison (``sac_vs_sb3.json``, ``td3_vs_sb3.json`` with
     ``algo="td3"``): its ``sb3_<algo>`` holds per seed the returns at its marks and the minutes to the last.

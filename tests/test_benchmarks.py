@@ -126,6 +126,93 @@ def test_the_wallclock_report_reads_each_run_at_whole_minutes_against_sb3(tmp_pa
     assert json.loads((tmp_path / "wallclock.json").read_text())["algo"] == "sac"
 
 
+def _sb3_runs(frames: int, seeds: tuple[int, ...] = (0, 1)) -> dict[int, dict]:
+    """SB3 runs evaluated every 10k frames up to ``frames``, one minute per 10k frames."""
+    marks = [float(m) for m in range(10_000, frames + 1, 10_000)]
+    return {seed: {"curve": [(m, m / 100 + seed) for m in marks], "elapsed_at": {m: 6 * m / 1000 for m in marks},
+                   "elapsed_s": 6 * frames / 1000, "updates": frames, "frames": frames, "final_return": frames / 100}
+            for seed in seeds}
+
+
+def test_the_wallclock_report_without_sb3s_100k_return_says_so_instead_of_failing(tmp_path):
+    # at a reduced --frames SB3's runs end before 100k frames, where the reference is read
+    snapshots = [{"elapsed_s": 60.5, "frames": 2000, "updates": 500, "return": 40.0}]
+    sides = {"defaults": {0: {"snapshots": snapshots, "elapsed_s": 61.0, "frames": 2000, "updates": 500}}}
+    summary = learning.report_wallclock(tmp_path, sides, _sb3_runs(10_000), None, 1.0)
+    assert summary["reference"] is None and summary["configs"]["defaults"]["targets"] is None
+    assert summary["reference_missing"] == ("SB3's run of seed 0 ends at 10000 frames, before the 100000-frame mark "
+                                            "the reference is taken at (a reduced --frames)")
+    saved = json.loads((tmp_path / "wallclock.json").read_text())
+    assert saved["reference"] is None and saved["reference_missing"] == summary["reference_missing"]
+    assert saved["configs"]["defaults"]["mean_by_minute"] == [40.0]
+    assert "No SB3 reference, no targets: SB3's run of seed 0 ends at 10000" in (tmp_path / "wallclock.md").read_text()
+    # without SB3's runs or a saved reference, the same
+    alone = learning.report_wallclock(tmp_path, sides, None, None, 1.0, "td3")
+    assert alone["reference"] is None and "--algo sb3_td3" in alone["reference_missing"]
+    assert "--sb3-reference" in alone["reference_missing"]
+    # at full size the reference is SB3's, and the summary has no reason for a missing one
+    full = learning.report_wallclock(tmp_path, sides, _sb3_runs(100_000), None, 1.0)
+    assert full["reference"] == {"return": 1000.5, "minutes": 10.0, "seeds": 2, "source": "this suite's runs"}
+    assert "reference_missing" not in full and full["configs"]["defaults"]["targets"]["sb3_return"] == 1000.5
+
+
+def test_the_wallclock_suite_runs_at_a_reduced_size(tmp_path, monkeypatch):
+    # README's wall-clock command with one seed, one minute and 10k frames: SB3's runs stop before 100k
+    def fake_run(task, seed, run_dir):
+        if task.algo.startswith("sb3_"):
+            return _sb3_runs(task.frames, (seed,))[seed]
+        snapshot = {"elapsed_s": 60.5, "frames": 3000, "updates": 700, "return": 12.0}
+        return {**_result([(3000.0, 12.0)], 3000), "snapshots": [snapshot]}
+
+    monkeypatch.setattr(learning, "run", fake_run)
+    for algo in ("sac", "td3"):
+        learning.main(["--suite", "wallclock", "--algo", algo, f"sb3_{algo}", "--task", "defaults", f"sb3_{algo}",
+                       "--seeds", "0", "--minutes", "1", "--frames", "10000", "--out", str(tmp_path)])
+        saved = json.loads((tmp_path / f"{'wallclock' if algo == 'sac' else 'wallclock_td3'}.json").read_text())
+        assert saved["reference"] is None and "ends at 10000 frames" in saved["reference_missing"]
+        assert saved["configs"]["defaults"]["mean_by_minute"] == [12.0]
+
+
+def test_frames_too_few_for_an_sb3_evaluation_are_refused(tmp_path, capsys, monkeypatch):
+    def no_training(task, seed, run_dir):
+        raise AssertionError(f"{task.name} trained though --frames is refused")
+
+    monkeypatch.setattr(learning, "run", no_training)
+    with pytest.raises(SystemExit):
+        learning.main(["--suite", "td3", "--frames", "5000", "--out", str(tmp_path)])
+    assert "--frames must be at least 10000 for sb3_td3 (SB3's runs are evaluated every 10000 frames), got 5000" in (
+        capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("suite, algo", [("sb3", "sac"), ("td3", "td3")])
+def test_the_sb3_suites_write_their_results_file(suite, algo, tmp_path, monkeypatch):
+    import report
+
+    sb3 = _sb3_runs(30_000, (0, 1, 2))
+    ours = {seed: {**run, "curve": [(f + 32, v + 50) for f, v in run["curve"]],
+                   "elapsed_at": {f + 32: t / 2 for f, t in run["elapsed_at"].items()}, "elapsed_s": 90.0}
+            for seed, run in _sb3_runs(30_000, (0, 1, 2)).items()}
+    monkeypatch.setattr(learning, "run",
+                        lambda task, seed, run_dir: (sb3 if task.algo.startswith("sb3_") else ours)[seed])
+    learning.main(["--suite", suite, "--frames", "30000", "--seeds", "0", "1", "2", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / f"{algo}_vs_sb3.json").read_text())
+    assert (saved["benchmark"], saved["suite"], saved["algo"]) == ("learning", suite, algo) and saved["date"]
+    assert saved["marks"] == [10_000, 20_000, 30_000] and saved["frames"] == 30_000
+    assert saved["recipe"]["1"] == {"returns": [151, 251, 351], "minutes": 1.5}
+    assert saved[f"sb3_{algo}"]["2"] == {"returns": [102, 202, 302], "minutes": 3.0}
+    low, high = saved["interval_90"]["20000"]  # 3 seeds a side
+    assert saved["difference"] == [50.0, 50.0, 50.0] and 48 <= low <= 50 <= high <= 52
+    # SB3's 301 at 30k is the recipe's at 30k: 1.5 of SB3's 3 minutes
+    assert saved["time_to_sb3_return"] == {"mark": 30_000, "sb3_return": 301.0, "sb3_min": 3.0,
+                                           "recipe_frames": 30_000, "recipe_min": 1.5, "ratio": 0.5}
+    assert saved["targets"]["passed"]
+    # the docs' tables read it, as they read the file at benchmarks/results/learning/
+    res = {f"learning/{algo}_vs_sb3.json": {**saved, "_file": f"learning/{algo}_vs_sb3.json"}}
+    shown = (report.sac_tables if algo == "sac" else report.td3_tables)(res)
+    assert f"{algo}_vs_sb3.json" in shown and ("recipe mean (3 seeds)" in shown if algo == "td3" else
+                                               "**0.50** of SB3's wall-clock" in shown)
+
+
 def test_sb3_references_are_told_apart_by_the_runs_they_hold(tmp_path):
     saved = BENCHMARKS / "results" / "learning"
     references = learning.sb3_references([saved / "td3_vs_sb3.json", saved / "sac_vs_sb3.json"])
@@ -215,6 +302,7 @@ def test_set_reaches_every_recipe_run_and_a_tasks_variants_are_compared(tmp_path
         (scalars / "episode_length.csv").write_text(f"10048,1000\n20032,1000\n30016,{standing}\n40000,{standing}\n")
         # evaluated at the first log past each 10k mark, as the recipe does
         curve = [(m + 48.0, 2.0 * seed + m / 10_000) for m in range(10_000, task.frames + 1, 10_000)]
+        curve = curve or [(float(task.frames), 0.5)]  # shorter than 10k frames: the recipe's final evaluation
         return {**_result(curve, task.frames), "run_dir": str(run_dir)}
 
     monkeypatch.setattr(learning, "run", fake_run)
@@ -248,6 +336,12 @@ def test_set_reaches_every_recipe_run_and_a_tasks_variants_are_compared(tmp_path
     seen.clear()
     learning.main(["--suite", "robot", "--seeds", "0", "--task", "WalkerWalk", "--out", str(tmp_path / "one")])
     assert [(task.env, task.overrides[-1]) for task in seen] == [("WalkerWalk-v1", "replay_buffer.size=100000")]
+    # shorter than the first 10k mark: no marks, the runs' frames
+    learning.main(["--suite", "robot", "--seeds", "0", "--task", "CheetahRun", "--frames", "2000",
+                   "--out", str(tmp_path / "short")])
+    short = json.loads((tmp_path / "short" / "robot.json").read_text())
+    assert (short["frames"], short["marks"], short["tasks"]["CheetahRun-v1"]["means"]) == (
+        2000, [], {"recipes/sac.py": []})
 
 
 def test_set_reaches_the_config_an_sb3_run_reads(tmp_path, monkeypatch):
