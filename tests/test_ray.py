@@ -602,6 +602,60 @@ def test_sac_recipe_runs_with_the_ray_backend(tmp_path):
     assert (tmp_path / "checkpoint" / "replay_buffer").is_dir()
 
 
+OUTLIVING_RAY = """
+import gc, os, sys, tempfile, time
+import ray
+from conftest import linear_policy
+from torchrl_unilab import make_replay_buffer
+from torchrl_unilab._residue import SCRATCH_PREFIX, SHM_DIR, WEIGHTS_PREFIX, running, sweep_stale
+from torchrl_unilab.collectors.ray_collector import RayOffPolicyCollector
+
+if __name__ == "__main__":
+    config = dict(num_cpus=2, include_dashboard=False)
+    node = dict(num_nodes=1, num_workers=1, num_envs=2, frames_per_batch=16, remote_configs={"num_cpus": 1})
+    try:
+        RayOffPolicyCollector("Pendulum-v1", linear_policy(3, 1), collector_kwargs={"nonfinite": "bogus"},
+                              ray_init_config=config, **node)
+    except Exception as err:
+        print("refused:", "nonfinite must be one of" in str(err))
+    print("up after a failed construction:", ray.is_initialized())
+    gc.collect()
+    print("up after collecting it:", ray.is_initialized())
+    ray.init(**config)
+    collector = RayOffPolicyCollector("Pendulum-v1", linear_policy(3, 1), replay_buffer=make_replay_buffer(256), **node)
+    actor = int(collector.node_hosts[0].rsplit("(pid ", 1)[1].rstrip(")"))
+    ray.shutdown()
+    del collector
+    gc.collect()
+    print("up after collecting a collector that outlived Ray:", ray.is_initialized())
+    # ray.shutdown() killed the node's actor: what it named after itself goes as the next start would sweep it.
+    deadline = time.monotonic() + 60
+    while running(actor) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    sweep_stale(SHM_DIR, WEIGHTS_PREFIX)
+    sweep_stale(tempfile.gettempdir(), SCRATCH_PREFIX)
+"""
+
+
+def test_a_collector_never_starts_ray_again_after_a_failed_construction_or_a_ray_shutdown(tmp_path):
+    """A construction that fails after its nodes started stops them and gives back TorchRL's Ray runtime lease,
+    so the runtime it started for itself goes too; a collector collected after ``ray.shutdown()`` leaves Ray
+    down (``RayCollector.__del__``'s ``ray.kill`` would start a new runtime: Ray's auto-init). In a process of
+    its own: this module's cluster stays up."""
+    script = tmp_path / "outliving_ray.py"
+    script.write_text(OUTLIVING_RAY)
+    tests = Path(__file__).resolve().parent
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [line for line in out.stdout.splitlines() if line.startswith(("refused:", "up after"))] == [
+        "refused: True",
+        "up after a failed construction: False",
+        "up after collecting it: False",
+        "up after collecting a collector that outlived Ray: False",
+    ], out.stdout + out.stderr[-3000:]
+
+
 def test_the_core_package_imports_without_ray():
     code = (
         "import sys; sys.modules['ray'] = None\n"

@@ -24,6 +24,7 @@ import functools
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -36,6 +37,7 @@ from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torchrl.collectors.distributed import RayCollector
 from torchrl.data import ReplayBuffer
 from torchrl.envs.utils import ExplorationType
+from torchrl.weight_update import RayWeightSyncScheme, WeightSyncScheme
 
 from torchrl_unilab._residue import pid_alive
 from torchrl_unilab._torchrl_private import (
@@ -81,6 +83,29 @@ _log = logging.getLogger("torchrl.unilab")
 
 #: How long TorchRL's Ray weight-sync rendezvous waits for every node (its own default is 60 s).
 WEIGHT_SYNC_RENDEZVOUS_S = 300
+
+
+class _RayNodeWeightSyncScheme(RayWeightSyncScheme):
+    """TorchRL's ``RayWeightSyncScheme``, whose shutdown leaves Ray down when it finds it down.
+
+    The learner's scheme kills its rendezvous actor on ``shutdown`` (which its ``__del__`` calls too). Once Ray is
+    shut down that actor is gone with it, and ``ray.kill`` would start a new local runtime to kill it (Ray starts
+    one on any call when none is up), so the kill is skipped then. :class:`RayOffPolicyCollector` syncs its nodes
+    with this scheme.
+
+    Example:
+        >>> import ray
+        >>> scheme = _RayNodeWeightSyncScheme()
+        >>> scheme.shutdown()
+        >>> ray.is_initialized()
+        False
+    """
+
+    def shutdown(self) -> None:
+        if _ray().is_initialized():
+            super().shutdown()
+        else:
+            WeightSyncScheme.shutdown(self)
 
 
 def _ray():
@@ -413,24 +438,40 @@ class RayOffPolicyCollector(RayCollectorHooks, RayCollector):
         self._pacing = Pacing(self._delivered)
         self.published_version = 1
         self.receive_s = 0.0
-        super().__init__(
-            [create_env_fn] * num_nodes if isinstance(create_env_fn, str) else create_env_fn,
-            policy,
-            frames_per_batch=frames_per_batch,
-            total_frames=total_frames if total_frames >= 0 else float("inf"),  # RayCollector stops at -1
-            init_random_frames=0,  # split exactly over the nodes in add_collectors
-            max_frames_per_traj=-1 if max_frames_per_traj is None else max_frames_per_traj,
-            exploration_type=exploration_type,
-            collector_class=RayNodeCollector,
-            collector_kwargs=kwargs,
-            num_workers_per_collector=num_workers,
-            num_collectors=num_nodes,
-            sync=False,
-            replay_buffer=replay_buffer,
-            remote_configs=dict(remote_configs or {"num_cpus": 1, "scheduling_strategy": "SPREAD"})
-            if not isinstance(remote_configs, Sequence) else list(remote_configs),
-            ray_init_config=dict(ray_init_config) if ray_init_config is not None else None,
-        )
+        try:
+            super().__init__(
+                [create_env_fn] * num_nodes if isinstance(create_env_fn, str) else create_env_fn,
+                policy,
+                frames_per_batch=frames_per_batch,
+                total_frames=total_frames if total_frames >= 0 else float("inf"),  # RayCollector stops at -1
+                init_random_frames=0,  # split exactly over the nodes in add_collectors
+                max_frames_per_traj=-1 if max_frames_per_traj is None else max_frames_per_traj,
+                exploration_type=exploration_type,
+                collector_class=RayNodeCollector,
+                collector_kwargs=kwargs,
+                num_workers_per_collector=num_workers,
+                num_collectors=num_nodes,
+                sync=False,
+                replay_buffer=replay_buffer,
+                remote_configs=dict(remote_configs or {"num_cpus": 1, "scheduling_strategy": "SPREAD"})
+                if not isinstance(remote_configs, Sequence) else list(remote_configs),
+                ray_init_config=dict(ray_init_config) if ray_init_config is not None else None,
+                weight_sync_schemes={"policy": _RayNodeWeightSyncScheme()},
+            )
+        except BaseException:
+            # TorchRL's own cleanup of a half-built RayCollector: kills the node actors started so far and gives
+            # back its Ray runtime lease, so a runtime the collector started for itself goes with it.
+            super().__del__()
+            raise
+        try:
+            self._connect_nodes(ray)
+        except BaseException:
+            # The nodes run and the lease is held: stopped and given back as shutdown does.
+            self.shutdown(raise_on_error=False)
+            raise
+
+    def _connect_nodes(self, ray: Any) -> None:
+        """Learns each node's host, batch size and row layout, and joins the nodes' weight-sync group."""
         self.node_hosts = ray.get([c.host.remote() for c in self.remote_collectors])
         self._nodes = list(self.remote_collectors)  # RayCollector's list shrinks on shutdown; indices stay
         # A node rounds frames_per_batch up to a multiple of its env batch, as TorchRL does; count what it sends.
@@ -775,6 +816,14 @@ class RayOffPolicyCollector(RayCollectorHooks, RayCollector):
         _sweep_after(self.node_hosts[refs[ref]] for ref in unfinished)
         if raise_on_error:
             self._raise_if_failed()
+
+    def __del__(self) -> None:
+        # RayCollector.__del__ kills the node actors with ray.kill, and any Ray call starts a new local runtime
+        # when none is up (Ray's auto-init). Actors do not outlive their runtime: once Ray is shut down there is
+        # nothing left to kill, and a collector collected then must not start Ray again.
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            super().__del__()
 
     def __enter__(self) -> RayOffPolicyCollector:
         return self
