@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.collectors import BaseCollector, MultiAsyncCollector, _constants as torchrl_constants
+from torchrl.collectors import MultiAsyncCollector, _constants as torchrl_constants
 from torchrl.collectors.utils import _traj_ingest, _validate_traj_format
 from torchrl.envs import Transform
 from torchrl.envs.utils import _make_compatible_policy
@@ -40,7 +40,6 @@ __all__ = [
     "buffer_locks",
     "buffer_writer",
     "collector_devices",
-    "collector_stats",
     "env_step",
     "has_own_inverse",
     "has_post_step_mdp_hooks",
@@ -333,29 +332,14 @@ def has_receiver_schemes(collector: MultiAsyncCollector) -> bool:
     return bool(getattr(collector, "_receiver_schemes", None))
 
 
-class _CountedView:
-    """The collector, with the frames and batches its own counters hold under the names BaseCollector reads."""
-
-    def __init__(self, collector: Any, frames: int, iteration: int) -> None:
-        self._frames, self._iter, self._collector = frames, iteration, collector
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._collector, name)
-
-
-def collector_stats(collector: MultiAsyncCollector, *, frames: int, iteration: int) -> dict[str, Any]:
-    """``BaseCollector.stats()``'s entries (``frames``, ``batches``, ``total_frames``, ...). TorchRL reads the
-    frames and batches from its private ``_frames`` and ``_iter`` fields; the collector passes its own counts."""
-    return BaseCollector.stats(_CountedView(collector, frames, iteration))
-
-
 class CounterFields:
     """``MultiAsyncCollector``'s ``_frames`` and ``_iter``, read-only, from the public counts of the collector that
     mixes this in: ``frames_iterated`` and ``batches_iterated``.
 
     TorchRL's class sets both in its ``__init__`` and counts with them; its own tests read them
-    (``test_collector_reloading`` compares them across ``state_dict``/``load_state_dict``). The collector keeps its
-    counts in its own object, so these are views of it, never written.
+    (``test_collector_reloading`` compares them across ``state_dict``/``load_state_dict``), and
+    ``BaseCollector.stats()`` reports them as ``frames`` and ``batches``. The collector keeps its counts in its own
+    object, so these are views of it, never written.
     """
 
     @property

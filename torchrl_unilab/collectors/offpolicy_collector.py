@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDictBase, is_non_tensor
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
-from torchrl.collectors import MultiAsyncCollector
+from torchrl.collectors import BaseCollector, MultiAsyncCollector
 from torchrl.collectors.utils import split_trajectories
 from torchrl.data import OfflineToOnlineReplayBuffer, ReplayBuffer
 from torchrl.envs import EnvBase
@@ -26,7 +26,6 @@ from torchrl.weight_update import WeightSyncScheme
 from torchrl_unilab._torchrl_private import (
     CounterFields,
     collector_devices,
-    collector_stats,
     has_receiver_schemes,
     idle_limit,
     init_collector_fields,
@@ -955,7 +954,7 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector):
         metrics = self.metrics()
         out: dict[str, int | float | bool] = {}
         if workers in ("aggregate", "both"):
-            out.update(collector_stats(self, frames=self._counters.frames, iteration=self._counters.iteration))
+            out.update(BaseCollector.stats(self))  # frames and batches through CounterFields
             out.update(frames_written=metrics["frames"], fps=metrics["fps"], episodes=metrics["episodes"],
                        random_frames=metrics["random_frames"])
         out["workers"] = self.num_workers
