@@ -542,9 +542,8 @@ def test_node_batches_trajectory_limits_and_waits_that_could_never_end():
 
 
 def test_a_node_error_stays_raised_and_a_bad_node_argument_is_named():
-    """A node's error is raised by every later call, as a local worker's: the second wait blocked for good
-    before (the collection thread had ended). A node that cannot be built names the argument (Ray reported an
-    'unexpected internal error': repr() of the half-built actor raised)."""
+    """A node's error is raised by every later call, as a local worker's, though the collection thread has
+    ended. A node that cannot be built names the argument (its half-built actor's repr() answers too)."""
     with pytest.raises(Exception, match="nonfinite must be one of"):
         RayOffPolicyCollector("Pendulum-v1", linear_policy(3, 1), num_nodes=1, num_workers=1, num_envs=2,
                               frames_per_batch=16, remote_configs=NODE, collector_kwargs={"nonfinite": "bogus"})
