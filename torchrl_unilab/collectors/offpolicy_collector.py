@@ -282,7 +282,7 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector):
         recipe = PolicyRecipe(algo, spec.trust_policy, obs_norm, dict(td3_noise=td3_noise, td3_std_min=td3_std_min,
                                                                       td3_std_max=td3_std_max, td3_std=td3_std))
         factory_only = policy is None and policy_factory is not None
-        built = self._setup_policy(policy, policy_factory, recipe)
+        built = self._setup_policy(policy, policy_factory, recipe, factory_only)
         row = self._setup_probe(built.acting, spec, postproc if replay_buffer is not None else None, factory_only)
         self._setup_storage(spec.replay_buffer, row, spec)
         self._setup_torchrl_options(
@@ -340,16 +340,18 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector):
         self.init_random_frames = min(spec.init_random_frames, self.total_frames)
         self._counters = CollectorCounters(self.total_frames, self.num_workers)
 
-    def _setup_policy(self, policy: Any, policy_factory: Callable | None, recipe: PolicyRecipe) -> BuiltPolicy:
-        """The policy the workers act with, built from what was given as TorchRL's collectors build it."""
+    def _setup_policy(self, policy: Any, policy_factory: Callable | None, recipe: PolicyRecipe,
+                      factory_only: bool) -> BuiltPolicy:
+        """The policy the workers act with, built from what was given as TorchRL's collectors build it
+        (``factory_only``: a ``policy_factory`` given without ``policy``)."""
         # As TorchRL's collectors: a policy_factory builds the policy each worker acts with. Given alone, it is also
         # called here once, for the policy the weights are published from (the seqlock block is laid out from it, as
         # the policy each worker builds), and once in a spawned process of its own, for the row a worker will write
         # (probe_in_process).
         self._worker_policy = (None if policy_factory is None
-                               else PolicyFromFactory(policy_factory, recipe, keeps_own_weights=policy is None))
+                               else PolicyFromFactory(policy_factory, recipe, keeps_own_weights=factory_only))
         self.policy_factory = policy_factory
-        source = policy_factory() if policy is None and policy_factory is not None else policy
+        source = policy_factory() if factory_only else policy
         built = recipe.build(source, self._probe_given, self._probe_env)
         self.obs_norm = built.obs_norm
         self.policy = built.acting

@@ -102,7 +102,7 @@ class _RayNodeWeightSyncScheme(RayWeightSyncScheme):
     """
 
     def shutdown(self) -> None:
-        if _ray().is_initialized():
+        if _ray_is_up():
             super().shutdown()
         else:
             WeightSyncScheme.shutdown(self)
@@ -115,6 +115,12 @@ def _ray():
         raise ImportError('Ray is not installed; install the extra with: pip install -e ".[ray]"') from err
     _wait_longer_for_the_rendezvous()
     return ray
+
+
+def _ray_is_up() -> bool:
+    """Whether a Ray runtime is up in this process, asked without importing Ray (nor starting it)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 def _wait_longer_for_the_rendezvous() -> None:
@@ -821,8 +827,7 @@ class RayOffPolicyCollector(RayCollectorHooks, RayCollector):
         # RayCollector.__del__ kills the node actors with ray.kill, and any Ray call starts a new local runtime
         # when none is up (Ray's auto-init). Actors do not outlive their runtime: once Ray is shut down there is
         # nothing left to kill, and a collector collected then must not start Ray again.
-        ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized():
+        if _ray_is_up():
             super().__del__()
 
     def __enter__(self) -> RayOffPolicyCollector:
