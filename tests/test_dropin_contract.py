@@ -362,16 +362,74 @@ def test_max_idle_count_bounds_the_wait_for_a_batch_as_torchrls_does(max_idle_co
 
 
 # ------------------------------------------------------------------ the documented differences
-@pytest.mark.parametrize("env_cls", ["HeterogeneousCountingEnv", "EnvWithDynamicSpec"])
-def test_an_env_with_rows_of_varying_shape_is_named_at_construction(env_cls):
-    """Rows are fixed-shape shared tensors: a lazy-stacked or dynamic-shaped env is named with its keys when the
-    collector is built (a worker died on its first batch with ``The shapes of the tensors to stack is
-    incompatible``, or the probe with ``Failed to stack tensors``)."""
-    from torchrl.testing import mocking_classes
+def heterogeneous_env():
+    from torchrl.envs import InitTracker, TransformedEnv
+    from torchrl.testing.mocking_classes import HeterogeneousCountingEnv
 
-    make_env = getattr(mocking_classes, env_cls)
-    with pytest.raises(ValueError, match=r"dimensions of varying size \(-1\) at \[.*\]: heterogeneous"):
-        OffPolicyCollector([make_env], frames_per_batch=8, total_frames=8)
+    return TransformedEnv(HeterogeneousCountingEnv(max_steps=3, batch_size=(4,)), InitTracker())
+
+
+def dynamic_env():
+    from torchrl.testing.mocking_classes import EnvWithDynamicSpec
+
+    return EnvWithDynamicSpec()
+
+
+def first_batches(collector, n: int = 2) -> list:
+    batches = []
+    try:
+        for batch in collector:
+            batches.append(batch)
+            if len(batches) == n:
+                return batches
+    finally:
+        collector.shutdown()
+    return batches
+
+
+@pytest.mark.parametrize("make_env", [heterogeneous_env, dynamic_env])
+def test_an_env_with_entries_of_varying_shape_is_collected_by_torchrl_collector(make_env, no_leaks):
+    """Rows of fixed-shape shared tensors cannot hold lazy-stacked or growing entries: ``OffPolicyCollector(...)``
+    returns TorchRL's ``MultiAsyncCollector`` from the same arguments, with a warning naming the entries, and it
+    yields what TorchRL's class yields."""
+    from tensordict import LazyStackedTensorDict, assert_allclose_td
+    from torchrl.collectors import MultiAsyncCollector
+    from torchrl.envs.utils import RandomPolicy
+
+    policy = None if make_env is heterogeneous_env else RandomPolicy(make_env().action_spec)
+    if make_env is heterogeneous_env:
+        from torchrl.testing.mocking_classes import HeterogeneousCountingEnvPolicy
+
+        policy = HeterogeneousCountingEnvPolicy(make_env().full_action_spec)
+    with pytest.warns(UserWarning, match=r"entries \[.*'observation'|entries \[.*'lazy'.*vary in shape"):
+        ours = OffPolicyCollector([make_env], policy, frames_per_batch=8, total_frames=16, num_envs=16)
+    assert type(ours) is MultiAsyncCollector
+    got = first_batches(ours)
+    want = first_batches(MultiAsyncCollector([make_env], policy, frames_per_batch=8, total_frames=16))
+    assert len(got) == len(want) == 2
+    for ours_batch, torchrl_batch in zip(got, want):
+        assert ours_batch.names[-1] == "time"
+        if make_env is heterogeneous_env:  # CountingEnv's entries count steps: the same on both
+            assert isinstance(ours_batch.get("lazy"), LazyStackedTensorDict)
+            assert_allclose_td(ours_batch, torchrl_batch)
+        else:
+            assert isinstance(ours_batch, LazyStackedTensorDict)
+
+
+def test_an_env_of_varying_shape_names_arguments_torchrl_collector_has_no_use_for(no_leaks):
+    """Our own arguments given at other than their defaults cannot reach TorchRL's collector: they are named with the
+    entries that sent the env there, and no process starts. A subclass of ours raises the shape error itself."""
+    from torchrl_unilab.envs.specs import VaryingShapeError
+
+    with pytest.raises(ValueError, match=r"varying size \(-1\) at \['observation'\].* none of \['algo', 'obs_norm'\]"):
+        OffPolicyCollector([dynamic_env], frames_per_batch=8, total_frames=16, algo="sac", obs_norm=True,
+                           engine="auto")
+
+    class Mine(OffPolicyCollector):
+        pass
+
+    with pytest.raises(VaryingShapeError, match=r"pad these entries to a fixed shape"):
+        Mine([dynamic_env], frames_per_batch=8, total_frames=16)
 
 
 def test_non_tensor_entries_are_left_out_with_a_warning(no_leaks):

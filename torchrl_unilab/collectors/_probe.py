@@ -21,6 +21,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl_unilab.collectors._policy import PolicyFromFactory
 from torchrl_unilab.collectors._worker import ActionEntry, _is_private, _truncated_keys, add_collector_keys
 from torchrl_unilab.envs.resolve import BatchOfOne, as_batched_env
+from torchrl_unilab.envs.specs import VaryingShapeError, varying_shape_keys
 
 __all__ = ["probe_in_process", "probe_row", "probe_step"]
 
@@ -48,15 +49,9 @@ def probe_step(env: EnvBase, policy, exploration_type: ExplorationType,
         >>> row["action"].shape, row["next", "observation"].shape, list(policy_row.keys())
         (torch.Size([1]), torch.Size([3]), [])
     """
-    dynamic = sorted(str(key) for spec in (env.full_observation_spec, env.full_action_spec, env.full_reward_spec,
-                                           env.full_done_spec, env.full_state_spec)
-                     for key in spec.keys(True, True) if -1 in spec[key].shape)
-    if dynamic:
-        raise ValueError(
-            f"the env's specs have dimensions of varying size (-1) at {dynamic}: heterogeneous (lazy-stacked) or "
-            "dynamic-shaped entries. OffPolicyCollector's rows are fixed-shape tensors in shared memory; pad these "
-            "entries to a fixed shape (TorchRL's MultiAsyncCollector pickles such rows instead)"
-        )
+    varying = varying_shape_keys(env)
+    if varying:
+        raise VaryingShapeError(varying)
     truncated = _truncated_keys(env) if set_truncated else []
     if set_truncated and not truncated:
         raise RuntimeError(

@@ -54,6 +54,7 @@ from torchrl_unilab.collectors._processes import (
     process_context,
     shut_down_at_exit,
 )
+from torchrl_unilab.collectors._varying_shapes import torchrl_collector_for
 from torchrl_unilab.collectors._weights import WeightPublisher
 from torchrl_unilab.collectors._worker import (
     NEXT_STEP_KEY,
@@ -73,6 +74,7 @@ from torchrl_unilab.data.replay_buffer import holds_row, prepare_storage
 from torchrl_unilab.data.resolve import workers_buffer
 from torchrl_unilab.envs.privileged import PrivilegedInfoTransform
 from torchrl_unilab.envs.resolve import as_batched_env, resolve_envs
+from torchrl_unilab.envs.specs import VaryingShapeError, varying_shape_keys
 from torchrl_unilab.modules.normalization import ObservationNormalizer
 from torchrl_unilab.weight_update.torchrl_schemes import (
     as_seqlock_scheme,
@@ -88,7 +90,32 @@ __all__ = ["OffPolicyCollector", "WorkerError"]
 _log = logging.getLogger("torchrl.unilab")
 
 
-class OffPolicyCollector(CounterFields, MultiAsyncCollector):
+class _OffPolicyCollectorMeta(type(MultiAsyncCollector)):
+    """Builds an ``OffPolicyCollector``, or TorchRL's ``MultiAsyncCollector`` for an env whose entries vary in shape.
+
+    As TorchRL's ``MultiCollector(sync=...)`` returns the subclass that fits, ``OffPolicyCollector(...)`` returns
+    TorchRL's own collector, built from the same arguments, where its rows of fixed-shape shared tensors cannot hold
+    the env's entries (``VaryingShapeError``, raised as the constructor looks at the env, before any worker
+    starts). A subclass of ``OffPolicyCollector`` raises the error instead of becoming TorchRL's class.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> MultiAsyncCollector:
+        try:
+            return super().__call__(*args, **kwargs)
+        except VaryingShapeError as err:
+            if cls is not OffPolicyCollector:
+                raise
+            varying = err.keys
+        collector = torchrl_collector_for(cls.__init__, args, kwargs, varying)
+        warnings.warn(
+            f"the env's entries {varying} vary in shape, which OffPolicyCollector's rows of fixed-shape shared "
+            "tensors cannot hold: this is TorchRL's MultiAsyncCollector, built from the same arguments (each batch "
+            "pickled through a pipe). Pad these entries to a fixed shape to collect with OffPolicyCollector",
+            stacklevel=2)
+        return collector
+
+
+class OffPolicyCollector(CounterFields, MultiAsyncCollector, metaclass=_OffPolicyCollectorMeta):
     """TorchRL's asynchronous multi-process collector, rebuilt for off-policy training.
 
     Each of ``num_workers`` workers steps a batch of environments, picks actions with ``policy`` under
@@ -324,6 +351,10 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector):
         self._given_step_count = STEP_KEY in probe.observation_spec.keys()
         self._probe_env = as_batched_env(probe)
         self.num_envs = self._probe_env.batch_size[0]
+        varying = varying_shape_keys(probe)
+        if varying:  # before any policy is built: OffPolicyCollector(...) gives such an env to TorchRL's collector
+            self._close_probe()
+            raise VaryingShapeError(varying)
 
     def _setup_batch_size(self, frames_per_batch: int | Sequence[int], spec: CollectorSpec) -> None:
         """Frames per batch, rounded up to the env's batch size as TorchRL rounds it; the frame totals."""

@@ -53,6 +53,7 @@ from torchrl.collectors.weight_update import WeightUpdaterBase
 from torchrl.weight_update import DistributedWeightSyncScheme, NoWeightSyncScheme, WeightSyncScheme
 
 from torchrl_unilab._torchrl_private import shared_mem_buffers
+from torchrl_unilab.envs.specs import VaryingShapeError
 from torchrl_unilab.weight_update.weight_sync_scheme import SeqlockWeightSyncScheme, _prefix_of
 
 __all__ = ["FIRST_SEND_WAIT_S", "TorchRLSchemeAdapter", "as_seqlock_scheme", "as_weight_updater",
@@ -179,7 +180,8 @@ def joins_receivers_on_error(init: Callable[..., None]) -> Callable[..., None]:
     ``DistributedWeightSyncScheme`` is connected (the process group and the initial weights), answers the driver's
     first weight send (for up to :data:`FIRST_SEND_WAIT_S` seconds), and is shut down; then the constructor's error
     is raised, whatever the join gave. Other schemes, and a collector constructed without receiving schemes, are
-    left alone: their senders do not wait for the node.
+    left alone: their senders do not wait for the node. A :class:`~torchrl_unilab.envs.specs.VaryingShapeError`
+    passes untouched: ``OffPolicyCollector(...)`` then builds TorchRL's collector, which connects the receivers.
 
     Examples:
         >>> class Node:
@@ -198,6 +200,8 @@ def joins_receivers_on_error(init: Callable[..., None]) -> Callable[..., None]:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
         try:
             init(self, *args, **kwargs)
+        except VaryingShapeError:
+            raise  # OffPolicyCollector(...) hands the env to TorchRL's collector, which connects the receivers itself
         except BaseException:
             given = signature.bind_partial(self, *args, **kwargs).arguments
             torchrl_kwargs = given.get("torchrl_kwargs") or {}
