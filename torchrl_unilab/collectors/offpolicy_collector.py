@@ -284,6 +284,9 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector, metaclass=_OffPolic
         # MultiCollector.__init__ would start TorchRL's own worker loop; this class
         # replaces that loop, so it sets the parent's fields here instead
         # (torchrl_unilab._torchrl_private.PARENT_FIELDS lists them).
+        # TorchRL's base collector's own fields: the hooks, and in newer TorchRL the progress counters that its
+        # trajectory assembly (BaseCollector.__iter__ with trajs_per_batch) records into.
+        BaseCollector.__init__(self, pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook)
         self.closed = True
         self._shut_down = False
         self._pool: WorkerPool | None = None
@@ -446,7 +449,6 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector, metaclass=_OffPolic
         self._rows_only_keys = [key for key, kept in ((VERSION_KEY, track_policy_version), (STEP_KEY, counts_steps),
                                                       (NEXT_STEP_KEY, counts_steps)) if not kept]
         self.init_fn = init_fn
-        self._pre_hook, self._post_hook = pre_collect_hook, post_collect_hook
         # TorchRL's per-worker device tuples. Workers act and store on CPU whatever these name; a yielded batch
         # goes to the storing device (_batches.to_storing_device).
         devices = collector_devices(self, **spec.devices)
@@ -560,8 +562,8 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector, metaclass=_OffPolic
             self._close_probe()  # the processes build their own envs
         sources = [env if isinstance(env, EnvBase) else cloudpickle.dumps(env) for env in self._worker_envs]
         worker_policy = self.policy if self._worker_policy is None else self._worker_policy
-        extras = dict(init_fn=self.init_fn, pre_collect_hook=self._pre_hook,
-                      post_collect_hook=self._post_hook,
+        extras = dict(init_fn=self.init_fn, pre_collect_hook=self.pre_collect_hook,
+                      post_collect_hook=self.post_collect_hook,
                       postproc=self.postproc if self._workers_write else None)
         sink = workers_buffer(self.replay_buffer) if self._workers_write else None
         if sink is None:
@@ -1107,25 +1109,18 @@ class OffPolicyCollector(CounterFields, MultiAsyncCollector, metaclass=_OffPolic
         """Not supported: see :meth:`enable_profile`."""
         self.enable_profile()
 
-    @property
-    def pre_collect_hook(self) -> Callable[[], None] | None:
-        """Called in each worker before a batch; set it before collection starts."""
-        return self._pre_hook
-
-    @pre_collect_hook.setter
-    def pre_collect_hook(self, hook: Callable[[], None] | None) -> None:
+    def _set_pre_collect_hook(self, hook: Callable[[], None] | None) -> None:
         self._check_not_started("pre_collect_hook")
-        self._pre_hook = hook
+        BaseCollector.pre_collect_hook.fset(self, hook)
 
-    @property
-    def post_collect_hook(self) -> Callable[[TensorDictBase], None] | None:
-        """Called in each worker with each batch once written; set it before collection starts."""
-        return self._post_hook
-
-    @post_collect_hook.setter
-    def post_collect_hook(self, hook: Callable[[TensorDictBase], None] | None) -> None:
+    def _set_post_collect_hook(self, hook: Callable[[TensorDictBase], None] | None) -> None:
         self._check_not_started("post_collect_hook")
-        self._post_hook = hook
+        BaseCollector.post_collect_hook.fset(self, hook)
+
+    # TorchRL's properties; each worker calls the hook before a batch (pre) or with each batch once written (post),
+    # so a hook is set before collection starts.
+    pre_collect_hook = BaseCollector.pre_collect_hook.setter(_set_pre_collect_hook)
+    post_collect_hook = BaseCollector.post_collect_hook.setter(_set_post_collect_hook)
 
     def _check_not_started(self, what: str) -> None:
         if getattr(self, "_started", False):
