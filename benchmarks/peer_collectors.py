@@ -126,18 +126,28 @@ def rate_between_writes(count: Callable[[], int], seconds: float, warmup_frames:
     return (f1 - f0) / (t1 - t0)
 
 
+def pixel_envs(kind: str, per_worker: int, make_env: Callable) -> Callable:
+    """A worker's pixel envs: TorchRL's threaded ``AsyncEnvPool`` (``"pool"``: the envs wait at the same time) or a
+    ``SerialEnv`` (``"serial"``: one after another)."""
+    from torchrl.envs import AsyncEnvPool, SerialEnv
+
+    if kind == "pool":
+        return functools.partial(AsyncEnvPool, [make_env] * per_worker, backend="threading")
+    return functools.partial(SerialEnv, per_worker, make_env)
+
+
 class Ours:
-    """``OffPolicyCollector``, ``--workers`` workers sharing ``--envs`` envs (a ``SerialEnv`` each of the pixel env;
-    EnvPool for the state task), into :func:`~torchrl_unilab.make_replay_buffer`'s shared ``LazyMemmapStorage``; kept
-    paused between its windows (``collector_throughput.OffPolicy``)."""
+    """``OffPolicyCollector``, ``--workers`` workers sharing ``--envs`` envs (the pixel env in a threaded
+    ``AsyncEnvPool`` or a ``SerialEnv``, ``--ours-pixel-envs``; EnvPool for the state task), into
+    :func:`~torchrl_unilab.make_replay_buffer`'s shared ``LazyMemmapStorage``; kept paused between its windows
+    (``collector_throughput.OffPolicy``)."""
 
     def __init__(self, workload: Workload, args: argparse.Namespace) -> None:
         from collector_throughput import OffPolicy
-        from torchrl.envs import SerialEnv
 
         make_env, make_policy = factories(workload, args)
         per_worker = args.envs // args.workers
-        env = functools.partial(SerialEnv, per_worker, make_env) if workload.pixels else None
+        env = pixel_envs(args.ours_pixel_envs, per_worker, make_env) if workload.pixels else None
         self.side = OffPolicy(args.workers, num_envs=per_worker, env=env, actor=make_policy(), env_id=ENV,
                               frames_per_batch=args.frames_per_batch, buffer_size=workload.buffer_rows,
                               start_timeout=args.timeout)
@@ -295,7 +305,8 @@ class Side:
 def serve_command(workload: str, side: str, args: argparse.Namespace) -> list[str]:
     return [sys.executable, __file__, "--serve", f"{workload}:{side}", "--seconds", str(args.seconds),
             "--envs", str(args.envs), "--workers", str(args.workers), "--frames-per-batch", str(args.frames_per_batch),
-            "--step-latency-ms", str(args.step_latency_ms), "--timeout", str(args.timeout)]
+            "--step-latency-ms", str(args.step_latency_ms), "--timeout", str(args.timeout),
+            "--ours-pixel-envs", args.ours_pixel_envs]
 
 
 def workload_rounds(workload: str, args: argparse.Namespace, env: dict[str, str], logs: Path
@@ -368,9 +379,11 @@ def summary(workload: Workload, runs: dict[str, list[dict | None]], args: argpar
 def configurations(args: argparse.Namespace) -> dict[str, str]:
     """What each side runs, in words, for the results file."""
     per_worker = args.envs // args.workers
+    pixels = (f"AsyncEnvPool([pixel env] * {per_worker}, backend='threading')" if args.ours_pixel_envs == "pool"
+              else f"SerialEnv({per_worker}) of the pixel env")
     return {
-        "ours": f"OffPolicyCollector, {args.workers} workers x {per_worker} envs (EnvPool for the state task, a "
-                f"SerialEnv({per_worker}) of the pixel env), {args.frames_per_batch} frames a worker batch, "
+        "ours": f"OffPolicyCollector, {args.workers} workers x {per_worker} envs (EnvPool for the state task, "
+                f"{pixels}), {args.frames_per_batch} frames a worker batch, "
                 "make_replay_buffer (a shared LazyMemmapStorage) written by the workers",
         "theirs": f"AsyncBatchedCollector, {args.envs} env worker processes (env_backend='multiprocessing', one env "
                   "each), transport='auto' with a policy_factory (a dedicated inference process the workers reach "
@@ -393,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="our worker processes, --envs shared among them")
     parser.add_argument("--frames-per-batch", type=int, default=256, help="our frames a worker batch")
     parser.add_argument("--step-latency-ms", type=float, default=1.0, help="the fake pixel env's step latency")
+    parser.add_argument("--ours-pixel-envs", choices=["pool", "serial"], default="pool",
+                        help="how a worker of ours steps its pixel envs: TorchRL's threaded AsyncEnvPool (their "
+                             "waits overlap) or a SerialEnv (one after another)")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds a side may take to start, or to answer a measurement (then it is killed)")
     parser.add_argument("--exit-grace", type=float, default=30.0,

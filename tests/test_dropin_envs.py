@@ -9,6 +9,8 @@
   collectors: a ``RandomPolicy`` built from the env's own spec works.
 * ``set_truncated=True`` marks the last step of each batch truncated and done,
   nested done keys included.
+* TorchRL's threaded ``AsyncEnvPool`` (envs that wait, stepped at the same time)
+  runs in a worker and is seeded, though it does not implement ``set_seed``.
 
 Real TorchRL envs, modules and collectors (TorchRL's ``Collector`` is the oracle for
 the keys), real worker processes.
@@ -230,3 +232,27 @@ def test_set_truncated_marks_the_last_step_of_each_batch(nested, no_leaks):
 def test_set_truncated_needs_a_truncated_key(no_leaks):
     with pytest.raises(RuntimeError, match="add_truncated_keys"):
         OffPolicyCollector([OneHotEnv], None, frames_per_batch=8, total_frames=16, set_truncated=True)
+
+
+def pendulum_pool():
+    from torchrl.envs import AsyncEnvPool
+
+    return AsyncEnvPool([lambda: GymEnv("Pendulum-v1")] * 3, backend="threading")
+
+
+def test_a_threaded_async_env_pool_is_stepped_and_seeded_in_a_worker(no_leaks):
+    """Each worker seeds its env; TorchRL's ``AsyncEnvPool`` has its sub-envs seeded one by one: two collectors with
+    one seed start from the same states, another seed from others."""
+    def first_batch(seed: int) -> TensorDictBase:
+        collector = OffPolicyCollector(pendulum_pool, frames_per_batch=12, total_frames=12, seed=seed)
+        try:
+            return next(iter(collector))
+        finally:
+            collector.shutdown()
+
+    a, b, other = first_batch(3), first_batch(3), first_batch(4)
+    assert a.batch_size == torch.Size([3, 4])
+    assert torch.equal(a["observation"][:, 0], b["observation"][:, 0])
+    assert not torch.equal(a["observation"][:, 0], other["observation"][:, 0])
+    # three sub-envs seeded apart, as a SerialEnv's are
+    assert not torch.equal(a["observation"][0, 0], a["observation"][1, 0])

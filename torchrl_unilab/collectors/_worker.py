@@ -39,7 +39,7 @@ from torchrl_unilab.collectors._processes import (
 from torchrl_unilab.collectors.metrics import CollectorMetrics
 from torchrl_unilab.collectors.trace import PhaseTimer
 from torchrl_unilab.envs.envpool_env import EnvPoolEnv
-from torchrl_unilab.envs.resolve import BatchOfOne, as_batched_env
+from torchrl_unilab.envs.resolve import BatchOfOne, as_batched_env, seed_env
 from torchrl_unilab.modules._fast_policy import tensor_policy
 from torchrl_unilab.weight_update.weight_sync import SharedWeights
 
@@ -518,7 +518,7 @@ class WorkerLoop:
         if cfg.seed is not None:
             if cfg.seed_torch:
                 torch.manual_seed(cfg.torch_seed(self.idx))
-            env.set_seed(cfg.env_seed(self.idx))
+            seed_env(env, cfg.env_seed(self.idx))
         self.sync_weights()
         td = env.reset()
         self.metrics.start(self.idx)

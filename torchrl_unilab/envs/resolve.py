@@ -6,7 +6,8 @@ and ``create_env_kwargs`` as TorchRL's multi-process collectors take them. This
 module turns it into one env source per worker (a factory run in the worker
 process, or a live instance), decides through :mod:`torchrl_unilab.envs.torchrl_stack`
 whether a TorchRL stack runs on EnvPool, and adds the collector's own transforms
-(``StepCounter`` for ``max_frames_per_traj``, the privileged-information transform).
+(``StepCounter`` for ``max_frames_per_traj``, the privileged-information transform). :func:`seed_env` seeds
+what a worker steps.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import cloudpickle
-from torchrl.envs import EnvBase, ParallelEnv, SerialEnv, StepCounter, Transform, TransformedEnv
+from torchrl.envs import AsyncEnvPool, EnvBase, ParallelEnv, SerialEnv, StepCounter, Transform, TransformedEnv
 
 from torchrl_unilab._checks import check_int
 from torchrl_unilab.envs.envpool_env import make_gym_id_env, select_engine
 from torchrl_unilab.envs.torchrl_stack import choose_env_stack
 
-__all__ = ["BatchOfOne", "GymIdOptions", "ResolvedEnvs", "as_batched_env", "resolve_envs"]
+__all__ = ["BatchOfOne", "GymIdOptions", "ResolvedEnvs", "as_batched_env", "resolve_envs", "seed_env"]
 
 _log = logging.getLogger("torchrl.unilab")
 
@@ -301,3 +302,34 @@ def as_batched_env(env: EnvBase) -> EnvBase:
     if env.batch_dims == 0:
         return BatchOfOne(1, lambda: env)
     raise ValueError(f"the env must have at most one batch dimension, got batch_size {tuple(env.batch_size)}")
+
+
+def seed_env(env: EnvBase, seed: int) -> int:
+    """Seeds ``env`` with TorchRL's ``set_seed`` and returns the next free seed.
+
+    TorchRL's ``AsyncEnvPool`` (an env that waits, its sub-envs stepped at the same time by threads) does not
+    implement ``set_seed``; a threaded pool, under any ``TransformedEnv`` layers, has its sub-envs seeded one after
+    another as a ``SerialEnv``'s are.
+
+    Examples:
+        >>> from torchrl.envs import AsyncEnvPool, GymEnv
+        >>> pool = AsyncEnvPool([lambda: GymEnv("Pendulum-v1")] * 2, backend="threading")
+        >>> seed_env(pool, 7) > 7
+        True
+        >>> pool.close()
+    """
+    try:
+        return env.set_seed(seed)
+    except NotImplementedError:
+        base = env
+        while isinstance(base, TransformedEnv):
+            base = base.base_env
+        sub_envs = getattr(base, "envs", None) if isinstance(base, AsyncEnvPool) else None
+        if sub_envs is None:
+            raise NotImplementedError(
+                f"{type(base).__name__} does not implement set_seed, and the collector seeds each worker's env "
+                "(seed=...): pass seed=None to leave it unseeded, or, for TorchRL's AsyncEnvPool, "
+                "backend='threading', whose sub-envs are seeded one by one") from None
+        for sub_env in sub_envs:
+            seed = sub_env.set_seed(seed)
+        return seed
