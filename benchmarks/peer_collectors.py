@@ -440,8 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             workloads[name], problems = summary(WORKLOADS[name], runs, args), problems + found
     load_end = os.getloadavg()
     out = {
-        **provenance("peer_collectors", round(load_start[0], 2), round(load_end[0], 2),
-                     "measured beside other work on the same machine", argv=argv),
+        **provenance("peer_collectors", round(load_start[0], 2), round(load_end[0], 2), argv=argv),
         "rl_commit": checkout.commit if checkout is not None else None,
         "torchrl": importlib.metadata.version("torchrl"),
         "load_average_start_end": [[round(x, 2) for x in load_start], [round(x, 2) for x in load_end]],

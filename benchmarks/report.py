@@ -239,8 +239,8 @@ def peer_table(res: Results) -> str:
             f"envs: {conf['theirs']}. Each side runs in a process group of its own, started once per workload and "
             f"paused between its windows; {conf['windows']}. {data['rounds']} alternating rounds, every frame "
             f"written into the side's replay buffer, pytorch/rl ``{str(data['rl_commit'])[:9]}``, torchrl "
-            f"{data['torchrl']}. The machine was shared with other work: 1-minute load average "
-            f"{min(loads):.1f} to {max(loads):.1f} during the rounds, on 2 cores")
+            f"{data['torchrl']}. 1-minute load average {min(loads):.1f} to {max(loads):.1f} during the rounds "
+            "(the sides' own processes count in it), on 2 cores")
     if idle:
         note += f"; the paused side used at most {max(idle):.2f} of a core meanwhile"
     return with_provenance(table, data, note + ".")
@@ -826,8 +826,8 @@ def with_peer(res: Results, row: tuple[str, str, str, str]) -> tuple[str, str, s
     return ("Collector vs TorchRL's `Collector` and `AsyncBatchedCollector` (HalfCheetah-v5, 16 envs)",
             f"{figure} against `Collector`, same run; **{w['ratio']:.1f}x**{interval} against "
             f"`AsyncBatchedCollector`'s fastest configuration, every frame into a 1M-row buffer "
-            f"({fmt(w['ours']['fps'])} against {fmt(w['theirs']['fps'])} frames/s, beside other work: load "
-            f"average {min(loads):.0f} to {max(loads):.0f} on 2 cores)",
+            f"({fmt(w['ours']['fps'])} against {fmt(w['theirs']['fps'])} frames/s, load average "
+            f"{min(loads):.0f} to {max(loads):.0f} on 2 cores)",
             f"{command}; {runnable(data)}", f"{date}, {data['date']}")
 
 

@@ -79,7 +79,7 @@ def test_the_results_file_renders_on_the_collector_page_and_in_readmes_headline(
         assert figure in table, figure
     row = report.with_peer({report.PEER_FILE: data}, ("m", "**3.9x** (1 against 2 steps/s)", "python a", "d1"))
     assert row[1].startswith("**3.9x** (1 against 2 steps/s) against `Collector`, same run; **12.5x**")
-    assert "(8,765 against 700 frames/s, beside other work: load average 2 to 4 on 2 cores)" in row[1]
+    assert "(8,765 against 700 frames/s, load average 2 to 4 on 2 cores)" in row[1]
     assert row[2].startswith("python a; python benchmarks/peer_")
     assert report.with_peer({}, ("m", "f", "c", "d")) == ("m", "f", "c", "d")
 
