@@ -18,8 +18,8 @@ from torchrl_unilab.collectors._arguments import exploration_type_of
 
 __all__ = ["torchrl_collector_for"]
 
-#: Arguments of ours that map onto TorchRL's collector: the name TorchRL gives ``num_collectors``; the seed,
-#: which TorchRL's collectors take through ``set_seed``.
+#: Arguments of ours that reach TorchRL's collector otherwise than by name: ``num_collectors`` as ``num_workers``,
+#: the seed through ``set_seed``, and TorchRL's own keyword arguments (``torchrl_kwargs``) as they are.
 _MAPPED = ("num_collectors", "seed", "torchrl_kwargs")
 
 
