@@ -395,13 +395,14 @@ def test_an_env_with_entries_of_varying_shape_is_collected_by_torchrl_collector(
     from tensordict import LazyStackedTensorDict, assert_allclose_td
     from torchrl.collectors import MultiAsyncCollector
     from torchrl.envs.utils import RandomPolicy
+    from torchrl.testing.mocking_classes import HeterogeneousCountingEnvPolicy
 
-    policy = None if make_env is heterogeneous_env else RandomPolicy(make_env().action_spec)
     if make_env is heterogeneous_env:
-        from torchrl.testing.mocking_classes import HeterogeneousCountingEnvPolicy
-
         policy = HeterogeneousCountingEnvPolicy(make_env().full_action_spec)
-    with pytest.warns(UserWarning, match=r"entries \[.*'observation'|entries \[.*'lazy'.*vary in shape"):
+    else:
+        policy = RandomPolicy(make_env().action_spec)
+    with pytest.warns(UserWarning, match=r"entries \[.*('observation'|'lazy').*\] vary in shape"):
+        # num_envs, one of ours, at its default: accepted
         ours = OffPolicyCollector([make_env], policy, frames_per_batch=8, total_frames=16, num_envs=16)
     assert type(ours) is MultiAsyncCollector
     got = first_batches(ours)
@@ -418,7 +419,7 @@ def test_an_env_with_entries_of_varying_shape_is_collected_by_torchrl_collector(
 
 def test_an_env_of_varying_shape_names_arguments_torchrl_collector_has_no_use_for(no_leaks):
     """Our own arguments given at other than their defaults cannot reach TorchRL's collector: they are named with the
-    entries that sent the env there, and no process starts. A subclass of ours raises the shape error itself."""
+    entries that sent the env there, and nothing is left running. A subclass of ours raises the shape error itself."""
     from torchrl_unilab.envs.specs import VaryingShapeError
 
     with pytest.raises(ValueError, match=r"varying size \(-1\) at \['observation'\].* none of \['algo', 'obs_norm'\]"):
@@ -430,6 +431,17 @@ def test_an_env_of_varying_shape_names_arguments_torchrl_collector_has_no_use_fo
 
     with pytest.raises(VaryingShapeError, match=r"pad these entries to a fixed shape"):
         Mine([dynamic_env], frames_per_batch=8, total_frames=16)
+
+
+def test_the_class_signature_is_the_constructors():
+    """The metaclass that hands varying shapes to TorchRL takes any arguments; ``inspect.signature`` (Hydra's
+    readers, the docs, an IDE) still sees the constructor's."""
+    import inspect
+
+    parameters = inspect.signature(OffPolicyCollector).parameters
+    assert list(parameters)[:2] == ["create_env_fn", "policy"]
+    assert parameters["frames_per_batch"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert parameters["num_envs"].default == 16
 
 
 def test_non_tensor_entries_are_left_out_with_a_warning(no_leaks):

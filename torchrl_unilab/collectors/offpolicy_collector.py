@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 import warnings
 from collections import OrderedDict
@@ -113,6 +114,12 @@ class _OffPolicyCollectorMeta(type(MultiAsyncCollector)):
             "pickled through a pipe). Pad these entries to a fixed shape to collect with OffPolicyCollector",
             stacklevel=2)
         return collector
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        """The constructor's arguments, for ``inspect.signature`` and the docs (``__call__`` above takes any)."""
+        init = inspect.signature(cls.__init__)
+        return init.replace(parameters=list(init.parameters.values())[1:], return_annotation=inspect.Signature.empty)
 
 
 class OffPolicyCollector(CounterFields, MultiAsyncCollector, metaclass=_OffPolicyCollectorMeta):
